@@ -1,0 +1,75 @@
+"""Input checks shared by every public entry point.
+
+Validation happens once, at the boundary, with messages that say what was
+expected and what arrived; the numerical code below it can then assume clean,
+finite, floating-point tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_float_matrix(
+    x: object,
+    name: str,
+    *,
+    min_rows: int = 1,
+    min_cols: int = 1,
+    finite: bool = True,
+) -> torch.Tensor:
+    """Return ``x`` if it is a finite floating-point ``[rows, cols]`` tensor, else raise.
+
+    Example:
+        >>> check_float_matrix(torch.zeros(3, 2), "states").shape
+        torch.Size([3, 2])
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [rows, cols], got shape {tuple(x.shape)}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    rows, cols = x.shape
+    if rows < min_rows:
+        raise ValueError(f"{name} needs at least {min_rows} rows, got {rows} (shape {tuple(x.shape)})")
+    if cols < min_cols:
+        raise ValueError(f"{name} needs at least {min_cols} columns, got {cols} (shape {tuple(x.shape)})")
+    if finite:
+        check_finite(x, name)
+    return x
+
+
+def check_finite(x: torch.Tensor, name: str) -> None:
+    """Raise ``ValueError`` naming how many entries of ``x`` are NaN or infinite."""
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        n_nan = int(torch.isnan(x).sum())
+        n_inf = int(bad.sum()) - n_nan
+        raise ValueError(f"{name} contains {n_nan} NaN and {n_inf} infinite values; geometry is undefined")
+
+
+def check_int(value: object, name: str, *, low: int | None = None, high: int | None = None) -> int:
+    """Return ``value`` as an int within ``[low, high]`` (inclusive), else raise.
+
+    Example:
+        >>> check_int(3, "k", low=1)
+        3
+    """
+    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+        isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point()
+    ):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value}")
+    return value
+
+
+def working_dtype(x: torch.Tensor) -> torch.dtype:
+    """Half precision is too coarse for ranks of distances: compute in float32 at least."""
+    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32

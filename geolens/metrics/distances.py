@@ -1,0 +1,179 @@
+"""Pairwise cosine distances, ranks and Spearman correlation, batched in torch.
+
+The condensed order is the one of ``scipy.spatial.distance.pdist``: pairs
+``(i, j)`` with ``i < j`` in row-major order, ``M = N (N - 1) / 2`` values.
+
+Example:
+    >>> x = torch.randn(5, 3, dtype=torch.float64)
+    >>> d = pairwise_cosine_distances(x)             # [10]
+    >>> bool(torch.allclose(spearman(d, d), torch.tensor(1.0, dtype=torch.float64)))
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+
+from geolens._validation import check_float_matrix
+
+__all__ = [
+    "condensed_indices",
+    "negated_cosines",
+    "pairwise_cosine_distances",
+    "rank_data",
+    "sorted_average_ranks",
+    "spearman",
+    "tie_rank_offsets",
+]
+
+_NORM_FLOOR = {torch.float32: 1e-30, torch.float64: 1e-300}
+
+
+def condensed_indices(n: int, device: torch.device | str | None = None) -> Int[torch.Tensor, "M"]:
+    """Flat indices into an ``[n, n]`` matrix of the pairs ``i < j``, in pdist order.
+
+    Example:
+        >>> condensed_indices(3).tolist()     # (0,1), (0,2), (1,2) of a 3x3
+        [1, 2, 5]
+    """
+    i, j = torch.triu_indices(n, n, offset=1, device=device)
+    return i * n + j
+
+
+def pairwise_cosine_distances(
+    x: Float[torch.Tensor, "*batch N d"],
+    *,
+    flat_index: Int[torch.Tensor, "M"] | None = None,
+) -> Float[torch.Tensor, "*batch M"]:
+    """Condensed cosine distances ``1 - cos(x_i, x_j)`` for all pairs ``i < j``.
+
+    Accepts a leading batch of point clouds (``[b, N, d]``) so that many
+    subspace projections are handled in one matmul. A zero row has no
+    direction; it raises rather than returning NaN.
+
+    Example:
+        >>> pairwise_cosine_distances(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+        tensor([1.0000, 0.2929, 0.2929])
+    """
+    return 1.0 + negated_cosines(x, flat_index=flat_index)
+
+
+def negated_cosines(
+    x: Float[torch.Tensor, "*batch N d"],
+    *,
+    flat_index: Int[torch.Tensor, "M"] | None = None,
+) -> Float[torch.Tensor, "*batch M"]:
+    """Condensed ``-cos(x_i, x_j)``, pairs ``i < j``: sorted ascending, the order of cosine distance.
+
+    Ranking ``-cos`` rather than ``1 - cos`` saves a pass over the ``M`` values and
+    the rounding of the subtraction (which can merge distinct cosines into ties).
+    """
+    n = x.shape[-2]
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    floor = _NORM_FLOOR.get(x.dtype, 1e-30)
+    if bool((norms <= floor).any()):
+        raise ValueError(
+            "a state has zero norm, so its cosine distance is undefined "
+            "(after centring/CCR this means a row equal to the mean, or lying entirely in the removed components)"
+        )
+    unit = x / norms
+    gram = (-unit) @ unit.transpose(-1, -2)
+    if flat_index is None:
+        flat_index = condensed_indices(n, device=x.device)
+    return gram.flatten(-2).index_select(-1, flat_index)
+
+
+def tie_rank_offsets(
+    sorted_values: Float[torch.Tensor, "B M"],
+) -> tuple[Int[torch.Tensor, "T"], Int[torch.Tensor, "T"], Float[torch.Tensor, "T"]]:
+    """Where sorted rows have ties, how far each tied entry's average rank is from its position.
+
+    For a ``[B, M]`` tensor of rows sorted ascending, returns ``(rows, cols,
+    offsets)`` over the tied entries only: the average rank of entry
+    ``(r, c)`` is ``c + 1 + offset``. Untied entries have rank ``c + 1``. Ties
+    are rare in continuous data, so working on the tied entries alone keeps
+    the cost of exact tie handling far below that of the sort.
+
+    Example:
+        >>> tie_rank_offsets(torch.tensor([[1.0, 2.0, 2.0, 3.0]]))
+        (tensor([0, 0]), tensor([1, 2]), tensor([ 0.5000, -0.5000], dtype=torch.float64))
+    """
+    same_as_prev = sorted_values[:, 1:] == sorted_values[:, :-1]
+    if not bool(same_as_prev.any()):
+        empty = torch.zeros(0, dtype=torch.long, device=sorted_values.device)
+        return empty, empty, torch.zeros(0, dtype=torch.float64, device=sorted_values.device)
+    tied = torch.zeros(sorted_values.shape, dtype=torch.bool, device=sorted_values.device)
+    tied[:, 1:] |= same_as_prev
+    tied[:, :-1] |= same_as_prev
+    rows, cols = tied.nonzero(as_tuple=True)  # row-major: each tie group is one contiguous run
+    values = sorted_values[rows, cols]
+    new_group = torch.ones_like(rows, dtype=torch.bool)
+    new_group[1:] = (rows[1:] != rows[:-1]) | (values[1:] != values[:-1])
+    group = torch.cumsum(new_group, 0) - 1
+    group_start = cols[new_group].to(torch.float64)
+    group_size = torch.bincount(group).to(torch.float64)
+    average_position = group_start[group] + (group_size[group] - 1.0) / 2.0
+    return rows, cols, average_position - cols.to(torch.float64)
+
+
+def sorted_average_ranks(sorted_values: Float[torch.Tensor, "*batch M"]) -> torch.Tensor:
+    """1-based ranks of already-sorted rows, ties given their average rank (as scipy).
+
+    Returns float64, in sorted order. A tie group spanning sorted positions
+    ``s..e`` gets ``(s + e) / 2 + 1`` for every member.
+
+    Example:
+        >>> sorted_average_ranks(torch.tensor([1.0, 2.0, 2.0, 3.0]))
+        tensor([1.0000, 2.5000, 2.5000, 4.0000], dtype=torch.float64)
+    """
+    m = sorted_values.shape[-1]
+    flat = sorted_values.reshape(-1, m)
+    ranks = torch.arange(1, m + 1, device=sorted_values.device, dtype=torch.float64).repeat(flat.shape[0], 1)
+    rows, cols, offsets = tie_rank_offsets(flat)
+    ranks[rows, cols] += offsets
+    return ranks.reshape(sorted_values.shape)
+
+
+def rank_data(x: Float[torch.Tensor, "*batch M"]) -> Float[torch.Tensor, "*batch M"]:
+    """Average ranks (1-based, float64) along the last axis, like ``scipy.stats.rankdata``.
+
+    Example:
+        >>> rank_data(torch.tensor([30.0, 10.0, 20.0, 10.0]))
+        tensor([4.0000, 1.5000, 3.0000, 1.5000], dtype=torch.float64)
+    """
+    sorted_values, order = torch.sort(x, dim=-1)
+    ranks_sorted = sorted_average_ranks(sorted_values)
+    return torch.empty_like(ranks_sorted).scatter_(-1, order, ranks_sorted)
+
+
+def spearman(
+    a: Float[torch.Tensor, "*batch M"], b: Float[torch.Tensor, "*batch M"]
+) -> Float[torch.Tensor, "*batch"]:
+    """Spearman rank correlation along the last axis (broadcasting leading axes).
+
+    Pearson correlation of average ranks, in float64, matching
+    ``scipy.stats.spearmanr`` for 1-D inputs. A constant input raises, since its
+    rank correlation is undefined.
+
+    Example:
+        >>> float(spearman(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 5.0, 4.0])))
+        0.5
+    """
+    return ranked_pearson(rank_data(a), rank_data(b))
+
+
+def ranked_pearson(ra: torch.Tensor, rb: torch.Tensor) -> torch.Tensor:
+    """Pearson correlation of two rank tensors (float64) along the last axis."""
+    ra = ra - ra.mean(dim=-1, keepdim=True)
+    rb = rb - rb.mean(dim=-1, keepdim=True)
+    na = torch.linalg.vector_norm(ra, dim=-1)
+    nb = torch.linalg.vector_norm(rb, dim=-1)
+    if bool((na == 0).any()) or bool((nb == 0).any()):
+        raise ValueError("a constant vector has no rank correlation (all distances equal)")
+    return (ra * rb).sum(dim=-1) / (na * nb)
+
+
+def check_states(states: object, name: str = "states") -> torch.Tensor:
+    """States for distance geometry: a finite float ``[N, d]`` tensor with ``N >= 3``."""
+    return check_float_matrix(states, name, min_rows=3)

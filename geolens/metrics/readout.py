@@ -1,0 +1,69 @@
+"""The unembedding's readout subspace ``V_k``.
+
+TransformerLens stores the unembedding as ``W_U`` with shape ``[d_model, d_vocab]``;
+the k directions of hidden space it reads most strongly are its top-k *left*
+singular vectors (the "right singular vectors" of HF's ``[V, d]`` ``lm_head.weight``).
+
+Example:
+    >>> w_u = torch.randn(16, 50)
+    >>> readout_basis(w_u, 4).shape
+    torch.Size([16, 4])
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+
+from geolens._validation import check_float_matrix, check_int
+
+__all__ = ["readout_basis", "readout_spectrum"]
+
+
+def readout_spectrum(
+    w_u: Float[torch.Tensor, "d V"],
+) -> tuple[Float[torch.Tensor, "d"], Float[torch.Tensor, "d d"]]:
+    """Singular values (descending) and left singular vectors of ``W_U`` (``[d, V]``).
+
+    Uses the eigen-decomposition of the ``d x d`` Gram matrix ``W_U W_U^T`` in
+    float64: the vocabulary is large and the hidden size small, so this is far
+    cheaper than an SVD of ``[d, V]`` and exact to float64 rounding.
+    """
+    w_u = check_float_matrix(w_u, "W_U")
+    d, v = w_u.shape
+    if v < d:
+        raise ValueError(
+            f"W_U must be [d_model, d_vocab] (TransformerLens layout) with d_vocab >= d_model, "
+            f"got shape {tuple(w_u.shape)}; pass lm_head.weight.T for an HF [V, d] matrix"
+        )
+    w64 = w_u.to(torch.float64)
+    eigvals, eigvecs = torch.linalg.eigh(w64 @ w64.T)
+    order = torch.argsort(eigvals, descending=True)
+    singular = eigvals[order].clamp_min(0).sqrt()
+    return singular, eigvecs[:, order]
+
+
+def readout_basis(w_u: Float[torch.Tensor, "d V"], k: int) -> Float[torch.Tensor, "d k"]:
+    """Orthonormal basis ``[d, k]`` of the top-``k`` left singular directions of ``W_U``.
+
+    ``k`` must satisfy ``1 <= k < d`` (``k = d`` is the whole space, where PGA is
+    trivially 1). Returned in ``W_U``'s dtype (float32 at least) and device.
+    Directions tied in singular value at the cut make ``V_k`` ill-defined: raise.
+
+    Example:
+        >>> w_u = torch.zeros(4, 10); w_u[0, 0] = 3.0; w_u[1, 1] = 2.0; w_u[2, 2] = 1.0
+        >>> readout_basis(w_u, 2).abs().argmax(dim=0).tolist()
+        [0, 1]
+    """
+    w_u = check_float_matrix(w_u, "W_U")
+    d = w_u.shape[0]
+    k = check_int(k, "k", low=1)
+    if k >= d:
+        raise ValueError(f"k must be < d_model = {d} (k = d is the whole space), got k = {k}")
+    singular, vectors = readout_spectrum(w_u)
+    if singular[k - 1] <= 0:
+        raise ValueError(f"W_U has rank < k = {k}: its readout subspace is not {k}-dimensional")
+    if torch.isclose(singular[k - 1], singular[k], rtol=1e-12, atol=0.0):
+        raise ValueError(f"singular values {k} and {k + 1} of W_U are equal: the top-{k} subspace is not unique")
+    out_dtype = w_u.dtype if w_u.dtype in (torch.float32, torch.float64) else torch.float32
+    return vectors[:, :k].to(out_dtype)
