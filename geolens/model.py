@@ -1,0 +1,633 @@
+"""One adapter over the TransformerLens model kinds geolens can measure.
+
+Everything else in geolens talks to a :class:`ModelAdapter`; this module is the
+only place that knows which TransformerLens (TL) version is installed and how
+each model kind names its hooks and stores its unembedding.
+
+Supported kinds
+---------------
+* ``"hooked_transformer"`` — ``transformer_lens.HookedTransformer`` (TL <= 3.x;
+  TL 4.x removed it, and ``from transformer_lens import HookedTransformer``
+  raises ``ImportError`` there).
+* ``"bridge"`` — ``transformer_lens.model_bridge.TransformerBridge`` (TL 3.x and
+  4.x), booted with ``boot_transformers`` (a Hugging Face model) or
+  ``boot_native`` (a TL-native model).
+
+Bridges register the HookedTransformer hook names (``blocks.{i}.hook_resid_pre``,
+``..hook_resid_mid``, ``..hook_resid_post``, ``..hook_attn_out``,
+``..hook_mlp_out``) as aliases when they are built, in TL 3.9 and 4.x alike, so
+no call is needed to get them. The adapter never calls
+``enable_compatibility_mode()``: with its defaults it rewrites the weights
+(fold_ln, centering), which would change the very geometry being measured.
+
+Readout and weight processing
+-----------------------------
+The logits are ``ln_final(x) @ W_U + b_U``. With a LayerNorm/RMSNorm
+``ln_final(x) = n(x) * w + b`` (``n`` normalises, ``w``/``b`` are the learned
+weight and bias), so the matrix that reads the *normalised* state is
+``diag(w) @ W_U`` — the ``"folded"`` readout of :meth:`ModelAdapter.unembed_matrix`;
+``"raw"`` is ``W_U`` itself.
+
+TL can process the weights at load time, and that changes what ``W_U`` is:
+
+* ``fold_ln`` multiplies ``ln_final``'s weight into ``W_U`` (``W_U <- diag(w) @ W_U``,
+  ``b_U <- b_U + b @ W_U``) and removes it: HookedTransformer swaps ``ln_final`` for
+  ``LayerNormPre``/``RMSNormPre`` (no weight) and sets
+  ``cfg.normalization_type`` to ``"LNPre"``/``"RMSPre"``; a bridge keeps the module
+  and sets its weight to ones (bias to zeros). After folding, the raw ``W_U``
+  already *is* the folded readout, so ``unembed_matrix("folded")`` returns ``W_U``
+  unchanged (it does not raise) — check ``processing["fold_ln"]`` to tell.
+* ``center_unembed`` subtracts from ``W_U`` its mean over the vocabulary
+  (``W_U <- W_U - W_U.mean(-1, keepdim=True)``). Softmax is shift invariant, so
+  probabilities do not change, but the readout subspace does: the column space
+  loses the direction ``W_U @ 1``. Geometry measured against the readout
+  subspace (e.g. principal angles) therefore differs between centred and
+  uncentred weights.
+* ``center_writing_weights`` / ``fold_value_biases`` move the residual stream by
+  per-token constants / move biases between components; they do not touch ``W_U``.
+
+Neither TL version records these options in ``model.cfg`` except through
+``normalization_type`` (HookedTransformer's fold_ln). Bridges only record that
+*some* processing happened (``model._weights_processed``). ``processing`` reports
+what is recorded and, where a value is only read off the weights, lists the key
+under ``processing["inferred"]``.
+
+Example:
+    >>> adapter = ModelAdapter(model)                       # doctest: +SKIP
+    >>> adapter.hook_name("resid_post", 3)                  # doctest: +SKIP
+    'blocks.3.hook_resid_post'
+    >>> tokens, mask = adapter.tokenize(["a cat", "a dog ran"])   # doctest: +SKIP
+    >>> logits = adapter.run_with_hooks(tokens, mask, fwd_hooks=[(adapter.final_hook_name, fn)])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import numbers
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["SITES", "READOUTS", "ModelAdapter", "as_adapter", "boot_bridge", "supported_kinds"]
+
+SITES: tuple[str, ...] = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+READOUTS: tuple[str, ...] = ("raw", "folded")
+
+HookFn = Callable[..., Any]
+FwdHooks = Iterable[tuple[Any, HookFn]]
+
+# Standard (HookedTransformer) hook name per site; bridges alias these names.
+_SITE_HOOKS: dict[str, str] = {
+    "resid_pre": "blocks.{i}.hook_resid_pre",
+    "resid_mid": "blocks.{i}.hook_resid_mid",
+    "resid_post": "blocks.{i}.hook_resid_post",
+    "attn_out": "blocks.{i}.hook_attn_out",
+    "mlp_out": "blocks.{i}.hook_mlp_out",
+}
+# Canonical bridge names, used only if an alias is missing. Only the residual
+# sites have an unambiguous canonical twin (block input/output); attn_out and
+# mlp_out aliases are retargeted by some architectures (post-norms, scaled
+# residuals), so falling back to attn/mlp.hook_out could silently mislead.
+_SITE_FALLBACKS: dict[str, str] = {
+    "resid_pre": "blocks.{i}.hook_in",
+    "resid_post": "blocks.{i}.hook_out",
+}
+# Hooks that see exactly the tensor the unembedding multiplies, best first.
+# HookedTransformer's ln_final.hook_normalized fires *before* the weight
+# multiply (LayerNorm / RMSNorm), and so does the bridge's, so it is only
+# usable when ln_final has no affine weight (LNPre / RMSPre).
+_FINAL_HOOKS: tuple[str, ...] = ("unembed.hook_in", "ln_final.hook_out")
+_PROCESSING_KEYS: tuple[str, ...] = (
+    "fold_ln",
+    "center_unembed",
+    "center_writing_weights",
+    "fold_value_biases",
+    "refactor_factored_attn_matrices",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _tl_classes() -> tuple[type | None, type | None]:
+    """Return ``(HookedTransformer, TransformerBridge)``, ``None`` for any that is missing.
+
+    Imported lazily so ``import geolens`` stays light and works without TL.
+    """
+    try:
+        from transformer_lens import HookedTransformer  # TL 4.x raises ImportError here
+    except ImportError:
+        HookedTransformer = None  # type: ignore[assignment,misc]
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        TransformerBridge = None  # type: ignore[assignment,misc]
+    return HookedTransformer, TransformerBridge
+
+
+def supported_kinds() -> dict[str, str]:
+    """Map each kind the installed TL supports to its class path.
+
+    >>> sorted(supported_kinds())  # doctest: +SKIP
+    ['bridge', 'hooked_transformer']
+    """
+    hooked, bridge = _tl_classes()
+    kinds = {}
+    if hooked is not None:
+        kinds["hooked_transformer"] = "transformer_lens.HookedTransformer"
+    if bridge is not None:
+        kinds["bridge"] = "transformer_lens.model_bridge.TransformerBridge"
+    return kinds
+
+
+def _kind_of(model: Any) -> str:
+    """Return the kind of ``model`` or raise ``TypeError`` naming the supported kinds."""
+    hooked, bridge = _tl_classes()
+    if hooked is not None and isinstance(model, hooked):
+        return "hooked_transformer"
+    if bridge is not None and isinstance(model, bridge):
+        return "bridge"
+    kinds = supported_kinds()
+    listed = ", ".join(f"{k} ({v})" for k, v in kinds.items()) or "none (transformer_lens is not importable)"
+    note = "" if "hooked_transformer" in kinds else "; HookedTransformer is not available in this TransformerLens version"
+    raise TypeError(
+        f"ModelAdapter supports TransformerLens models only: {listed}{note}. "
+        f"Got {type(model).__module__}.{type(model).__qualname__}."
+    )
+
+
+def _as_bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+class ModelAdapter:
+    """A uniform, read-only view of a HookedTransformer or a TransformerBridge.
+
+    The adapter never changes the model's weights; hooks it adds are removed
+    when the call or ``with`` block that added them ends.
+
+    Attributes:
+        model: the wrapped model.
+        kind: ``"hooked_transformer"`` or ``"bridge"``.
+        name: the model's ``cfg.model_name`` (or its class name).
+        n_layers, d_model, d_vocab: block count, residual width, output vocabulary size.
+        device, dtype: of the model's parameters (properties, read live).
+        tokenizer: the model's tokenizer, or ``None``.
+        parallel_attn_mlp: attention and MLP both read ``resid_pre`` (GPT-NeoX/Pythia, GPT-J).
+        has_resid_mid: every block exposes ``hook_resid_mid`` (False for parallel blocks).
+        processing: what weight processing is recorded (property; see the module docstring).
+
+    Example:
+        >>> adapter = ModelAdapter(model)                # doctest: +SKIP
+        >>> adapter.kind, adapter.n_layers               # doctest: +SKIP
+        ('bridge', 2)
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.kind: str = _kind_of(model)
+        self.model = model
+        cfg = model.cfg
+        self.name: str = str(getattr(cfg, "model_name", None) or type(model).__name__)
+        self.n_layers: int = int(cfg.n_layers)
+        self.d_model: int = int(cfg.d_model)
+        self.d_vocab: int = self._read_d_vocab(cfg)
+        self.tokenizer = getattr(model, "tokenizer", None)
+        self.parallel_attn_mlp: bool = bool(getattr(cfg, "parallel_attn_mlp", False))
+        self._hook_name_cache: set[str] | None = None
+        hook_names = self._hook_names()
+        self.has_resid_mid: bool = all(
+            _SITE_HOOKS["resid_mid"].format(i=i) in hook_names for i in range(self.n_layers)
+        )
+        self._final_hook_name = self._find_final_hook(hook_names)
+        self._forward_takes_mask = self._accepts_kwarg(model.forward, "attention_mask")
+        self._processing_cache: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelAdapter(kind={self.kind!r}, name={self.name!r}, n_layers={self.n_layers}, "
+            f"d_model={self.d_model}, d_vocab={self.d_vocab})"
+        )
+
+    # ------------------------------------------------------------------ shape facts
+    def _read_d_vocab(self, cfg: Any) -> int:
+        # d_vocab_out is the unembedding width; it equals d_vocab for language models
+        # but differs for some algorithmic-task models.
+        out = int(getattr(cfg, "d_vocab_out", -1) or -1)
+        return out if out > 0 else int(cfg.d_vocab)
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's first parameter (read live, so ``model.to(...)`` is seen)."""
+        param = next(iter(self.model.parameters()), None)
+        if param is not None:
+            return param.device
+        return torch.device(getattr(self.model.cfg, "device", None) or "cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the model's first parameter."""
+        param = next(iter(self.model.parameters()), None)
+        return param.dtype if param is not None else getattr(self.model.cfg, "dtype", torch.float32)
+
+    def _hook_names(self, refresh: bool = False) -> set[str]:
+        # Cached: a bridge rebuilds its hook_dict (registry + aliases) on every access.
+        if refresh or self._hook_name_cache is None:
+            self._hook_name_cache = set(self.model.hook_dict.keys())
+        return self._hook_name_cache
+
+    @staticmethod
+    def _accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return False
+        return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    # ------------------------------------------------------------------ hooks
+    def hook_name(self, site: str, block: int) -> str:
+        """Name of the hook for ``site`` in block ``block`` (0-based).
+
+        Raises ``ValueError`` for an unknown site, a block outside ``[0, n_layers)``,
+        or a site this model lacks (``resid_mid`` in parallel blocks, ``mlp_out``
+        in attention-only models).
+
+        >>> adapter.hook_name("resid_post", 3)   # doctest: +SKIP
+        'blocks.3.hook_resid_post'
+        """
+        if site not in _SITE_HOOKS:
+            raise ValueError(f"unknown site {site!r}; choose from {SITES}")
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or not 0 <= block < self.n_layers:
+            raise ValueError(f"block must be an int in [0, {self.n_layers}), got {block!r}")
+        block = int(block)  # numpy / torch integer scalars format like ints from here on
+        for refresh in (False, True):  # re-read once in case the model's hooks were rebuilt
+            hook_names = self._hook_names(refresh=refresh)
+            for template in (_SITE_HOOKS[site], _SITE_FALLBACKS.get(site)):
+                if template is not None and template.format(i=block) in hook_names:
+                    return template.format(i=block)
+        if site == "resid_mid" and self.parallel_attn_mlp:
+            reason = "its blocks are parallel (attention and MLP both read resid_pre), so there is no resid_mid"
+        else:
+            reason = f"the model has no hook {_SITE_HOOKS[site].format(i=block)!r}"
+        raise ValueError(f"site {site!r} is not available for {self.name!r}: {reason}")
+
+    @property
+    def final_hook_name(self) -> str:
+        """Hook whose output is exactly the tensor the unembedding multiplies (ln_final's output).
+
+        ``logits == act @ unembed_matrix("raw") + b_U`` for this hook's activation ``act``.
+        Raises ``ValueError`` when the model exposes no such hook.
+        """
+        if self._final_hook_name is None:
+            raise ValueError(
+                f"{self.name!r} exposes no hook on the input of its unembedding "
+                f"(looked for {_FINAL_HOOKS}, and ln_final.hook_normalized on a weightless ln_final)"
+            )
+        return self._final_hook_name
+
+    def _find_final_hook(self, hook_names: set[str]) -> str | None:
+        for name in _FINAL_HOOKS:
+            if name in hook_names:
+                return name
+        ln_final = getattr(self.model, "ln_final", None)
+        if ln_final is not None:
+            # LNPre / RMSPre: hook_normalized is the module's output.
+            if "ln_final.hook_normalized" in hook_names and self._ln_final_weight() is None:
+                return "ln_final.hook_normalized"
+            return None
+        # No final norm at all: the unembedding reads the last residual stream.
+        last = f"blocks.{self.n_layers - 1}.hook_resid_post"
+        return last if last in hook_names else None
+
+    @contextmanager
+    def hooks(self, fwd_hooks: FwdHooks) -> Iterator[ModelAdapter]:
+        """Add forward hooks ``(name, fn)`` for the duration of a ``with`` block.
+
+        Uses the model's own ``hooks`` context manager, which removes exactly the
+        hooks it added on exit, also on an exception; hooks attached before are kept.
+
+        >>> with adapter.hooks([(adapter.final_hook_name, fn)]):   # doctest: +SKIP
+        ...     adapter.model(tokens)
+        """
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            yield self
+
+    def run_with_hooks(
+        self,
+        tokens: Tensor,
+        attention_mask: Tensor | None = None,
+        fwd_hooks: FwdHooks = (),
+        *,
+        grad: bool = False,
+    ) -> Tensor:
+        """Run a forward pass on ``tokens`` [B, T] with temporary hooks; return the logits [B, T, d_vocab].
+
+        The mask is passed to the model when its forward accepts one (both TL kinds
+        do); otherwise a warning is raised and it is dropped, which only changes the
+        padded positions of right-padded causal inputs. Runs under
+        ``torch.no_grad()`` unless ``grad=True``. All hooks added here are removed
+        afterwards, also when the forward or a hook raises.
+
+        >>> logits = adapter.run_with_hooks(tokens, mask, [("blocks.0.hook_resid_post", fn)])  # doctest: +SKIP
+        """
+        kwargs: dict[str, Any] = {"return_type": "logits"}
+        if attention_mask is not None:
+            if self._forward_takes_mask:
+                kwargs["attention_mask"] = attention_mask.to(self.device)
+            else:
+                warnings.warn(f"{type(self.model).__name__}.forward takes no attention_mask; ignoring it", stacklevel=2)
+        grad_ctx = torch.enable_grad() if grad else torch.no_grad()
+        with grad_ctx, self.hooks(fwd_hooks):
+            return self.model(tokens.to(self.device), **kwargs)
+
+    # ------------------------------------------------------------------ readout
+    def _ln_final_weight(self) -> Tensor | None:
+        """Effective affine weight of ``ln_final`` (``1 + w`` for offset RMSNorms), or ``None``."""
+        ln_final = getattr(self.model, "ln_final", None)
+        if ln_final is None:
+            return None
+        weight = None
+        for attr in ("w", "weight"):  # HookedTransformer: .w; bridge: .weight (and a .w alias)
+            try:
+                weight = getattr(ln_final, attr)
+            except AttributeError:
+                continue
+            if isinstance(weight, Tensor):
+                break
+            weight = None
+        if weight is None:
+            return None
+        weight = weight.detach()
+        if self._ln_final_uses_offset(ln_final):
+            weight = 1.0 + weight  # Gemma-style RMSNorm stores w - 1 and multiplies by 1 + w
+        return weight
+
+    def _ln_final_uses_offset(self, ln_final: Any) -> bool:
+        # HookedTransformer adds the 1 into the stored weight when it converts
+        # such models; bridges keep HF's storage and apply 1 + w in forward:
+        # TL 4.x exposes that as `uses_weight_offset`, TL 3.9 reads the cfg flag.
+        if self.kind != "bridge":
+            return False
+        if hasattr(type(ln_final), "uses_weight_offset"):
+            return bool(ln_final.uses_weight_offset)
+        return bool(getattr(self.model.cfg, "rmsnorm_uses_offset", False))
+
+    def _ln_final_bias(self) -> Tensor | None:
+        ln_final = getattr(self.model, "ln_final", None)
+        for attr in ("b", "bias"):
+            value = getattr(ln_final, attr, None) if ln_final is not None else None
+            if isinstance(value, Tensor):
+                return value.detach()
+        return None
+
+    def _raw_unembed(self) -> Tensor:
+        """``W_U`` as [d_model, d_vocab], from wherever this kind keeps it."""
+        candidates: list[Callable[[], Any]] = [
+            lambda: self.model.W_U,  # both kinds (bridges: property over unembed.W_U)
+            lambda: self.model.unembed.W_U,
+            lambda: self.model.unembed.weight.T,  # bridge UnembeddingBridge over an nn.Linear
+            lambda: self.model.original_model.get_output_embeddings().weight.T,  # the HF module
+        ]
+        for get in candidates:
+            try:
+                w_u = get()
+            except (AttributeError, RuntimeError, TypeError, NotImplementedError):
+                continue
+            if isinstance(w_u, Tensor) and w_u.ndim == 2:
+                return self._orient(w_u.detach())
+        raise ValueError(f"cannot find the unembedding matrix of {self.name!r}")
+
+    def _orient(self, w_u: Tensor) -> Tensor:
+        if tuple(w_u.shape) == (self.d_model, self.d_vocab):
+            return w_u
+        if tuple(w_u.shape) == (self.d_vocab, self.d_model):
+            return w_u.T
+        raise ValueError(f"unembedding has shape {tuple(w_u.shape)}, expected ({self.d_model}, {self.d_vocab})")
+
+    def unembed_matrix(self, readout: str = "raw") -> Tensor:
+        """The unembedding as a detached [d_model, d_vocab] tensor.
+
+        ``"raw"``: ``W_U`` as stored (reads ``final_hook_name``'s activation).
+        ``"folded"``: ``diag(w) @ W_U`` with ``w`` ``ln_final``'s weight (reads the
+        normalised state before the weight). If ``ln_final`` has no weight (fold_ln
+        already applied, LNPre, or no final norm), ``W_U`` already is the folded
+        readout and is returned as is; ``processing["fold_ln"]`` says which.
+        The raw matrix is a view of the weights: clone it before editing in place.
+
+        >>> adapter.unembed_matrix("folded").shape   # doctest: +SKIP
+        torch.Size([64, 200])
+        """
+        if readout not in READOUTS:
+            raise ValueError(f"unknown readout {readout!r}; choose from {READOUTS}")
+        w_u = self._raw_unembed()
+        if readout == "raw":
+            return w_u
+        weight = self._ln_final_weight()
+        if weight is None:
+            return w_u
+        return weight.to(w_u.dtype).unsqueeze(-1) * w_u  # == diag(weight) @ W_U without the d x d matrix
+
+    def unembed_bias(self) -> Tensor | None:
+        """``b_U`` as a detached [d_vocab] tensor, or ``None`` if the model has none."""
+        for get in (lambda: self.model.b_U, lambda: self.model.unembed.b_U):
+            try:
+                b_u = get()
+            except (AttributeError, RuntimeError, TypeError, NotImplementedError):
+                continue
+            if isinstance(b_u, Tensor):
+                return b_u.detach()
+        return None
+
+    # ------------------------------------------------------------------ processing
+    @property
+    def processing(self) -> dict[str, Any]:
+        """Weight processing recorded for the model (a fresh copy; see the module docstring).
+
+        Keys: ``fold_ln``, ``center_unembed``, ``center_writing_weights``,
+        ``fold_value_biases``, ``refactor_factored_attn_matrices`` (True / False /
+        None = unknown); ``normalization_type``; ``weights_processed`` and
+        ``compatibility_mode`` (bridges; None for HookedTransformer);
+        ``unembed_centered`` (measured: every row of W_U has zero mean over the
+        vocabulary); ``inferred`` (keys read off the weights, not a record).
+        Recomputed when the model's processing state changes.
+
+        >>> adapter.processing["fold_ln"]   # doctest: +SKIP
+        False
+        """
+        key = self._processing_state()
+        if self._processing_cache is None or self._processing_cache[0] != key:
+            self._processing_cache = (key, self._read_processing())
+        return dict(self._processing_cache[1])
+
+    def _processing_state(self) -> tuple[Any, ...]:
+        # What TL changes when it processes weights; a change invalidates the cache.
+        cfg = self.model.cfg
+        return (
+            getattr(cfg, "normalization_type", None),
+            getattr(cfg, "layer_norm_folding", None),
+            getattr(self.model, "_weights_processed", None),
+            getattr(self.model, "compatibility_mode", None),
+            id(getattr(self.model, "ln_final", None)),
+        )
+
+    def _read_processing(self) -> dict[str, Any]:
+        """Collect the recorded (or, failing that, weight-inferred) processing flags."""
+        cfg = self.model.cfg
+        norm = getattr(cfg, "normalization_type", None)
+        out: dict[str, Any] = {key: _as_bool(getattr(cfg, key, None)) for key in _PROCESSING_KEYS}
+        out["normalization_type"] = norm
+        out["weights_processed"] = None
+        out["compatibility_mode"] = None
+        inferred: list[str] = []
+        if getattr(cfg, "layer_norm_folding", False) is True:
+            out["fold_ln"] = True
+        if self.kind == "hooked_transformer":
+            self._hooked_processing(out, norm)
+        else:
+            self._bridge_processing(out, inferred)
+        out["unembed_centered"] = self._unembed_is_centered()
+        if out["center_unembed"] is None and out["weights_processed"] is not False:
+            out["center_unembed"] = out["unembed_centered"]
+            inferred.append("center_unembed")
+        out["inferred"] = tuple(inferred)
+        return out
+
+    @staticmethod
+    def _hooked_processing(out: dict[str, Any], norm: Any) -> None:
+        # HookedTransformer records fold_ln only by swapping LN -> LNPre (RMS -> RMSPre).
+        if out["fold_ln"] is None:
+            if norm in ("LNPre", "RMSPre"):
+                out["fold_ln"] = True
+            elif norm in ("LN", "RMS", None):
+                out["fold_ln"] = False
+
+    def _bridge_processing(self, out: dict[str, Any], inferred: list[str]) -> None:
+        processed = _as_bool(getattr(self.model, "_weights_processed", None))
+        out["weights_processed"] = processed
+        out["compatibility_mode"] = _as_bool(getattr(self.model, "compatibility_mode", None))
+        if processed is False:
+            # Raw Hugging Face / native weights: nothing was folded or centred.
+            for key in _PROCESSING_KEYS:
+                if out[key] is None:
+                    out[key] = False
+        elif out["fold_ln"] is None:
+            # Processing happened but its options are not recorded: a folded
+            # bridge keeps ln_final with weight 1 and bias 0.
+            out["fold_ln"] = self._ln_final_is_identity()
+            inferred.append("fold_ln")
+
+    def _ln_final_is_identity(self) -> bool | None:
+        weight, bias = self._ln_final_weight(), self._ln_final_bias()
+        if weight is None:
+            return None
+        ones = bool(torch.all(weight == 1))
+        return ones and (bias is None or bool(torch.all(bias == 0)))
+
+    def _unembed_is_centered(self, rtol: float = 1e-4) -> bool | None:
+        """Whether every row of ``W_U`` has (numerically) zero mean over the vocabulary."""
+        try:
+            w_u = self._raw_unembed()
+        except ValueError:
+            return None
+        # Chunked over d_model so a bf16 [d_model, 100k+] W_U is never copied whole to float32.
+        means, scales = [], []
+        for chunk in torch.split(w_u, 256, dim=0):
+            chunk = chunk.float()
+            means.append(chunk.mean(dim=-1).abs())
+            scales.append(chunk.abs().mean(dim=-1))
+        row_mean, row_scale = torch.cat(means), torch.cat(scales)
+        scale = row_scale.mean().clamp_min(torch.finfo(torch.float32).tiny)
+        return bool(torch.all(row_mean <= rtol * scale))
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def bos_token_id(self) -> int | None:
+        """The tokenizer's BOS id, or ``None`` (no tokenizer or no BOS token)."""
+        value = getattr(self.tokenizer, "bos_token_id", None) if self.tokenizer is not None else None
+        return int(value) if value is not None else None
+
+    @property
+    def prepends_bos(self) -> bool:
+        """Whether the model's ``to_tokens`` prepends BOS by default (False for GPT-NeoX/Pythia)."""
+        return bool(getattr(self.model.cfg, "default_prepend_bos", True))
+
+    @property
+    def pad_token_id(self) -> int:
+        """Id written into padded positions: the tokenizer's pad, else EOS, else 0."""
+        for attr in ("pad_token_id", "eos_token_id"):
+            value = getattr(self.tokenizer, attr, None) if self.tokenizer is not None else None
+            if value is not None:
+                return int(value)
+        return 0
+
+    def tokenize(self, texts: Sequence[str], max_length: int | None = None) -> tuple[Tensor, Tensor]:
+        """Tokenise ``texts`` exactly as the model's ``to_tokens`` does, right-padded.
+
+        Returns ``(tokens, attention_mask)``, both ``long`` [B, T] on ``device``; the
+        mask is 1 on real tokens. Each text is tokenised on its own so a pad id that
+        equals BOS/EOS (as in GPT-2) cannot be mistaken for a real token.
+        ``max_length`` truncates each sequence (after BOS); without it the model's
+        own limit (``n_ctx``) applies. Raises ``ValueError`` without a tokenizer.
+
+        >>> tokens, mask = adapter.tokenize(["the cat", "a dog ran"])   # doctest: +SKIP
+        >>> mask.sum(-1)                                                # doctest: +SKIP
+        tensor([3, 4])
+        """
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name!r} has no tokenizer; pass token ids instead of text")
+        if isinstance(texts, str):
+            raise TypeError("texts must be a list of str, not a single str")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("texts is empty")
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+            raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+        rows = [self._to_token_row(text)[:max_length] for text in texts]
+        width = max(1, max(row.numel() for row in rows))
+        tokens = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            tokens[i, : row.numel()] = row
+            mask[i, : row.numel()] = 1
+        return tokens.to(self.device), mask.to(self.device)
+
+    def _to_token_row(self, text: str) -> Tensor:
+        ids = self.model.to_tokens(text, move_to_device=False)
+        return ids.reshape(-1).long().cpu()
+
+
+def as_adapter(model_or_adapter: Any) -> ModelAdapter:
+    """Return ``model_or_adapter`` if it is already a :class:`ModelAdapter`, else wrap it.
+
+    >>> adapter = as_adapter(model); as_adapter(adapter) is adapter   # doctest: +SKIP
+    True
+    """
+    if isinstance(model_or_adapter, ModelAdapter):
+        return model_or_adapter
+    return ModelAdapter(model_or_adapter)
+
+
+def boot_bridge(
+    name_or_path: str,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """Boot a Hugging Face model (a local folder, or a hub name where the hub is reachable) as a ``TransformerBridge``.
+
+    The weights are left unprocessed (no ``enable_compatibility_mode``), so the
+    raw ``W_U`` is the model's own unembedding.
+
+    Example:
+        >>> model = boot_bridge("EleutherAI/pythia-410m")          # doctest: +SKIP
+        >>> model = boot_bridge("/data/checkpoints/my-neox")       # doctest: +SKIP
+    """
+    _, bridge = _tl_classes()
+    if bridge is None:
+        raise ImportError("TransformerBridge is not importable: install transformer-lens >= 3.0")
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if device is not None:
+        kwargs["device"] = str(device)
+    return bridge.boot_transformers(str(name_or_path), **kwargs)

@@ -1,0 +1,33 @@
+"""Small utilities shared by tests (not fixtures)."""
+
+import torch
+
+
+def hook_count(model: torch.nn.Module) -> int:
+    """Every forward/backward hook registered on any submodule."""
+    total = 0
+    for module in model.modules():
+        total += len(module._forward_hooks) + len(module._forward_pre_hooks)
+        total += len(module._backward_hooks) + len(getattr(module, "_backward_pre_hooks", {}))
+    return total
+
+
+def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+def same_weights(before: dict[str, torch.Tensor], model: torch.nn.Module) -> bool:
+    after = model.state_dict()
+    return before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def padded_tokens(d_vocab: int, lengths=(12, 9, 12, 5), seed: int = 0):
+    """Right-padded random token ids and their mask."""
+    g = torch.Generator().manual_seed(seed)
+    t = max(lengths)
+    tokens = torch.randint(1, d_vocab, (len(lengths), t), generator=g)
+    mask = torch.zeros(len(lengths), t, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+        tokens[row, length:] = 0
+    return tokens, mask
