@@ -1,0 +1,32 @@
+"""geolens: the geometry of a language model's internal representations, layer by layer.
+
+Example:
+    >>> import geolens
+    >>> model = geolens.load_default_model()            # doctest: +SKIP
+    >>> res = geolens.pga(model, geolens.default_texts(n=64), k=100, ccr=[0, 1, 5])   # doctest: +SKIP
+    >>> res.to_pandas(); res.plot()                     # doctest: +SKIP
+"""
+
+from geolens import metrics
+from geolens.analyses.pga import pga, pga_of_states
+from geolens.capture import SITES, States, capture
+from geolens.model import ModelAdapter, as_adapter
+from geolens.results import PGAResult, Result
+from geolens.zoo import default_texts, load_default_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ModelAdapter",
+    "PGAResult",
+    "Result",
+    "SITES",
+    "States",
+    "as_adapter",
+    "capture",
+    "default_texts",
+    "load_default_model",
+    "metrics",
+    "pga",
+    "pga_of_states",
+]

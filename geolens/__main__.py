@@ -1,0 +1,5 @@
+import sys
+
+from geolens.cli import main
+
+sys.exit(main())

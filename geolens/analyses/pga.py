@@ -1,0 +1,147 @@
+"""``geolens.pga``: subspace PGA of every layer of a model."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from geolens._validation import check_int
+from geolens.capture import FINAL_SITE, RESIDUAL_SITE, States, capture
+from geolens.metrics.grassmann import random_subspaces
+from geolens.metrics.pga import subspace_pga
+from geolens.metrics.readout import readout_basis
+from geolens.model import as_adapter
+from geolens.results import PGAResult
+
+__all__ = ["pga", "pga_of_states", "default_k"]
+
+DEFAULT_K = 100
+
+
+def default_k(d_model: int) -> int:
+    """The paper's k = 100, clipped below d."""
+    return min(DEFAULT_K, d_model - 1)
+
+
+def pga(
+    model: object,
+    tokens,
+    k: int | None = None,
+    n_null: int = 100,
+    ccr: int | Sequence[int] = 1,
+    site: str = RESIDUAL_SITE,
+    layers: Sequence[int] | None = None,
+    n_tokens: int | None = 1024,
+    readout: str = "raw",
+    seed: int | None = 0,
+    progress: bool = True,
+    *,
+    include_final: bool = True,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> PGAResult:
+    """Subspace PGA z-score of every layer of ``model`` on ``tokens``.
+
+    Captures ``n_tokens`` sampled positions (BOS and padding excluded) at
+    ``site`` for each layer (0 = embeddings), plus the post-``ln_final`` state
+    the unembedding reads (``include_final``), then scores each layer's states
+    against the top-``k`` readout subspace of ``W_U`` with ``n_null``
+    Haar-random subspaces (the same ones for every layer and CCR value).
+
+    Args:
+        model: ``HookedTransformer`` or ``TransformerBridge``.
+        tokens: text, list of texts, or ``[B, T]`` token ids.
+        k: readout dimension; default ``min(100, d_model - 1)``. ``k >= d_model`` raises.
+        n_null: number of random subspaces (>= 2).
+        ccr: components removed after centring; a list (e.g. ``[0, 1, 5, 10]``)
+            gives one row per (layer, ccr), the paper's masking sweep.
+        site: which states (``resid_post`` = the residual stream; also ``attn_out``, ...).
+        layers: layer indices (default all).
+        n_tokens: positions sampled (seeded, the same for every layer).
+        readout: ``"raw"`` (the model's ``W_U``) or ``"folded"`` (``diag(ln_final.w) @ W_U``).
+        seed: seed for positions and null subspaces.
+        progress: show progress bars.
+
+    Returns:
+        :class:`~geolens.results.PGAResult`; ``.to_pandas()`` has one row per
+        layer (and ccr): ``layer, site, ccr, rho_readout, null_mean, null_std,
+        z, p_value, pc1_readout_energy, random_energy``.
+
+    Example:
+        >>> res = geolens.pga(model, texts, k=100, n_null=100, ccr=[0, 1, 5])   # doctest: +SKIP
+        >>> res.plot()                                                          # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    k = default_k(adapter.d_model) if k is None else check_int(k, "k", low=1)
+    if k >= adapter.d_model:
+        raise ValueError(f"k must be < d_model = {adapter.d_model}, got k = {k}")
+    ccrs = _ccr_list(ccr)
+    n_null = check_int(n_null, "n_null", low=2)
+    sites = (site, FINAL_SITE) if include_final and site != FINAL_SITE else (site,)
+    states = capture(
+        adapter, tokens, sites=sites, layers=layers, n_tokens=n_tokens, seed=seed, batch_size=batch_size,
+        progress=progress, attention_mask=attention_mask, max_length=max_length,
+    )
+    basis = readout_basis(adapter.unembed_matrix(readout), k)
+    result = pga_of_states(states, basis, n_null=n_null, ccr=ccrs, seed=seed, progress=progress)
+    result.params.update(
+        model=adapter.name, readout=readout, site=site, processing=dict(adapter.processing),
+        n_layers=adapter.n_layers, d_model=adapter.d_model,
+    )
+    return result
+
+
+def pga_of_states(
+    states: States,
+    readout: torch.Tensor,
+    *,
+    n_null: int = 100,
+    ccr: int | Sequence[int] = 1,
+    seed: int | None = 0,
+    progress: bool = True,
+) -> PGAResult:
+    """Subspace PGA of already-captured :class:`~geolens.capture.States` against a ``[d, k]`` readout basis.
+
+    Use this to score states captured once with several readouts or CCR
+    values, or states from your own hooks packed into a ``States``.
+    """
+    ccrs = _ccr_list(ccr)
+    any_site = states.sites[0]
+    reference = states[any_site]
+    d, k = reference.shape[-1], readout.shape[-1]
+    readout = readout.to(device=reference.device, dtype=reference.dtype)
+    nulls = random_subspaces(d, k, n_null, seed=seed, dtype=reference.dtype, device=reference.device)
+    jobs = [(site, layer) for site in states.sites for layer in states.layers[site]]
+    rows, null_rhos = [], []
+    bar = tqdm(total=len(jobs) * len(ccrs), desc="PGA", disable=not progress, leave=False)
+    for site, layer in jobs:
+        layer_states = states.layer(site, layer)
+        for m in ccrs:
+            try:
+                score = subspace_pga(layer_states, readout, ccr=m, null_subspaces=nulls, seed=seed)
+            except ValueError as err:
+                raise ValueError(f"{site} layer {layer} (ccr={m}): {err}") from err
+            rows.append(
+                {
+                    "layer": layer, "site": site, "ccr": m,
+                    "rho_readout": score.rho_readout, "null_mean": score.null_mean, "null_std": score.null_std,
+                    "z": score.z, "p_value": score.p_value,
+                    "pc1_readout_energy": score.pc1_readout_energy, "random_energy": score.random_energy,
+                }
+            )
+            null_rhos.append({"site": site, "layer": layer, "ccr": m, "rhos": score.null_rhos.tolist()})
+            bar.update()
+    bar.close()
+    params = {"k": k, "n_null": n_null, "ccr": ccrs if len(ccrs) > 1 else ccrs[0], "n_tokens": states.n_tokens,
+              "seed": seed}
+    return PGAResult(rows=rows, params=params, null_rhos=null_rhos)
+
+
+def _ccr_list(ccr: int | Sequence[int]) -> list[int]:
+    values = [ccr] if isinstance(ccr, int) or (isinstance(ccr, torch.Tensor) and ccr.ndim == 0) else list(ccr)
+    if not values:
+        raise ValueError("ccr is an empty list")
+    return [check_int(m, "ccr", low=0) for m in values]

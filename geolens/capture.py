@@ -1,0 +1,356 @@
+"""Hook-based capture of hidden states at sampled token positions.
+
+Layer convention (DESIGN.md): the residual stream has ``L + 1`` layers,
+``0`` = embeddings (``blocks.0.hook_resid_pre``) and ``l >= 1`` =
+``blocks.{l-1}.hook_resid_post``. Sites inside a block are indexed by the layer
+that block *produces*: ``attn_out``, ``mlp_out``, ``resid_mid`` and
+``resid_pre`` at layer ``l`` (``1..L``) belong to ``blocks.{l-1}``, so the
+update of layer ``l`` is ``resid_post[l] - resid_pre[l]``. ``final`` is the
+state the unembedding reads (after ``ln_final``), a single layer numbered ``L``.
+
+Only the sampled rows are copied out of each hook, so memory is
+``O(n_tokens x layers x d)`` plus one forward batch, never a full cache.
+
+Example:
+    >>> states = capture(model, ["The cat sat on the mat."], n_tokens=4)   # doctest: +SKIP
+    >>> states["resid_post"].shape                                          # doctest: +SKIP
+    torch.Size([3, 4, 64])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+
+from geolens._validation import check_int
+from geolens.model import ModelAdapter, as_adapter
+
+__all__ = ["SITES", "States", "TokenBatch", "capture", "prepare_tokens", "sample_positions", "site_layers"]
+
+RESIDUAL_SITE = "resid_post"
+BLOCK_SITES = ("resid_pre", "resid_mid", "attn_out", "mlp_out")
+FINAL_SITE = "final"
+SITES = (RESIDUAL_SITE, *BLOCK_SITES, FINAL_SITE)
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Token ids ``[B, T]`` and the attention mask ``[B, T]`` (1 = real token, 0 = padding)."""
+
+    tokens: Int[torch.Tensor, "B T"]
+    attention_mask: Int[torch.Tensor, "B T"]
+
+    @property
+    def n_valid(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+@dataclass
+class States:
+    """Hidden states of sampled token positions, per site, stacked over layers.
+
+    Attributes:
+        tensors: site -> ``[n_layers(site), N, d]`` tensor.
+        layers: site -> the layer index of each slice along the first axis.
+        hook_names: site -> the TransformerLens hook name of each slice.
+        token_ids: ``[N]`` token id at each sampled position.
+        batch_index: ``[N]`` sequence each row came from.
+        position: ``[N]`` position within that sequence.
+
+    Example:
+        >>> states["resid_post"].shape, states.layer("resid_post", 0).shape   # doctest: +SKIP
+        (torch.Size([31, 1024, 576]), torch.Size([1024, 576]))
+    """
+
+    tensors: dict[str, torch.Tensor]
+    layers: dict[str, tuple[int, ...]]
+    hook_names: dict[str, tuple[str, ...]]
+    token_ids: torch.Tensor
+    batch_index: torch.Tensor
+    position: torch.Tensor
+    n_layers: int = 0
+    meta: dict = field(default_factory=dict)
+
+    def __getitem__(self, site: str) -> Float[torch.Tensor, "layers N d"]:
+        if site not in self.tensors:
+            raise KeyError(f"site {site!r} was not captured; captured: {sorted(self.tensors)}")
+        return self.tensors[site]
+
+    def __contains__(self, site: str) -> bool:
+        return site in self.tensors
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return tuple(self.tensors)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.token_ids.numel())
+
+    @property
+    def d_model(self) -> int:
+        return int(next(iter(self.tensors.values())).shape[-1])
+
+    def layer(self, site: str, layer: int) -> Float[torch.Tensor, "N d"]:
+        """The ``[N, d]`` states of one site at one layer index."""
+        layers = self.layers[site] if site in self.layers else ()
+        if layer not in layers:
+            raise KeyError(f"layer {layer} of site {site!r} was not captured; captured layers: {list(layers)}")
+        return self[site][layers.index(layer)]
+
+    def to(self, device: torch.device | str) -> "States":
+        """A copy with every tensor on ``device``."""
+        return States(
+            tensors={s: t.to(device) for s, t in self.tensors.items()},
+            layers=dict(self.layers),
+            hook_names=dict(self.hook_names),
+            token_ids=self.token_ids.to(device),
+            batch_index=self.batch_index.to(device),
+            position=self.position.to(device),
+            n_layers=self.n_layers,
+            meta=dict(self.meta),
+        )
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{s}: {tuple(t.shape)}" for s, t in self.tensors.items())
+        return f"States(N={self.n_tokens}, d={self.d_model}, {parts})"
+
+
+def site_layers(site: str, n_layers: int) -> tuple[int, ...]:
+    """Valid layer indices of a site for a model with ``n_layers`` blocks.
+
+    Example:
+        >>> site_layers("resid_post", 2), site_layers("attn_out", 2), site_layers("final", 2)
+        ((0, 1, 2), (1, 2), (2,))
+    """
+    if site == RESIDUAL_SITE:
+        return tuple(range(n_layers + 1))
+    if site in BLOCK_SITES:
+        return tuple(range(1, n_layers + 1))
+    if site == FINAL_SITE:
+        return (n_layers,)
+    raise ValueError(f"unknown site {site!r}; choose from {SITES}")
+
+
+def _hook_name(adapter: ModelAdapter, site: str, layer: int) -> str:
+    if site == FINAL_SITE:
+        return adapter.final_hook_name
+    if site == RESIDUAL_SITE:
+        return adapter.hook_name("resid_pre", 0) if layer == 0 else adapter.hook_name("resid_post", layer - 1)
+    return adapter.hook_name(site, layer - 1)
+
+
+def prepare_tokens(
+    adapter: ModelAdapter,
+    tokens: str | Sequence[str] | torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    max_length: int | None = None,
+) -> TokenBatch:
+    """Turn a string, a list of strings or a ``[B, T]`` id tensor into a :class:`TokenBatch`.
+
+    Strings are tokenised with the model's tokenizer (BOS as the model adds it,
+    right padding, mask). A tensor without a mask is taken as unpadded.
+    """
+    if isinstance(tokens, str):
+        tokens = [tokens]
+    if isinstance(tokens, torch.Tensor):
+        if tokens.ndim == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(tokens)
+        if tuple(attention_mask.shape) != tuple(tokens.shape):
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} does not match tokens {tuple(tokens.shape)}"
+            )
+        if int(tokens.min()) < 0 or int(tokens.max()) >= adapter.d_vocab:
+            raise ValueError(f"token ids must lie in [0, {adapter.d_vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
+        if max_length is not None:
+            tokens, attention_mask = tokens[:, :max_length], attention_mask[:, :max_length]
+        return TokenBatch(tokens.long(), (attention_mask != 0).long())
+    if isinstance(tokens, Iterable):
+        texts = list(tokens)
+        if not texts:
+            raise ValueError("the list of texts is empty")
+        bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
+        if bad:
+            raise TypeError(f"texts must all be str, found {sorted(set(bad))}")
+        if attention_mask is not None:
+            raise ValueError("attention_mask is only accepted with a token-id tensor")
+        ids, mask = adapter.tokenize(texts, max_length=max_length)
+        return TokenBatch(ids.long(), mask.long())
+    raise TypeError(f"tokens must be a str, a list of str or a [batch, pos] tensor, got {type(tokens).__name__}")
+
+
+def sample_positions(
+    attention_mask: Int[torch.Tensor, "B T"],
+    n_tokens: int | None,
+    *,
+    seed: int | None = 0,
+    skip_first: bool = True,
+) -> tuple[Int[torch.Tensor, "N"], Int[torch.Tensor, "N"]]:
+    """Sample ``n_tokens`` (batch, position) pairs among the real tokens, uniformly, without replacement.
+
+    Padding (mask 0) is never sampled; with ``skip_first`` the first real token
+    of each sequence (BOS / attention sink) is excluded too. ``n_tokens=None``
+    takes every eligible position. Returned sorted by (batch, position).
+
+    Example:
+        >>> mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+        >>> b, p = sample_positions(mask, None)
+        >>> list(zip(b.tolist(), p.tolist()))
+        [(0, 1), (0, 2), (1, 1), (1, 2), (1, 3)]
+    """
+    mask = attention_mask.to("cpu") != 0
+    if skip_first:
+        first = mask.int().argmax(dim=1)
+        has_any = mask.any(dim=1)
+        rows = torch.arange(mask.shape[0])[has_any]
+        mask = mask.clone()
+        mask[rows, first[has_any]] = False
+    batch_idx, pos_idx = mask.nonzero(as_tuple=True)
+    available = batch_idx.numel()
+    if available < 3:
+        raise ValueError(
+            f"only {available} eligible token positions (after removing padding"
+            f"{' and the first token of each sequence' if skip_first else ''}); need at least 3"
+        )
+    if n_tokens is None:
+        return batch_idx, pos_idx
+    n_tokens = check_int(n_tokens, "n_tokens", low=3)
+    if n_tokens > available:
+        raise ValueError(
+            f"n_tokens = {n_tokens} but only {available} eligible token positions are available; "
+            "pass more text or a smaller n_tokens"
+        )
+    generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
+    chosen = torch.randperm(available, generator=generator)[:n_tokens].sort().values
+    return batch_idx[chosen], pos_idx[chosen]
+
+
+def capture(
+    model: object,
+    tokens: str | Sequence[str] | torch.Tensor,
+    sites: str | Sequence[str] = ("resid_post",),
+    layers: Sequence[int] | None = None,
+    n_tokens: int | None = None,
+    seed: int | None = 0,
+    batch_size: int = 8,
+    skip_first: bool = True,
+    progress: bool = True,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    max_length: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> States:
+    """Capture hidden states of ``model`` at sampled token positions.
+
+    Args:
+        model: a ``HookedTransformer`` or ``TransformerBridge`` (or a :class:`ModelAdapter`).
+        tokens: a string, a list of strings, or a ``[B, T]`` token-id tensor.
+        sites: any of ``resid_post`` (the residual stream, layers ``0..L``),
+            ``resid_pre``, ``resid_mid``, ``attn_out``, ``mlp_out`` (layers ``1..L``,
+            the block producing that layer) and ``final`` (after ``ln_final``).
+        layers: layer indices to keep (default: all valid for each site).
+        n_tokens: number of positions to sample (default: all eligible).
+        seed: seed of the position sample; the same positions for every site and layer.
+        batch_size: sequences per forward pass.
+        skip_first: exclude the first real token of every sequence (BOS / sink).
+        progress: show a tqdm bar over batches.
+        attention_mask: ``[B, T]`` mask for a token tensor (1 = real token).
+        max_length: truncate sequences to this many tokens.
+        dtype: dtype of the stored states.
+
+    Returns:
+        :class:`States` with ``[n_layers, N, d]`` per site.
+
+    Example:
+        >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=512)  # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    if isinstance(sites, str):
+        sites = (sites,)
+    sites = tuple(dict.fromkeys(sites))
+    if not sites:
+        raise ValueError("no sites given")
+    for site in sites:
+        site_layers(site, adapter.n_layers)  # raises on unknown sites
+    if "resid_mid" in sites and not adapter.has_resid_mid:
+        raise ValueError("this model has no resid_mid (parallel attention and MLP); drop that site")
+    batch_size = check_int(batch_size, "batch_size", low=1)
+    plan = _plan_layers(sites, layers, adapter.n_layers)
+    batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
+    rows_batch, rows_pos = sample_positions(batch.attention_mask, n_tokens, seed=seed, skip_first=skip_first)
+    n = rows_batch.numel()
+    device = adapter.device
+
+    out = {site: torch.empty(len(ls), n, adapter.d_model, dtype=dtype, device=device) for site, ls in plan.items()}
+    names = {site: tuple(_hook_name(adapter, site, l) for l in ls) for site, ls in plan.items()}
+    # hook name -> list of (site, slot) it fills; one hook can serve two sites.
+    targets: dict[str, list[tuple[str, int]]] = {}
+    for site, hook_names in names.items():
+        for slot, name in enumerate(hook_names):
+            targets.setdefault(name, []).append((site, slot))
+
+    n_seqs = batch.tokens.shape[0]
+    starts = [s for s in range(0, n_seqs, batch_size) if bool(((rows_batch >= s) & (rows_batch < s + batch_size)).any())]
+    for start in tqdm(starts, desc="capture", disable=not progress, leave=False):
+        in_batch = (rows_batch >= start) & (rows_batch < start + batch_size)
+        row_ids = in_batch.nonzero(as_tuple=True)[0].to(device)
+        local_b = (rows_batch[in_batch] - start).to(device)
+        local_p = rows_pos[in_batch].to(device)
+        seq_mask = batch.attention_mask[start : start + batch_size]
+        length = int(seq_mask.any(dim=0).nonzero().max()) + 1  # trim trailing all-padding columns
+        ids = batch.tokens[start : start + batch_size, :length].to(device)
+        mask = seq_mask[:, :length].to(device)
+        hooks = [(name, _writer(out, slots, row_ids, local_b, local_p)) for name, slots in targets.items()]
+        adapter.run_with_hooks(ids, attention_mask=mask, fwd_hooks=hooks)
+
+    return States(
+        tensors=out,
+        layers={site: tuple(ls) for site, ls in plan.items()},
+        hook_names=names,
+        token_ids=batch.tokens[rows_batch, rows_pos],
+        batch_index=rows_batch,
+        position=rows_pos,
+        n_layers=adapter.n_layers,
+        meta={"seed": seed, "skip_first": skip_first, "n_sequences": n_seqs},
+    )
+
+
+def _plan_layers(sites: Sequence[str], layers: Sequence[int] | None, n_layers: int) -> dict[str, list[int]]:
+    plan = {}
+    for site in sites:
+        valid = site_layers(site, n_layers)
+        if layers is None:
+            plan[site] = list(valid)
+            continue
+        wanted = [check_int(l, "layer", low=-(n_layers + 1), high=n_layers) for l in layers]
+        wanted = [l + n_layers + 1 if l < 0 else l for l in wanted]  # -1 = last layer, as in Python
+        if site == FINAL_SITE:
+            plan[site] = list(valid)
+            continue
+        invalid = [l for l in wanted if l not in valid]
+        if invalid:
+            raise ValueError(f"layers {invalid} are not valid for site {site!r}; valid layers: {valid[0]}..{valid[-1]}")
+        plan[site] = list(dict.fromkeys(wanted))
+    return plan
+
+
+def _writer(out, slots, row_ids, local_b, local_p):
+    """A hook that copies the sampled rows of its activation into the output slots."""
+
+    def hook(activation, hook=None):
+        picked = activation[local_b, local_p]
+        for site, slot in slots:
+            out[site][slot, row_ids] = picked.to(out[site].dtype)
+        return None
+
+    return hook

@@ -1,0 +1,73 @@
+"""geolens.pga end to end on tiny models: table shape, agreement with the pure metric, errors."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import geolens
+from geolens.metrics import readout_basis, subspace_pga
+from geolens.model import as_adapter
+from tests.helpers import hook_count, padded_tokens, same_weights, weights
+
+COLUMNS = ["layer", "site", "ccr", "rho_readout", "null_mean", "null_std", "z", "p_value",
+           "pc1_readout_energy", "random_energy"]
+
+
+def test_pga_table_matches_pure_metric_on_captured_states(any_model):
+    adapter = as_adapter(any_model)
+    tokens, mask = padded_tokens(adapter.d_vocab, lengths=(16, 16, 12, 16))
+    before_hooks, before = hook_count(any_model), weights(any_model)
+    res = geolens.pga(any_model, tokens, k=4, n_null=10, ccr=[0, 1], n_tokens=40, attention_mask=mask,
+                      progress=False)
+    assert hook_count(any_model) == before_hooks and same_weights(before, any_model)
+    table = res.to_pandas()
+    assert list(table.columns) == COLUMNS
+    assert len(table) == (adapter.n_layers + 2) * 2  # layers 0..L, plus final, for two CCR values
+    assert table[table.site == "final"].layer.unique().tolist() == [adapter.n_layers]
+
+    states = geolens.capture(any_model, tokens, sites=("resid_post",), attention_mask=mask, n_tokens=40,
+                             progress=False)
+    basis = readout_basis(adapter.unembed_matrix("raw"), 4)
+    for layer in (0, adapter.n_layers):
+        direct = subspace_pga(states.layer("resid_post", layer), basis, n_null=10, ccr=1, seed=0)
+        row = table[(table.layer == layer) & (table.site == "resid_post") & (table.ccr == 1)].iloc[0]
+        assert row.z == pytest.approx(direct.z, abs=1e-9)
+        assert row.rho_readout == pytest.approx(direct.rho_readout, abs=1e-12)
+    assert (table.random_energy == 4 / adapter.d_model).all()
+
+
+def test_pga_result_is_jupyter_friendly(native_bridge, tmp_path):
+    adapter = as_adapter(native_bridge)
+    res = geolens.pga(native_bridge, torch.randint(0, adapter.d_vocab, (3, 12)), k=4, n_null=5, n_tokens=20,
+                      progress=False)
+    assert "PGAResult" in repr(res) and "<table" in res._repr_html_()
+    figure = res.plot()
+    assert len(figure.data) >= 2 and figure.layout.yaxis.title.text == "PGA z-score"
+    assert res.plot(kind="rho").layout.yaxis.title.text.startswith("Spearman")
+    path = res.save(tmp_path / "pga.json")
+    again = geolens.PGAResult.load(path)
+    pd.testing.assert_frame_equal(again.to_pandas(), res.to_pandas())
+    assert len(again.null_rhos) == len(res.rows) and len(again.null_rhos[0]["rhos"]) == 5
+    assert json.loads(path.read_text())["params"]["k"] == 4
+
+
+def test_folded_readout_differs_from_raw_and_is_recorded(native_bridge):
+    adapter = as_adapter(native_bridge)
+    tokens = torch.randint(0, adapter.d_vocab, (3, 12))
+    folded = geolens.pga(native_bridge, tokens, k=4, n_null=5, n_tokens=20, readout="folded", progress=False)
+    assert folded.params["readout"] == "folded"
+
+
+def test_pga_bad_arguments(native_bridge):
+    adapter = as_adapter(native_bridge)
+    tokens = torch.randint(0, adapter.d_vocab, (3, 12))
+    with pytest.raises(ValueError, match="k must be < d_model"):
+        geolens.pga(native_bridge, tokens, k=adapter.d_model, progress=False)
+    with pytest.raises(ValueError, match="n_tokens = 1000"):
+        geolens.pga(native_bridge, tokens, k=4, n_tokens=1000, progress=False)
+    with pytest.raises(ValueError, match="ccr is an empty list"):
+        geolens.pga(native_bridge, tokens, k=4, ccr=[], n_tokens=20, progress=False)
+    with pytest.raises(ValueError, match="readout"):
+        geolens.pga(native_bridge, tokens, k=4, readout="centred", n_tokens=20, progress=False)
