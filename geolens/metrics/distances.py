@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 
@@ -19,11 +20,13 @@ from geolens._validation import check_float_matrix
 
 __all__ = [
     "condensed_indices",
+    "negated_cosine_gram",
     "negated_cosines",
     "pairwise_cosine_distances",
     "rank_data",
     "sorted_average_ranks",
     "spearman",
+    "tie_offsets_from_pairs",
     "tie_rank_offsets",
 ]
 
@@ -70,6 +73,13 @@ def negated_cosines(
     the rounding of the subtraction (which can merge distinct cosines into ties).
     """
     n = x.shape[-2]
+    if flat_index is None:
+        flat_index = condensed_indices(n, device=x.device)
+    return negated_cosine_gram(x).flatten(-2).index_select(-1, flat_index)
+
+
+def negated_cosine_gram(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Tensor, "*batch N N"]:
+    """The full ``[N, N]`` matrix of ``-cos(x_i, x_j)``; raises on a zero row (no direction)."""
     norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     floor = _NORM_FLOOR.get(x.dtype, 1e-30)
     if bool((norms <= floor).any()):
@@ -78,10 +88,7 @@ def negated_cosines(
             "(after centring/CCR this means a row equal to the mean, or lying entirely in the removed components)"
         )
     unit = x / norms
-    gram = (-unit) @ unit.transpose(-1, -2)
-    if flat_index is None:
-        flat_index = condensed_indices(n, device=x.device)
-    return gram.flatten(-2).index_select(-1, flat_index)
+    return (-unit) @ unit.transpose(-1, -2)
 
 
 def tie_rank_offsets(
@@ -99,22 +106,47 @@ def tie_rank_offsets(
         >>> tie_rank_offsets(torch.tensor([[1.0, 2.0, 2.0, 3.0]]))
         (tensor([0, 0]), tensor([1, 2]), tensor([ 0.5000, -0.5000], dtype=torch.float64))
     """
-    same_as_prev = sorted_values[:, 1:] == sorted_values[:, :-1]
-    if not bool(same_as_prev.any()):
-        empty = torch.zeros(0, dtype=torch.long, device=sorted_values.device)
-        return empty, empty, torch.zeros(0, dtype=torch.float64, device=sorted_values.device)
-    tied = torch.zeros(sorted_values.shape, dtype=torch.bool, device=sorted_values.device)
-    tied[:, 1:] |= same_as_prev
-    tied[:, :-1] |= same_as_prev
-    rows, cols = tied.nonzero(as_tuple=True)  # row-major: each tie group is one contiguous run
-    values = sorted_values[rows, cols]
-    new_group = torch.ones_like(rows, dtype=torch.bool)
-    new_group[1:] = (rows[1:] != rows[:-1]) | (values[1:] != values[:-1])
-    group = torch.cumsum(new_group, 0) - 1
-    group_start = cols[new_group].to(torch.float64)
-    group_size = torch.bincount(group).to(torch.float64)
-    average_position = group_start[group] + (group_size[group] - 1.0) / 2.0
-    return rows, cols, average_position - cols.to(torch.float64)
+    m = sorted_values.shape[-1]
+    pair_rows, pair_cols = (sorted_values[:, 1:] == sorted_values[:, :-1]).nonzero(as_tuple=True)
+    rows, cols, offsets = tie_offsets_from_pairs(pair_rows * m + pair_cols, m)
+    device = sorted_values.device
+    return rows.to(device), cols.to(device), offsets.to(device)
+
+
+def tie_offsets_from_pairs(
+    pairs: Int[torch.Tensor, "P"] | np.ndarray, m: int
+) -> tuple[Int[torch.Tensor, "T"], Int[torch.Tensor, "T"], Float[torch.Tensor, "T"]]:
+    """Tied entries and their rank offsets from the sorted flat positions ``r * m + c`` where
+    entry ``c`` of sorted row ``r`` equals entry ``c + 1``.
+
+    A tie group spanning ``s..e`` shows up as the run of consecutive pairs
+    ``s, s+1, ..., e-1`` (runs never cross rows: ``c <= m - 2``), so groups are
+    found from positions alone; each member ``c`` gets offset ``(s + e) / 2 - c``.
+    The bookkeeping is on these few positions only, in NumPy (so the CPU rank
+    kernel can call it from worker threads without waking torch's thread pool);
+    results are CPU tensors.
+
+    Example:
+        >>> tie_offsets_from_pairs(torch.tensor([1, 2]), 5)        # row [a, b, b, b, c]
+        (tensor([0, 0, 0]), tensor([1, 2, 3]), tensor([ 1.,  0., -1.], dtype=torch.float64))
+    """
+    pairs = pairs.cpu().numpy() if isinstance(pairs, torch.Tensor) else np.asarray(pairs)
+    pairs = pairs.astype(np.int64, copy=False)
+    if pairs.size == 0:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, torch.zeros(0, dtype=torch.float64)
+    new_run = np.ones(pairs.size, dtype=bool)
+    new_run[1:] = pairs[1:] != pairs[:-1] + 1
+    run_of_pair = np.cumsum(new_run) - 1
+    run_start = pairs[new_run]
+    run_end = run_start + np.bincount(run_of_pair)  # last member of each group (inclusive)
+    # Members: every pair's first entry, plus each group's last entry.
+    members = np.concatenate([pairs, run_end])
+    member_run = np.concatenate([run_of_pair, np.arange(run_start.size)])
+    order = np.argsort(members, kind="stable")
+    members, member_run = members[order], member_run[order]
+    offsets = (run_start[member_run] + run_end[member_run]) / 2.0 - members
+    return torch.from_numpy(members // m), torch.from_numpy(members % m), torch.from_numpy(offsets)
 
 
 def sorted_average_ranks(sorted_values: Float[torch.Tensor, "*batch M"]) -> torch.Tensor:

@@ -37,10 +37,11 @@ from geolens._validation import check_int, working_dtype
 from geolens.metrics.distances import (
     check_states,
     condensed_indices,
+    negated_cosine_gram,
     negated_cosines,
     rank_data,
-    tie_rank_offsets,
 )
+from geolens.metrics._rank_kernels import ranked_dots
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import center
 
@@ -209,27 +210,12 @@ def rank_alignment(
     full_norm = torch.linalg.vector_norm(full_centred)
     if full_norm == 0:
         raise ValueError("all full-space distances are equal: rank correlation undefined")
-    # Ranks 1..M in sorted order, centred; ties are corrected entry by entry below.
-    plain_centred = torch.arange(1, m + 1, dtype=torch.float64, device=device) - mean_rank
-    plain_sq_norm = float(m) * (float(m) ** 2 - 1.0) / 12.0
-
     bytes_per_subspace = states.element_size() * (n * n + 2 * m) + 8 * 2 * m
     chunk = max(1, int(chunk_bytes // bytes_per_subspace))
     out = []
     for start in range(0, subspaces.shape[0], chunk):
         coords = states @ subspaces[start : start + chunk]  # [b, N, k]
-        proj_sorted, proj_order = torch.sort(negated_cosines(coords, flat_index=flat_index), dim=-1)
-        # Dot product taken in the projected distances' sorted order: a gather, no scatter.
-        gathered = full_centred[proj_order]
-        del proj_order
-        dots = gathered @ plain_centred
-        sq_norms = torch.full_like(dots, plain_sq_norm)
-        rows, cols, offsets = tie_rank_offsets(proj_sorted)
-        del proj_sorted
-        if rows.numel():
-            plain = plain_centred[cols]
-            dots.index_add_(0, rows, gathered[rows, cols] * offsets)
-            sq_norms.index_add_(0, rows, (plain + offsets).pow(2) - plain.pow(2))
+        dots, sq_norms = ranked_dots(negated_cosine_gram(coords), flat_index, full_centred)
         if bool((sq_norms <= 0).any()):
             raise ValueError("all projected distances are equal in some subspace: rank correlation undefined")
         out.append(dots / (full_norm * sq_norms.sqrt()))
