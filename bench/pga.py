@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -76,18 +75,35 @@ def time_floor(n, r, device):
     return time.perf_counter() - t
 
 
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak_rss() -> int:
+    """Reset the peak-RSS mark (Linux clear_refs) and return the current RSS in KiB."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    return _status_kib("VmRSS")
+
+
 def sweep_point(n: int, d: int, k: int, r: int, device: str) -> dict:
     """Time and peak memory of one PGA at N = n (run in a fresh process)."""
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     h = synthetic(n, d, device=device)
     q = readout_basis(torch.randn(d, 4 * d, generator=torch.Generator().manual_seed(1)), k).to(device)
+    subspace_pga(h[:64], q, n_null=2)  # warm-up outside the measured peak
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    base = _reset_peak_rss()
     seconds, _ = time_geolens(h, q, r, 0, device)
     if device.startswith("cuda"):
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
     else:
-        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024  # KiB on Linux
+        peak_mb = (_status_kib("VmHWM") - base) / 1024
+
     return {"N": n, "pairs": n * (n - 1) // 2, "seconds": seconds, "peak_MiB": peak_mb}
 
 
@@ -127,7 +143,7 @@ def main() -> None:
         return
     sizes = [256, 512, 1024, 2048] if args.quick else [256, 512, 1024, 2048, 4096]
     print(f"N sweep (d={args.d}, k={args.k}, R={args.r}): each N in a fresh process")
-    print(f"  {'N':>6} {'pairs':>10} {'seconds':>9} {'peak MiB':>9}")
+    print(f"  {'N':>6} {'pairs':>10} {'seconds':>9} {'peak MiB':>9}   (peak: resident memory above the inputs)")
     for n in sizes:
         cmd = [sys.executable, __file__, "--sweep-point", str(n), "--d", str(args.d), "--k", str(args.k),
                "--r", str(args.r), "--device", args.device]

@@ -310,8 +310,13 @@ def capture(
         length = int(seq_mask.any(dim=0).nonzero().max()) + 1  # trim trailing all-padding columns
         ids = batch.tokens[start : start + batch_size, :length].to(device)
         mask = seq_mask[:, :length].to(device)
-        hooks = [(name, _writer(out, slots, row_ids, local_b, local_p)) for name, slots in targets.items()]
-        adapter.run_with_hooks(ids, attention_mask=mask, fwd_hooks=hooks)
+        fired: set[str] = set()
+        hooks = [(name, _writer(out, slots, row_ids, local_b, local_p, name, fired, len(targets)))
+                 for name, slots in targets.items()]
+        try:
+            adapter.run_with_hooks(ids, attention_mask=mask, fwd_hooks=hooks)
+        except _AllCaptured:
+            pass  # every wanted activation is stored: the rest of the forward (and the unembedding) is skipped
 
     return States(
         tensors=out,
@@ -344,13 +349,24 @@ def _plan_layers(sites: Sequence[str], layers: Sequence[int] | None, n_layers: i
     return plan
 
 
-def _writer(out, slots, row_ids, local_b, local_p):
-    """A hook that copies the sampled rows of its activation into the output slots."""
+class _AllCaptured(Exception):
+    """Raised by the last capture hook of a forward pass to stop it early."""
+
+
+def _writer(out, slots, row_ids, local_b, local_p, name, fired, n_hooks):
+    """A hook that copies the sampled rows of its activation into the output slots.
+
+    When it is the last of the ``n_hooks`` capture hooks to fire, it stops the
+    forward pass: nothing after it is needed.
+    """
 
     def hook(activation, hook=None):
         picked = activation[local_b, local_p]
         for site, slot in slots:
             out[site][slot, row_ids] = picked.to(out[site].dtype)
+        fired.add(name)
+        if len(fired) == n_hooks:
+            raise _AllCaptured
         return None
 
     return hook

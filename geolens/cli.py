@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a local HF model folder or hub name, booted as a TransformerBridge (default: SmolLM2-135M)")
     rep.add_argument("--text", action="append", default=None, help="a text file (repeatable); default: BBC News")
     rep.add_argument("--out", default="out/report", help="output folder")
-    rep.add_argument("--n-texts", type=_positive, default=64, help="texts taken from the default corpus")
+    rep.add_argument("--n-texts", type=_positive, default=16, help="texts taken from the default corpus")
     rep.add_argument("--max-length", type=_positive, default=128, help="tokens per text")
     rep.add_argument("--n-tokens", type=_positive, default=1024, help="token positions sampled")
     rep.add_argument("--k", type=_positive, default=None, help="readout dimension (default min(100, d-1))")

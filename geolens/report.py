@@ -41,7 +41,7 @@ def report(
     texts: Sequence[str] | None = None,
     out_dir: str | Path = "out/report",
     *,
-    n_texts: int = 64,
+    n_texts: int = 16,
     max_length: int = 128,
     n_tokens: int = 1024,
     k: int | None = None,

@@ -73,7 +73,7 @@ def test_capture_leaves_no_hooks_and_no_weight_change(any_model, monkeypatch):
     assert hook_count(any_model) == before_hooks
     assert same_weights(before, any_model)
 
-    def raising_writer(*args):
+    def raising_writer(*args, **kwargs):
         def hook(activation, hook=None):
             raise RuntimeError("boom inside a hook")
         return hook
@@ -129,3 +129,16 @@ def test_capture_bad_tokens(native_bridge):
 def test_unsupported_model_raises_type_error():
     with pytest.raises(TypeError, match="HookedTransformer|TransformerBridge"):
         geolens.capture(torch.nn.Linear(3, 3), torch.zeros(1, 5, dtype=torch.long), progress=False)
+
+
+def test_capture_stops_the_forward_after_the_last_wanted_hook(any_model):
+    adapter = as_adapter(any_model)
+    calls = []
+    counter = (adapter.final_hook_name, lambda act, hook: calls.append(1))
+    tokens = torch.randint(0, adapter.d_vocab, (2, 8))
+    with any_model.hooks(fwd_hooks=[counter]):  # a user's own hook, kept across the call
+        states = geolens.capture(any_model, tokens, layers=[1], progress=False)
+        assert calls == []  # the unembedding input was never computed
+        geolens.capture(any_model, tokens, sites=("final",), progress=False)
+        assert len(calls) == 1
+    assert states.layers["resid_post"] == (1,)

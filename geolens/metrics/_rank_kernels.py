@@ -39,6 +39,18 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads()), thread_name_prefix="geolens-rank")
 
 
+def _uses_numpy_kernel(device: torch.device, dtype: torch.dtype, m: int) -> bool:
+    return device.type == "cpu" and dtype == torch.float32 and m < 2**31
+
+
+def scratch_bytes_per_matrix(n: int, m: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Memory one ``[N, N]`` matrix costs inside :func:`ranked_dots` (for chunking)."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    if _uses_numpy_kernel(device, dtype, m):
+        return size * n * n  # the rest is per-thread scratch, reused row after row
+    return size * n * n + (2 * size + 8 + 8) * m  # picked values, sorted values, order, gathered
+
+
 def ranked_dots(
     matrices: torch.Tensor, flat_index: torch.Tensor, full_centred: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +61,7 @@ def ranked_dots(
     CPU kernel does it per row, in parallel, while the row is in cache.
     """
     flat = matrices.flatten(-2)
-    if flat.device.type == "cpu" and flat.dtype == torch.float32 and flat_index.numel() < 2**31:
+    if _uses_numpy_kernel(flat.device, flat.dtype, flat_index.numel()):
         return _ranked_dots_numpy(flat, flat_index, full_centred)
     return _ranked_dots_torch(flat.index_select(-1, flat_index), full_centred)
 

@@ -41,7 +41,7 @@ from geolens.metrics.distances import (
     negated_cosines,
     rank_data,
 )
-from geolens.metrics._rank_kernels import ranked_dots
+from geolens.metrics._rank_kernels import ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import center
 
@@ -210,8 +210,7 @@ def rank_alignment(
     full_norm = torch.linalg.vector_norm(full_centred)
     if full_norm == 0:
         raise ValueError("all full-space distances are equal: rank correlation undefined")
-    bytes_per_subspace = states.element_size() * (n * n + 2 * m) + 8 * 2 * m
-    chunk = max(1, int(chunk_bytes // bytes_per_subspace))
+    chunk = max(1, int(chunk_bytes // scratch_bytes_per_matrix(n, m, states.dtype, device)))
     out = []
     for start in range(0, subspaces.shape[0], chunk):
         coords = states @ subspaces[start : start + chunk]  # [b, N, k]
