@@ -41,12 +41,12 @@ def report(
     texts: Sequence[str] | None = None,
     out_dir: str | Path = "out/report",
     *,
-    n_texts: int = 16,
+    n_texts: int = 32,
     max_length: int = 128,
     n_tokens: int = 1024,
     k: int | None = None,
     n_null: int = 100,
-    ccr: int | Sequence[int] = 1,
+    ccr: int | Sequence[int] = (0, 1, 5, 10),
     seed: int = 0,
     device: str | None = None,
     progress: bool = True,
@@ -67,6 +67,7 @@ def report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    ccr = ccr if isinstance(ccr, int) else list(ccr)
     pga_result = pga(adapter, list(texts), k=k, n_null=n_null, ccr=ccr, n_tokens=n_tokens, seed=seed,
                      progress=progress, max_length=max_length)
     table = pga_result.to_pandas()
