@@ -8,7 +8,9 @@ Example:
 """
 
 from geolens import metrics
+from geolens.analyses.convergence import ConvergenceResult, convergence
 from geolens.analyses.pga import pga, pga_of_states
+from geolens.analyses.probes import ProbeResult, probes
 from geolens.capture import SITES, States, capture
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import PGAResult, Result
@@ -17,16 +19,20 @@ from geolens.zoo import default_texts, load_default_model
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvergenceResult",
     "ModelAdapter",
+    "ProbeResult",
     "PGAResult",
     "Result",
     "SITES",
     "States",
     "as_adapter",
     "capture",
+    "convergence",
     "default_texts",
     "load_default_model",
     "metrics",
     "pga",
     "pga_of_states",
+    "probes",
 ]

@@ -195,12 +195,14 @@ def sample_positions(
     *,
     seed: int | None = 0,
     skip_first: bool = True,
+    min_tokens: int = 3,
 ) -> tuple[Int[torch.Tensor, "N"], Int[torch.Tensor, "N"]]:
     """Sample ``n_tokens`` (batch, position) pairs among the real tokens, uniformly, without replacement.
 
     Padding (mask 0) is never sampled; with ``skip_first`` the first real token
     of each sequence (BOS / attention sink) is excluded too. ``n_tokens=None``
-    takes every eligible position. Returned sorted by (batch, position).
+    takes every eligible position. Fewer than ``min_tokens`` eligible positions
+    raise (3 is the least any distance geometry needs). Returned sorted by (batch, position).
 
     Example:
         >>> mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -217,10 +219,10 @@ def sample_positions(
         mask[rows, first[has_any]] = False
     batch_idx, pos_idx = mask.nonzero(as_tuple=True)
     available = batch_idx.numel()
-    if available < 3:
+    if available < min_tokens:
         raise ValueError(
             f"only {available} eligible token positions (after removing padding"
-            f"{' and the first token of each sequence' if skip_first else ''}); need at least 3"
+            f"{' and the first token of each sequence' if skip_first else ''}); need at least {min_tokens}"
         )
     if n_tokens is None:
         return batch_idx, pos_idx
@@ -249,6 +251,8 @@ def capture(
     attention_mask: torch.Tensor | None = None,
     max_length: int | None = None,
     dtype: torch.dtype = torch.float32,
+    positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+    min_tokens: int = 3,
 ) -> States:
     """Capture hidden states of ``model`` at sampled token positions.
 
@@ -267,6 +271,11 @@ def capture(
         attention_mask: ``[B, T]`` mask for a token tensor (1 = real token).
         max_length: truncate sequences to this many tokens.
         dtype: dtype of the stored states.
+        positions: explicit ``(batch_index [N], position [N])`` rows to capture
+            instead of a sample (e.g. positions aligned across two tokenizers);
+            they must be real (unpadded) tokens. ``n_tokens``/``seed``/``skip_first``
+            are then ignored.
+        min_tokens: fewest positions accepted (3 by default: geometry needs them).
 
     Returns:
         :class:`States` with ``[n_layers, N, d]`` per site.
@@ -287,7 +296,11 @@ def capture(
     batch_size = check_int(batch_size, "batch_size", low=1)
     plan = _plan_layers(sites, layers, adapter.n_layers)
     batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
-    rows_batch, rows_pos = sample_positions(batch.attention_mask, n_tokens, seed=seed, skip_first=skip_first)
+    if positions is None:
+        rows_batch, rows_pos = sample_positions(batch.attention_mask, n_tokens, seed=seed, skip_first=skip_first,
+                                                min_tokens=min_tokens)
+    else:
+        rows_batch, rows_pos = _check_positions(positions, batch.attention_mask)
     n = rows_batch.numel()
     device = adapter.device
 
@@ -328,6 +341,21 @@ def capture(
         n_layers=adapter.n_layers,
         meta={"seed": seed, "skip_first": skip_first, "n_sequences": n_seqs},
     )
+
+
+def _check_positions(positions, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """Explicit (batch, position) rows: same length, in range, on real tokens, at least 3."""
+    rows_batch, rows_pos = (torch.as_tensor(p, dtype=torch.long).cpu().reshape(-1) for p in positions)
+    if rows_batch.shape != rows_pos.shape:
+        raise ValueError(f"positions: batch index and position differ in length ({rows_batch.numel()} vs {rows_pos.numel()})")
+    if rows_batch.numel() < 3:
+        raise ValueError(f"need at least 3 positions, got {rows_batch.numel()}")
+    b, t = attention_mask.shape
+    if int(rows_batch.min()) < 0 or int(rows_batch.max()) >= b or int(rows_pos.min()) < 0 or int(rows_pos.max()) >= t:
+        raise ValueError(f"positions out of range for tokens of shape [{b}, {t}]")
+    if not bool((attention_mask.cpu()[rows_batch, rows_pos] != 0).all()):
+        raise ValueError("positions include padding")
+    return rows_batch, rows_pos
 
 
 def _plan_layers(sites: Sequence[str], layers: Sequence[int] | None, n_layers: int) -> dict[str, list[int]]:

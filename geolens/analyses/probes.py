@@ -1,0 +1,172 @@
+"""``geolens.probes``: per-layer linear-probe accuracy of a labelled text task (METHODS.md A.9).
+
+Each text becomes one feature vector per layer (mean over its real tokens after
+the first, or its last real token), captured in batches so memory holds only
+``n_texts x layers x d`` pooled features; a logistic-regression probe is then
+trained and tested on them without the model in the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from geolens._validation import check_int
+from geolens.capture import RESIDUAL_SITE, capture, site_layers
+from geolens.metrics.probes import probe_accuracy
+from geolens.model import as_adapter
+from geolens.results import Result
+
+__all__ = ["ProbeResult", "ag_news", "pooled_states", "probes"]
+
+POOLINGS = ("mean", "last")
+
+
+def pooled_states(
+    model: object,
+    texts: Sequence[str],
+    layers: Sequence[int] | None = None,
+    *,
+    pooling: str = "mean",
+    batch_size: int = 8,
+    max_length: int | None = 128,
+    progress: bool = True,
+) -> tuple[list[int], torch.Tensor]:
+    """One residual-stream vector per text and layer: ``(layers, [n_layers, n_texts, d])``.
+
+    ``mean`` averages the real tokens after the first (BOS / sink excluded);
+    ``last`` takes the last real token.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    adapter = as_adapter(model)
+    if isinstance(texts, str) or len(texts) == 0:
+        raise ValueError("texts must be a non-empty list of strings")
+    batch_size = check_int(batch_size, "batch_size", low=1)
+    chosen = list(site_layers(RESIDUAL_SITE, adapter.n_layers)) if layers is None else list(layers)
+    out = None
+    starts = range(0, len(texts), batch_size)
+    for start in tqdm(starts, desc="probe features", disable=not progress, leave=False):
+        chunk = list(texts[start : start + batch_size])
+        states = capture(adapter, chunk, layers=chosen, max_length=max_length, batch_size=batch_size, progress=False,
+                         min_tokens=1)
+        stack = states[RESIDUAL_SITE]  # [layers, rows, d]
+        if out is None:
+            out = torch.zeros(stack.shape[0], len(texts), stack.shape[-1], dtype=stack.dtype, device=stack.device)
+        rows = states.batch_index.to(stack.device)
+        counts = torch.bincount(rows, minlength=len(chunk))
+        if bool((counts == 0).any()):
+            empty = start + int((counts == 0).nonzero()[0])
+            raise ValueError(f"text {empty} has no token after the first one; cannot pool it")
+        if pooling == "mean":
+            sums = torch.zeros(stack.shape[0], len(chunk), stack.shape[-1], dtype=stack.dtype, device=stack.device)
+            sums.index_add_(1, rows, stack)
+            out[:, start : start + len(chunk)] = sums / counts.to(stack.dtype)[None, :, None]
+        else:
+            # Rows are sorted by (text, position): the last row of each text is its last token.
+            last = torch.cumsum(counts, 0) - 1
+            out[:, start : start + len(chunk)] = stack[:, last]
+    return list(states.layers[RESIDUAL_SITE]), out
+
+
+@dataclass(repr=False)
+class ProbeResult(Result):
+    """Per-layer probe accuracy: ``layer, accuracy_mean, accuracy_std, chance``."""
+
+    title: ClassVar[str] = "ProbeResult"
+
+    def plot(self, pga_result=None, ccr: int | None = None):
+        """Accuracy by layer (band = +-1 sd over folds); with a ``PGAResult``, its z on a second axis."""
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        table = self.to_pandas()
+        fig = make_subplots(specs=[[{"secondary_y": pga_result is not None}]])
+        upper, lower = table.accuracy_mean + table.accuracy_std, table.accuracy_mean - table.accuracy_std
+        fig.add_trace(go.Scatter(x=list(table.layer) + list(table.layer)[::-1], y=list(upper) + list(lower)[::-1],
+                                 fill="toself", opacity=0.2, line_width=0, name="±1 sd over folds", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=table.layer, y=table.accuracy_mean, mode="lines+markers", name="probe accuracy"))
+        fig.add_trace(go.Scatter(x=table.layer, y=table.chance, mode="lines", line_dash="dot", name="chance"))
+        if pga_result is not None:
+            pga = pga_result.to_pandas()
+            pga = pga[pga.site != "final"]
+            ccr = pga.ccr.iloc[0] if ccr is None else ccr
+            pga = pga[pga.ccr == ccr]
+            fig.add_trace(go.Scatter(x=pga.layer, y=pga.z, mode="lines+markers", name=f"PGA z (CCR-{ccr})"),
+                          secondary_y=True)
+            fig.update_yaxes(title_text="PGA z", secondary_y=True)
+        fig.update_yaxes(title_text="held-out accuracy", secondary_y=False)
+        fig.update_layout(title=f"Linear probes ({self.params.get('pooling')} pooling, {self.params.get('folds')} folds)",
+                          xaxis_title="layer (0 = embeddings)", template="plotly_white")
+        return fig
+
+
+def probes(
+    model: object,
+    texts: Sequence[str],
+    labels: Sequence,
+    layers: Sequence[int] | None = None,
+    pooling: str = "mean",
+    folds: int = 5,
+    seed: int | None = 0,
+    *,
+    max_length: int | None = 128,
+    batch_size: int = 8,
+    C: float = 1.0,
+    progress: bool = True,
+) -> ProbeResult:
+    """Held-out accuracy of a per-layer logistic-regression probe predicting ``labels`` from ``texts``.
+
+    Args:
+        model: a TransformerLens model with a tokenizer.
+        texts, labels: one label per text (e.g. ``geolens.default_texts(n=500, with_labels=True)``,
+            five BBC News topics).
+        layers: residual-stream layers (default all, 0 = embeddings).
+        pooling: ``"mean"`` over real tokens after the first, or ``"last"`` real token.
+        folds: stratified, seeded cross-validation folds.
+
+    Returns:
+        :class:`ProbeResult`, one row per layer.
+
+    Example:
+        >>> texts, labels = geolens.default_texts(n=250, with_labels=True)     # doctest: +SKIP
+        >>> geolens.probes(model, texts, labels).plot(pga_result=res)          # doctest: +SKIP
+    """
+    if isinstance(texts, str) or len(texts) == 0:
+        raise ValueError("texts must be a non-empty list of strings")
+    if len(labels) != len(texts):
+        raise ValueError(f"{len(labels)} labels for {len(texts)} texts")
+    layer_ids, features = pooled_states(model, texts, layers, pooling=pooling, batch_size=batch_size,
+                                        max_length=max_length, progress=progress)
+    rows = []
+    for layer, layer_features in tqdm(list(zip(layer_ids, features)), desc="probes", disable=not progress, leave=False):
+        score = probe_accuracy(layer_features, labels, folds=folds, seed=seed, C=C)
+        rows.append({"layer": layer, "accuracy_mean": score["accuracy_mean"], "accuracy_std": score["accuracy_std"],
+                     "chance": score["chance"]})
+    params = {"model": as_adapter(model).name, "pooling": pooling, "folds": folds, "seed": seed,
+              "n_texts": len(texts), "n_classes": len(set(labels)), "max_length": max_length, "C": C}
+    return ProbeResult(rows=rows, params=params)
+
+
+def ag_news(n: int | None = None, split: str = "test", seed: int = 0) -> tuple[list[str], list[int]]:
+    """AG News (4 topics) through the ``datasets`` package, for users with the hub.
+
+    Example:
+        >>> texts, labels = ag_news(n=1000)       # doctest: +SKIP
+    """
+    try:
+        from datasets import load_dataset
+    except ImportError as error:
+        raise ImportError("ag_news needs the `datasets` package: pip install datasets") from error
+    try:
+        data = load_dataset("ag_news", split=split)
+    except Exception as error:  # offline, or the hub is unreachable
+        raise RuntimeError(
+            f"could not load AG News from the hub ({error}); offline, use geolens.default_texts(with_labels=True)"
+        ) from error
+    if n is not None:
+        data = data.shuffle(seed=seed).select(range(n))
+    return list(data["text"]), list(data["label"])
