@@ -7,6 +7,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Sequence
 
@@ -33,6 +34,20 @@ def _positive(text: str) -> int:
     return value
 
 
+def _section_names() -> list[str]:
+    from geolens.report import SECTIONS
+
+    return list(SECTIONS)
+
+
+def _name_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in _section_names()]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown sections {unknown or text!r}; choose from {_section_names()}")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geolens", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--n-null", type=_positive, default=100, help="random subspaces in the null")
     rep.add_argument("--ccr", type=_int_list, default=[0, 1, 5, 10],
                      help="CCR values (components removed after centring), comma-separated")
+    rep.add_argument("--sections", type=_name_list, default=None,
+                     help="comma-separated sections (default all): " + ", ".join(_section_names()))
+    rep.add_argument("--probe-texts", type=_positive, default=250, help="labelled texts for the probe section")
     rep.add_argument("--seed", type=int, default=0)
     rep.add_argument("--device", default=None)
     rep.add_argument("--no-progress", action="store_true")
@@ -76,15 +94,19 @@ def _report(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         texts = [Path(p).read_text(encoding="utf-8", errors="replace") for p in args.text]
-    paths = report(model, texts, args.out, n_texts=args.n_texts, max_length=args.max_length,
-                   n_tokens=args.n_tokens, k=args.k, n_null=args.n_null, ccr=args.ccr, seed=args.seed,
-                   device=args.device, progress=not args.no_progress)
-    table = pd.read_csv(paths["pga.csv"])
-    with pd.option_context("display.max_rows", 200, "display.width", 160, "display.precision", 4):
-        print(table.to_string(index=False))
+    paths = report(model, texts, args.out, sections=args.sections, device=args.device, n_texts=args.n_texts,
+                   max_length=args.max_length, n_tokens=args.n_tokens, k=args.k, n_null=args.n_null, ccr=args.ccr,
+                   seed=args.seed, probe_texts=args.probe_texts, progress=not args.no_progress)
+    if "pga.csv" in paths:
+        table = pd.read_csv(paths["pga.csv"])
+        with pd.option_context("display.max_rows", 200, "display.width", 160, "display.precision", 4):
+            print(table.to_string(index=False))
+    meta = json.loads(paths["meta.json"].read_text())
+    for name, error in meta["errors"].items():
+        print(f"section {name} failed: {error}", file=sys.stderr)
     for name, path in paths.items():
         print(f"wrote {path}")
-    return 0
+    return 1 if meta["errors"] else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,6 +1,8 @@
 """One self-contained HTML page (plus CSV/JSON) of geolens analyses of a model.
 
-Today it holds the subspace-PGA section; later analyses add sections.
+Each section is one analysis (see :data:`SECTIONS`); a section that fails is
+shown in the page with its error while the others still run. Every number is
+also written as ``<section>.csv`` and ``<section>.json``.
 
 Example:
     >>> paths = geolens.report.report(out_dir="out/report")      # doctest: +SKIP
@@ -12,23 +14,27 @@ import html
 import json
 import platform
 import time
+import traceback
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-import torch
+from tqdm.auto import tqdm
 
+from geolens.analyses.convergence import convergence
 from geolens.analyses.pga import pga
-from geolens.model import as_adapter
+from geolens.analyses.probes import probes
+from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 
-__all__ = ["report", "write_html", "versions"]
+__all__ = ["SECTIONS", "ReportSettings", "report", "versions", "write_html"]
 
 
 def versions() -> dict[str, str]:
     """Versions of the packages that shape the numbers."""
     out = {"python": platform.python_version()}
-    for name in ("geolens", "transformer-lens", "torch", "transformers", "numpy", "scipy"):
+    for name in ("geolens", "transformer-lens", "torch", "transformers", "numpy", "scipy", "scikit-learn"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -36,72 +42,144 @@ def versions() -> dict[str, str]:
     return out
 
 
+@dataclass
+class ReportSettings:
+    """Budgets of every section (the defaults run in a few minutes on 2 CPU cores)."""
+
+    n_texts: int = 32
+    max_length: int = 128
+    n_tokens: int = 1024
+    k: int | None = None
+    n_null: int = 100
+    ccr: int | Sequence[int] = (0, 1, 5, 10)
+    seed: int = 0
+    probe_texts: int = 250
+    probe_max_length: int = 64
+    probe_folds: int = 5
+    convergence_positions: int = 512
+    progress: bool = True
+    results: dict[str, Result] = field(default_factory=dict)  # sections done so far, for later ones
+
+
+def _pga_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    ccr = s.ccr if isinstance(s.ccr, int) else list(s.ccr)
+    result = pga(adapter, texts, k=s.k, n_null=s.n_null, ccr=ccr, n_tokens=s.n_tokens, seed=s.seed,
+                 progress=s.progress, max_length=s.max_length)
+    return result, [result.plot()]
+
+
+def _probe_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    from geolens.zoo import default_texts
+
+    probe_texts, labels = default_texts(n=s.probe_texts, seed=s.seed, with_labels=True)
+    result = probes(adapter, probe_texts, labels, folds=s.probe_folds, seed=s.seed, max_length=s.probe_max_length,
+                    progress=s.progress)
+    result.params["dataset"] = "BBC News topics (default text)"
+    return result, [result.plot(pga_result=s.results.get("pga"))]
+
+
+def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    # One offline model: compare it with itself across depths (layer x layer grid). Where two
+    # layers' distance structures agree, the representation has not been reorganised between them.
+    result = convergence(adapter, adapter, texts, k=s.k, ccr=1, grid=True, n_positions=s.convergence_positions,
+                         max_length=s.max_length, seed=s.seed, progress=s.progress)
+    result.params["comparison"] = "the model with itself, every layer against every layer"
+    return result, [result.plot("rho_full"), result.plot("rho_readout")]
+
+
+SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
+    "pga": ("Subspace PGA (with the CCR masking sweep)", _pga_section),
+    "probes": ("Linear probes (BBC News topic) next to PGA z", _probe_section),
+    "convergence": ("Convergence across depth (full space and readout subspace)", _convergence_section),
+}
+
+
 def report(
     model: object | None = None,
     texts: Sequence[str] | None = None,
     out_dir: str | Path = "out/report",
     *,
-    n_texts: int = 32,
-    max_length: int = 128,
-    n_tokens: int = 1024,
-    k: int | None = None,
-    n_null: int = 100,
-    ccr: int | Sequence[int] = (0, 1, 5, 10),
-    seed: int = 0,
+    sections: Sequence[str] | None = None,
     device: str | None = None,
-    progress: bool = True,
+    settings: ReportSettings | None = None,
+    **overrides: Any,
 ) -> dict[str, Path]:
-    """Run the analyses on ``model`` (default: the offline default model) and write the report.
+    """Run the report's sections on ``model`` (default: the offline default model) and write them.
 
     Writes ``report.html`` (plotly figures, tables, parameters, versions, run
-    time), ``pga.csv`` and ``pga.json`` under ``out_dir``; returns their paths.
+    times, errors of failed sections), ``<section>.csv``/``.json`` and
+    ``meta.json`` under ``out_dir``; returns their paths. ``overrides`` set
+    fields of :class:`ReportSettings` (e.g. ``n_tokens=512, ccr=1``).
+
+    Example:
+        >>> report(sections=["pga"], n_tokens=512, ccr=[0, 1])      # doctest: +SKIP
     """
     from geolens.zoo import default_texts, load_default_model
 
     started = time.perf_counter()
+    settings = settings or ReportSettings()
+    for key, value in overrides.items():
+        if not hasattr(settings, key) or key == "results":
+            raise TypeError(f"unknown report setting {key!r}")
+        setattr(settings, key, value)
+    chosen = list(SECTIONS) if sections is None else list(sections)
+    unknown = [name for name in chosen if name not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
     if model is None:
-        model = load_default_model(device=device, progress=progress)
-    if texts is None:
-        texts = default_texts(n=n_texts, seed=seed)
+        model = load_default_model(device=device, progress=settings.progress)
+    texts = list(default_texts(n=settings.n_texts, seed=settings.seed) if texts is None else texts)
     adapter = as_adapter(model)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    ccr = ccr if isinstance(ccr, int) else list(ccr)
-    pga_result = pga(adapter, list(texts), k=k, n_null=n_null, ccr=ccr, n_tokens=n_tokens, seed=seed,
-                     progress=progress, max_length=max_length)
-    table = pga_result.to_pandas()
-    paths = {"pga.csv": out_dir / "pga.csv", "pga.json": out_dir / "pga.json"}
-    table.to_csv(paths["pga.csv"], index=False)
-    pga_result.save(paths["pga.json"])
+    paths: dict[str, Path] = {}
+    rendered, timings, errors = [], {}, {}
+    for name in tqdm(chosen, desc="report", disable=not settings.progress):
+        heading, run = SECTIONS[name]
+        section_start = time.perf_counter()
+        try:
+            result, figures = run(adapter, texts, settings)
+        except Exception as error:  # a failed section is reported, the others still run
+            errors[name] = "".join(traceback.format_exception_only(type(error), error)).strip()
+            rendered.append((heading, None, [], errors[name]))
+            continue
+        finally:
+            timings[name] = round(time.perf_counter() - section_start, 1)
+        settings.results[name] = result
+        paths[f"{name}.csv"] = out_dir / f"{name}.csv"
+        result.to_pandas().to_csv(paths[f"{name}.csv"], index=False)
+        paths[f"{name}.json"] = result.save(out_dir / f"{name}.json")
+        rendered.append((heading, result, figures, None))
 
-    elapsed = time.perf_counter() - started
     meta = {
-        "model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model,
-        "texts": len(texts), "max_length": max_length, "run_time_s": round(elapsed, 1), "versions": versions(),
+        "model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model, "texts": len(texts),
+        "sections": chosen, "section_time_s": timings, "errors": errors,
+        "run_time_s": round(time.perf_counter() - started, 1), "versions": versions(),
     }
-    paths["report.html"] = write_html(
-        out_dir / "report.html",
-        title=f"geolens report — {adapter.name}",
-        sections=[("Subspace PGA", pga_result, pga_result.plot())],
-        meta=meta,
-    )
+    paths["report.html"] = write_html(out_dir / "report.html", title=f"geolens report — {adapter.name}",
+                                      sections=rendered, meta=meta)
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     paths["meta.json"] = out_dir / "meta.json"
     return paths
 
 
-def write_html(path: Path, *, title: str, sections: Sequence[tuple[str, Result, object]], meta: dict) -> Path:
-    """One page: a section per (heading, result, plotly figure); plotly.js inlined once."""
+def write_html(path: Path, *, title: str, sections: Sequence[tuple], meta: dict) -> Path:
+    """One page: per section (heading, result, figures, error); plotly.js inlined once."""
     parts = [f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;"
-             "font-size:12px} td,th{border:1px solid #ccc;padding:2px 6px}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>", "<h2>Run</h2>", _dict_table(meta)]
-    for i, (heading, result, figure) in enumerate(sections):
+             "font-size:12px} td,th{border:1px solid #ccc;padding:2px 6px} .error{color:#a00;white-space:pre-wrap}"
+             "</style></head><body>", f"<h1>{html.escape(title)}</h1>", "<h2>Run</h2>", _dict_table(meta)]
+    plotly_included = False
+    for heading, result, figures, error in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>")
+        if error is not None:
+            parts.append(f"<p class='error'>This section failed: {html.escape(error)}</p>")
+            continue
         parts.append("<h3>Parameters</h3>" + _dict_table(result.params))
-        if figure is not None:
-            parts.append(figure.to_html(full_html=False, include_plotlyjs=(i == 0)))
+        for figure in figures:
+            parts.append(figure.to_html(full_html=False, include_plotlyjs=not plotly_included))
+            plotly_included = True
         parts.append(result.to_pandas().to_html(index=False, float_format=lambda x: f"{x:.4g}"))
     parts.append("</body></html>")
     path.write_text("\n".join(parts), encoding="utf-8")
