@@ -1,0 +1,103 @@
+"""Subspaces on the Grassmannian: principal angles, RSS trajectories, geodesic distance.
+
+A k-dim subspace of ``R^d`` is an orthonormal basis ``[d, k]``. For two of them
+the cosines of the principal angles are the singular values of ``Q1^T Q2``.
+
+Example:
+    >>> q1 = torch.eye(4, dtype=torch.float64)[:, :2]
+    >>> q2 = torch.eye(4, dtype=torch.float64)[:, 1:3]
+    >>> principal_cosines(q1, q2).tolist()            # one shared axis, one orthogonal
+    [1.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+
+from geolens._validation import check_float_matrix, check_int
+from geolens.metrics.grassmann import orthonormal_basis
+
+__all__ = [
+    "grassmann_distance",
+    "principal_angles",
+    "principal_cosines",
+    "readout_subspace_similarity",
+    "top_right_singular_subspace",
+]
+
+
+def _bases(q1: torch.Tensor, q2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    q1, q2 = orthonormal_basis(q1, name="q1"), orthonormal_basis(q2, name="q2")
+    if q1.shape[0] != q2.shape[0]:
+        raise ValueError(f"subspaces live in different spaces: d = {q1.shape[0]} and {q2.shape[0]}")
+    dtype = torch.promote_types(q1.dtype, q2.dtype)
+    return q1.to(dtype), q2.to(dtype=dtype, device=q1.device)
+
+
+def principal_cosines(q1: Float[torch.Tensor, "d k1"], q2: Float[torch.Tensor, "d k2"]) -> Float[torch.Tensor, "k"]:
+    """Cosines of the ``min(k1, k2)`` principal angles, descending (largest cosine = smallest angle)."""
+    q1, q2 = _bases(q1, q2)
+    return torch.linalg.svdvals(q1.T @ q2).clamp(0.0, 1.0)
+
+
+def principal_angles(q1: Float[torch.Tensor, "d k1"], q2: Float[torch.Tensor, "d k2"]) -> Float[torch.Tensor, "k"]:
+    """Principal angles in radians, ascending, as ``scipy.linalg.subspace_angles`` (which sorts descending).
+
+    Small angles are computed from the sines (``||(I - Q1 Q1^T) Q2 v||``) where the
+    arccos of a cosine near 1 loses precision.
+    """
+    q1, q2 = _bases(q1, q2)
+    u, s, vh = torch.linalg.svd(q1.T @ q2, full_matrices=False)
+    s = s.clamp(0.0, 1.0)
+    angles = torch.arccos(s)
+    # Sines of the angles: the part of each principal vector of q2 outside span(q1).
+    residual = q2 @ vh.T - q1 @ (u * s)
+    sines = torch.linalg.vector_norm(residual, dim=0).clamp(0.0, 1.0)
+    small = s > 0.7071067811865476  # below 45 degrees arcsin is the better conditioned one
+    return torch.where(small, torch.arcsin(sines), angles)
+
+
+def grassmann_distance(q1: Float[torch.Tensor, "d k"], q2: Float[torch.Tensor, "d k"]) -> float:
+    """Geodesic (arc-length) distance on ``Gr(k, d)``: the 2-norm of the principal angles."""
+    if q1.shape[1] != q2.shape[1]:
+        raise ValueError(f"the geodesic distance needs equal dimensions, got k = {q1.shape[1]} and {q2.shape[1]}")
+    return float(torch.linalg.vector_norm(principal_angles(q1, q2)))
+
+
+def readout_subspace_similarity(bases: Float[torch.Tensor, "L d k"]) -> Float[torch.Tensor, "L-1"]:
+    """RSS between consecutive subspaces: the mean principal cosine of ``bases[l]`` and ``bases[l + 1]``.
+
+    Example:
+        >>> eye = torch.eye(3, dtype=torch.float64)
+        >>> readout_subspace_similarity(torch.stack([eye[:, :1], eye[:, :1], eye[:, 1:2]])).tolist()
+        [1.0, 0.0]
+    """
+    if bases.ndim != 3 or bases.shape[0] < 2:
+        raise ValueError(f"bases must be [L >= 2, d, k], got shape {tuple(bases.shape)}")
+    cosines = torch.linalg.svdvals(bases[:-1].transpose(1, 2) @ bases[1:]).clamp(0.0, 1.0)
+    return cosines.mean(dim=-1)
+
+
+def top_right_singular_subspace(
+    linear_map: Float[torch.Tensor, "d_out d_in"], k: int
+) -> tuple[Float[torch.Tensor, "d_in k"], float]:
+    """Top-``k`` right singular vectors of a linear map (acting on column vectors), and the energy they keep.
+
+    Energy = the fraction of the map's squared singular values (its squared
+    Frobenius norm) carried by the top ``k``.
+
+    Example:
+        >>> basis, energy = top_right_singular_subspace(torch.diag(torch.tensor([3.0, 1.0, 0.0])), 1)
+        >>> basis.abs().flatten().tolist(), round(energy, 3)
+        ([1.0, 0.0, 0.0], 0.9)
+    """
+    linear_map = check_float_matrix(linear_map, "linear_map")
+    k = check_int(k, "k", low=1, high=min(linear_map.shape))
+    _, s, vh = torch.linalg.svd(linear_map.to(torch.float64), full_matrices=False)
+    total = float(s.pow(2).sum())
+    if total == 0:
+        raise ValueError("the linear map is zero: it has no readout subspace")
+    return vh[:k].T.to(linear_map.dtype if linear_map.dtype in (torch.float32, torch.float64) else torch.float32), float(
+        s[:k].pow(2).sum()
+    ) / total
