@@ -193,7 +193,11 @@ def convergence(
         pos_a, pos_b = pos_a[pick], pos_b[pick]
     common = dict(sites=(RESIDUAL_SITE,), batch_size=batch_size, progress=progress)
     states_a = capture(a, tok_a, layers=layers_a, attention_mask=mask_a, positions=(pos_a[:, 0], pos_a[:, 1]), **common)
-    states_b = capture(b, tok_b, layers=layers_b, attention_mask=mask_b, positions=(pos_b[:, 0], pos_b[:, 1]), **common)
+    if b.model is a.model and set(layers_b) <= set(layers_a):
+        states_b = states_a  # the same model at the same positions: one capture serves both sides
+    else:
+        states_b = capture(b, tok_b, layers=layers_b, attention_mask=mask_b, positions=(pos_b[:, 0], pos_b[:, 1]),
+                           **common)
     readout_a = readout_basis(a.unembed_matrix(readout), k)
     readout_b = readout_basis(b.unembed_matrix(readout), k)
     params = {"model_a": a.name, "model_b": b.name, "k": k, "ccr": ccr, "n_positions": int(pos_a.shape[0]),
@@ -206,7 +210,10 @@ def convergence(
                                                  "z_readout") if key in scores})
         return ConvergenceResult(rows=[row], params=params)
     full_a, proj_a = _layer_units(states_a[RESIDUAL_SITE], readout_a, ccr)
-    full_b, proj_b = _layer_units(states_b[RESIDUAL_SITE], readout_b, ccr)
+    if states_b is states_a and layers_b == layers_a:  # same model, same layers: the same ranks
+        full_b, proj_b = full_a, proj_a
+    else:
+        full_b, proj_b = _layer_units(states_b[RESIDUAL_SITE], readout_b, ccr)
     rho_full = rank_correlation_matrix(full_a, full_b)
     rho_readout = rank_correlation_matrix(proj_a, proj_b)
     rows = [{"layer_a": la, "layer_b": lb, "rho_full": float(rho_full[i, j]), "rho_readout": float(rho_readout[i, j])}
