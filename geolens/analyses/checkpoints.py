@@ -1,0 +1,282 @@
+"""``geolens.over_checkpoints``: the same analyses on a sequence of training checkpoints, one model in memory at a time.
+
+Example:
+    >>> load = geolens.pythia_checkpoint_loader("EleutherAI/pythia-70m")          # doctest: +SKIP
+    >>> res = geolens.over_checkpoints(["step1000", "step10000", "step143000"], texts, load=load,
+    ...                                pga=dict(ccr=[0, 1]), n_tokens=1024)          # doctest: +SKIP
+    >>> res.to_pandas().query("metric == 'pga.z'"); res.plot()                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterable, Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from geolens.analyses.pga import pga
+from geolens.analyses.spectrum import spectrum, weight_geometry
+from geolens.results import Result
+
+__all__ = ["ANALYSES", "CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
+
+# name -> (function, whether it takes tokens)
+ANALYSES: dict[str, tuple[Callable[..., Result], bool]] = {
+    "pga": (pga, True),
+    "spectrum": (spectrum, True),
+    "weights": (weight_geometry, False),
+}
+# Columns that identify a row of an analysis' table; every other numeric column is a metric.
+_ID_COLUMNS = ("layer", "site", "ccr", "matrix", "rows", "cols")
+
+
+@dataclass(repr=False)
+class CheckpointResult(Result):
+    """Long table, one row per (checkpoint, analysis, site, layer, ccr, metric):
+    ``checkpoint, order, analysis, site, layer, ccr, metric, value``.
+
+    ``metric`` is ``"<analysis>.<column>"`` (``"pga.z"``, ``"spectrum.effective_rank"``,
+    ``"weights.condition_number"``); ``ccr`` is set for PGA rows only; weight rows
+    have ``layer = None`` and the matrix name as ``site``.
+    """
+
+    title: ClassVar[str] = "CheckpointResult"
+
+    def _summary(self) -> str:
+        keys = ("checkpoints", "analyses")
+        return ", ".join(f"{k}={self.params[k]}" for k in keys if k in self.params)
+
+    def wide(self) -> pd.DataFrame:
+        """One row per (checkpoint, site, layer), one column per metric (PGA metrics as ``"pga.z (ccr=1)"``)."""
+        table = self.to_pandas()
+        table = table.assign(key=table.apply(_metric_key, axis=1))
+        index = ["order", "checkpoint", "site", "layer"]
+        wide = table.set_index([*index, "key"])["value"].unstack("key").reset_index()
+        wide.columns.name = None
+        return wide
+
+    def plot(self, metrics: Sequence[str] | None = None):
+        """Plotly figure of each metric against the checkpoint, one line per layer; a dropdown picks the metric."""
+        return checkpoint_figure(self.to_pandas(), metrics=metrics, title=self._summary())
+
+
+def _metric_key(row: pd.Series) -> str:
+    return row["metric"] if pd.isna(row["ccr"]) else f"{row['metric']} (ccr={int(row['ccr'])})"
+
+
+def checkpoint_figure(table: pd.DataFrame, *, metrics: Sequence[str] | None = None, title: str = ""):
+    """Metric vs checkpoint (in the given order), one line per (site, layer); a dropdown shows one metric at a time."""
+    import plotly.graph_objects as go
+
+    if table.empty:
+        raise ValueError("no rows to plot")
+    table = table.assign(key=table.apply(_metric_key, axis=1)).sort_values("order")
+    keys = list(dict.fromkeys(table["key"]))
+    if metrics is not None:
+        unknown = [m for m in metrics if m not in keys]
+        if unknown:
+            raise ValueError(f"unknown metrics {unknown}; available: {keys}")
+        keys = list(metrics)
+    labels = [str(c) for c in dict.fromkeys(table["checkpoint"])]
+    fig = go.Figure()
+    owner = []
+    for key in keys:
+        part = table[table["key"] == key]
+        for (site, layer), line in part.groupby(["site", "layer"], sort=True, dropna=False):
+            name = f"{site}" if pd.isna(layer) else f"{site} L{int(layer)}"
+            fig.add_trace(go.Scatter(x=[str(c) for c in line["checkpoint"]], y=line["value"], mode="lines+markers",
+                                     name=name, visible=key == keys[0]))
+            owner.append(key)
+    buttons = [
+        dict(label=key, method="update",
+             args=[{"visible": [o == key for o in owner]}, {"yaxis": {"title": {"text": key}}}])
+        for key in keys
+    ]
+    fig.update_layout(
+        title=f"Geometry over checkpoints — {title}" if title else "Geometry over checkpoints",
+        xaxis=dict(title="checkpoint", type="category", categoryorder="array", categoryarray=labels),
+        yaxis_title=keys[0], template="plotly_white",
+        updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.15, yanchor="top")],
+    )
+    return fig
+
+
+def _resolve(analyses: Iterable[str | Callable[..., Result]]) -> list[tuple[str, Callable[..., Result], bool]]:
+    if isinstance(analyses, str) or callable(analyses):
+        analyses = (analyses,)
+    out = []
+    for entry in analyses:
+        if callable(entry):
+            out.append((getattr(entry, "__name__", "analysis"), entry, True))
+        elif entry in ANALYSES:
+            fn, takes_tokens = ANALYSES[entry]
+            out.append((entry, fn, takes_tokens))
+        else:
+            raise ValueError(f"unknown analysis {entry!r}; choose from {sorted(ANALYSES)} or pass a callable")
+    if not out:
+        raise ValueError("no analyses given")
+    names = [name for name, _, _ in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"analyses repeat a name: {names}")
+    return out
+
+
+def _route_kwargs(jobs, kwargs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per-analysis keyword arguments: ``name=dict(...)`` goes to that analysis, any other keyword to every
+    analysis whose signature takes it. A keyword no analysis takes raises ``TypeError``."""
+    names = {name for name, _, _ in jobs}
+    routed: dict[str, dict[str, Any]] = {name: {} for name in names}
+    shared = {k: v for k, v in kwargs.items() if k not in names}
+    for name, fn, _ in jobs:
+        accepted = inspect.signature(fn).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+        routed[name].update({k: v for k, v in shared.items() if takes_any or k in accepted})
+        own = kwargs.get(name, {})
+        if not isinstance(own, dict):
+            raise TypeError(f"{name}= must be a dict of keyword arguments for that analysis, got {type(own).__name__}")
+        unknown = [k for k in own if k not in accepted and not takes_any]
+        if unknown:
+            raise TypeError(f"{name}() takes no keyword arguments {unknown}")
+        routed[name].update(own)
+    unused = [k for k in shared if not any(k in routed[n] for n in names)]
+    if unused:
+        raise TypeError(f"no analysis among {sorted(names)} takes the keyword arguments {unused}")
+    return routed
+
+
+def _long_rows(label: Any, order: int, analysis: str, result: Result) -> list[dict[str, Any]]:
+    table = result.to_pandas()
+    if "matrix" in table.columns:
+        table = table.assign(site=table["matrix"], layer=None)
+    metric_columns = [c for c in table.columns
+                      if c not in _ID_COLUMNS and pd.api.types.is_numeric_dtype(table[c])
+                      and not pd.api.types.is_bool_dtype(table[c])]
+    rows = []
+    for record in table.to_dict("records"):
+        layer = record.get("layer")
+        ccr = record.get("ccr")
+        base = {
+            "checkpoint": label, "order": order, "analysis": analysis, "site": record.get("site"),
+            "layer": None if layer is None or pd.isna(layer) else int(layer),
+            "ccr": None if ccr is None or pd.isna(ccr) else int(ccr),
+        }
+        rows.extend({**base, "metric": f"{analysis}.{c}", "value": float(record[c])} for c in metric_columns)
+    return rows
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def over_checkpoints(
+    checkpoints: Iterable[Any],
+    tokens,
+    analyses: Sequence[str | Callable[..., Result]] = ("pga", "spectrum"),
+    load: Callable[[Any], Any] | None = None,
+    progress: bool = True,
+    **kwargs: Any,
+) -> CheckpointResult:
+    """Run ``analyses`` on each checkpoint in turn and gather every number into one long table.
+
+    Args:
+        checkpoints: labels, each loaded with ``load(label)``; or, without ``load``,
+            ``(label, model)`` pairs. With ``load``, exactly one model is alive at a
+            time: each is deleted (and ``gc.collect()`` run, plus
+            ``torch.cuda.empty_cache()`` on CUDA) before the next is loaded. With
+            pairs, pass a generator so the pairs can be freed too: a list keeps
+            every model alive.
+        tokens: the same text / token ids for every checkpoint.
+        analyses: names among ``"pga"``, ``"spectrum"``, ``"weights"``
+            (:func:`~geolens.analyses.spectrum.weight_geometry`, no tokens), or
+            callables ``f(model, tokens, **kw) -> Result``.
+        load: ``label -> model`` (e.g. :func:`pythia_checkpoint_loader`).
+        progress: progress bars (the checkpoint bar and each analysis').
+        **kwargs: keywords for the analyses: ``pga=dict(ccr=[0, 1])`` goes to one
+            analysis; any other keyword (``n_tokens=512``, ``seed=1``) to every
+            analysis that takes it; a keyword that none takes raises ``TypeError``.
+
+    Returns:
+        :class:`CheckpointResult`: ``checkpoint, order, analysis, site, layer, ccr, metric, value``;
+        ``.wide()`` pivots it, ``.plot()`` draws metric vs checkpoint per layer.
+
+    Example:
+        >>> res = geolens.over_checkpoints([("init", m0), ("trained", m1)], texts,
+        ...                                analyses=("spectrum",), n_tokens=256)     # doctest: +SKIP
+    """
+    jobs = _resolve(analyses)
+    routed = _route_kwargs(jobs, kwargs)
+    for name, fn, _ in jobs:
+        if "progress" in inspect.signature(fn).parameters and "progress" not in routed[name]:
+            routed[name]["progress"] = progress
+    rows: list[dict[str, Any]] = []
+    labels: list[Any] = []
+    analysis_params: dict[str, dict[str, Any]] = {}
+    items = iter(checkpoints)
+    bar = tqdm(desc="checkpoints", disable=not progress, leave=False)
+    for order, item in enumerate(items):
+        if load is None:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise TypeError(f"without load=, checkpoints must be (label, model) pairs; got {type(item).__name__}")
+            label, model = item
+        else:
+            label, model = item, load(item)
+        item = None  # drop the pair's reference too, so the model can be freed below
+        labels.append(label)
+        bar.set_postfix_str(str(label))
+        for name, fn, takes_tokens in jobs:
+            try:
+                result = fn(model, tokens, **routed[name]) if takes_tokens else fn(model, **routed[name])
+            except (ValueError, TypeError) as err:
+                if type(err) not in (ValueError, TypeError):
+                    raise
+                raise type(err)(f"checkpoint {label!r}, {name}: {err}") from err
+            rows.extend(_long_rows(label, order, name, result))
+            analysis_params.setdefault(name, {k: v for k, v in result.params.items() if k != "processing"})
+            del result
+        del model
+        _free_memory()
+        bar.update()
+    bar.close()
+    if not labels:
+        raise ValueError("checkpoints is empty")
+    params = {"checkpoints": [str(label) for label in labels], "analyses": [name for name, _, _ in jobs],
+              "analysis_params": analysis_params}
+    return CheckpointResult(rows=rows, params=params)
+
+
+def pythia_checkpoint_loader(
+    name: str = "EleutherAI/pythia-70m",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Callable[[str | int], Any]:
+    """A ``load(label)`` for :func:`over_checkpoints` over Pythia's training revisions (needs the Hugging Face hub).
+
+    ``label`` is a hub revision such as ``"step143000"`` (an int ``n`` means
+    ``"step{n}"``); each call boots ``TransformerBridge.boot_transformers(name,
+    revision=label)`` with unprocessed weights. Pythia publishes steps 0, 1, 2,
+    4, ..., 512 and every 1000 up to 143000.
+
+    Example:
+        >>> load = pythia_checkpoint_loader("EleutherAI/pythia-160m", device="cuda")   # doctest: +SKIP
+        >>> model = load("step64000")                                                  # doctest: +SKIP
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a model name such as 'EleutherAI/pythia-70m', got {name!r}")
+
+    def load(label: str | int) -> Any:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        revision = f"step{label}" if isinstance(label, int) and not isinstance(label, bool) else str(label)
+        kwargs: dict[str, Any] = {"revision": revision, "dtype": dtype}
+        if device is not None:
+            kwargs["device"] = str(device)
+        return TransformerBridge.boot_transformers(name, **kwargs)
+
+    load.__name__ = f"load_{name.rsplit('/', 1)[-1]}"
+    return load

@@ -1,0 +1,154 @@
+"""``geolens.compare``: subspace PGA and the spectral metrics side by side, per layer, each in units of its own spread.
+
+"PGA moves by tens of sigma while the spectra stay flat" is a claim about shapes
+across layers; putting every curve in units of its own across-layer standard
+deviation puts them on one axis, where it can be seen or refuted at a glance.
+
+Example:
+    >>> cmp = geolens.compare(geolens.pga(model, texts), geolens.spectrum(model, texts))   # doctest: +SKIP
+    >>> cmp.to_pandas(); cmp.params["range"]; cmp.plot()                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import pandas as pd
+
+from geolens.analyses.spectrum import METRICS
+from geolens.results import Result
+
+__all__ = ["CompareResult", "compare", "STANDARDISED_SUFFIX"]
+
+STANDARDISED_SUFFIX = "_sd"
+# Diagnostics rather than geometry: left out of the comparison unless asked for.
+_SKIPPED = ("alpha_req_r2", "isotropy", "numerical_rank")
+
+
+@dataclass(repr=False)
+class CompareResult(Result):
+    """Per layer: ``layer, pga_z`` and each spectral metric, then the same columns standardised across
+    layers (suffix ``_sd``: ``(x - mean) / std``, sample std). ``params["range"]`` holds each column's
+    max - min across layers in its own units; ``params["flat"]`` the columns constant across layers."""
+
+    title: ClassVar[str] = "CompareResult"
+
+    def _summary(self) -> str:
+        keys = ("model", "site", "ccr")
+        return ", ".join(f"{k}={self.params[k]}" for k in keys if k in self.params)
+
+    @property
+    def columns(self) -> list[str]:
+        """The compared (raw) columns, PGA first."""
+        return list(self.params.get("columns", []))
+
+    def plot(self):
+        """Every standardised curve against the layer on one figure (PGA z drawn thicker)."""
+        import plotly.graph_objects as go
+
+        table = self.to_pandas().sort_values("layer")
+        fig = go.Figure()
+        for col in self.columns:
+            raw = table[col]
+            fig.add_trace(go.Scatter(
+                x=table["layer"], y=table[col + STANDARDISED_SUFFIX], mode="lines+markers", name=col,
+                line=dict(width=4 if col == "pga_z" else 1.5), customdata=raw,
+                hovertemplate=f"{col}<br>layer %{{x}}<br>%{{y:.2f}} sd<br>raw %{{customdata:.4g}}<extra></extra>",
+            ))
+        fig.add_hline(y=0, line_dash="dot", line_color="grey")
+        fig.update_layout(
+            title=f"PGA vs spectral metrics, each in sd units across layers — {self._summary()}",
+            xaxis_title="layer (0 = embeddings)", yaxis_title="(x - mean over layers) / std over layers",
+            template="plotly_white",
+        )
+        return fig
+
+
+def _table(result: Any, name: str) -> pd.DataFrame:
+    if isinstance(result, pd.DataFrame):
+        return result
+    if isinstance(result, Result):
+        return result.to_pandas()
+    raise TypeError(f"{name} must be a Result (or its DataFrame), got {type(result).__name__}")
+
+
+def compare(
+    pga_result: Result | pd.DataFrame,
+    spectrum_result: Result | pd.DataFrame,
+    ccr: int | None = None,
+    metrics: Sequence[str] | None = None,
+) -> CompareResult:
+    """Join PGA z and the spectral metrics per layer, and standardise every column across layers.
+
+    Args:
+        pga_result: from :func:`geolens.pga` (its rows at the spectrum's site are
+            used: the ``final`` row only pairs with a ``final`` spectrum).
+        spectrum_result: from :func:`geolens.spectrum`, one site.
+        ccr: which CCR's z when PGA has several (default: the first in the result).
+        metrics: spectral columns to compare (default: all except the
+            diagnostics ``alpha_req_r2``, ``isotropy`` (``log_isotropy`` is kept: the
+            ratio underflows to 0 for large norms) and ``numerical_rank``).
+
+    Returns:
+        :class:`CompareResult`: ``layer, pga_z, <metrics>, pga_z_sd, <metric>_sd``
+        (``_sd`` = ``(x - mean) / std`` over the layers, sample std; a constant
+        column standardises to 0 and is listed in ``params["flat"]``), and
+        ``params["range"]`` = each column's max - min across layers, in its own units.
+
+    Example:
+        >>> cmp = geolens.compare(pga_res, spec_res, ccr=1)       # doctest: +SKIP
+        >>> cmp.params["range"]["pga_z"], cmp.params["range"]["effective_rank"]   # doctest: +SKIP
+    """
+    pga_table, spec_table = _table(pga_result, "pga_result"), _table(spectrum_result, "spectrum_result")
+    for table, name, needed in ((pga_table, "pga_result", ("layer", "site", "ccr", "z")),
+                                (spec_table, "spectrum_result", ("layer", "site"))):
+        missing = [c for c in needed if c not in table.columns]
+        if missing or table.empty:
+            raise ValueError(f"{name} lacks the columns {missing} or has no rows; "
+                             "pass a geolens.pga / geolens.spectrum result")
+    sites = list(dict.fromkeys(spec_table["site"]))
+    if len(sites) != 1:
+        raise ValueError(f"spectrum_result has several sites {sites}; select one (e.g. spectrum_of_states(..., site=))")
+    site = sites[0]
+    ccrs = list(dict.fromkeys(pga_table["ccr"]))
+    ccr = ccrs[0] if ccr is None else ccr
+    if ccr not in ccrs:
+        raise ValueError(f"ccr={ccr} is not in the PGA result; it has {ccrs}")
+    pga_part = pga_table[(pga_table["site"] == site) & (pga_table["ccr"] == ccr)][["layer", "z"]]
+    pga_part = pga_part.rename(columns={"z": "pga_z"})
+    if pga_part["layer"].duplicated().any():
+        raise ValueError("the PGA result has several rows per layer at this site and ccr")
+
+    default = [m for m in METRICS if m not in _SKIPPED and m in spec_table.columns]
+    chosen = list(metrics) if metrics is not None else default
+    unknown = [m for m in chosen if m not in spec_table.columns or m in ("layer", "site")]
+    if unknown:
+        available = [c for c in spec_table.columns if c in METRICS]
+        raise ValueError(f"unknown spectral metrics {unknown}; available: {available}")
+    joined = pga_part.merge(spec_table[["layer", *chosen]], on="layer", how="inner").sort_values("layer")
+    if len(joined) < 2:
+        raise ValueError(
+            f"PGA and spectrum share {len(joined)} layers at site {site!r} (PGA layers "
+            f"{sorted(pga_part['layer'])}, spectrum layers {sorted(spec_table['layer'])}); need at least 2"
+        )
+    columns = ["pga_z", *chosen]
+    ranges, flat = {}, []
+    for col in columns:
+        values = joined[col].astype(float)
+        spread = values.std(ddof=1)
+        ranges[col] = float(values.max() - values.min())
+        if not spread > 0:
+            flat.append(col)
+            joined[col + STANDARDISED_SUFFIX] = 0.0
+        else:
+            joined[col + STANDARDISED_SUFFIX] = (values - values.mean()) / spread
+    params: dict[str, Any] = {
+        "site": site, "ccr": int(ccr), "columns": columns, "range": ranges, "flat": flat,
+        "n_layers_compared": int(len(joined)),
+    }
+    for key in ("model", "k", "n_null", "n_tokens"):
+        for source in (pga_result, spectrum_result):
+            if isinstance(source, Result) and key in source.params and key not in params:
+                params[key] = source.params[key]
+    return CompareResult(rows=joined.to_dict("records"), params=params)

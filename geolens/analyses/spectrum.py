@@ -1,0 +1,255 @@
+"""``geolens.spectrum`` and ``geolens.weight_geometry``: spectral metrics of states per layer, and of the weights.
+
+Metric definitions and conventions: :mod:`geolens.metrics.spectral`.
+
+Example:
+    >>> res = geolens.spectrum(model, texts, n_tokens=1024)       # doctest: +SKIP
+    >>> res.to_pandas(); res.plot()                               # doctest: +SKIP
+    >>> geolens.weight_geometry(model).to_pandas()                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from geolens.capture import RESIDUAL_SITE, States, capture
+from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary
+from geolens.model import ModelAdapter, as_adapter
+from geolens.results import Result
+
+__all__ = [
+    "METRICS",
+    "SpectrumResult",
+    "WeightGeometryResult",
+    "embedding_matrix",
+    "spectrum",
+    "spectrum_of_states",
+    "weight_geometry",
+]
+
+# The keys of spectral_summary, in display order.
+METRICS: tuple[str, ...] = (
+    "effective_rank", "rankme", "alpha_req", "alpha_req_r2", "isotropy", "log_isotropy",
+    "mean_cosine", "cosine_std", "condition_number", "numerical_rank",
+)
+# Shown by plot() by default: the paper's metrics (R^2, isotropy (which underflows) and rank are diagnostics).
+PLOTTED: tuple[str, ...] = (
+    "effective_rank", "rankme", "alpha_req", "log_isotropy", "mean_cosine", "cosine_std", "condition_number",
+)
+
+
+@dataclass(repr=False)
+class SpectrumResult(Result):
+    """Spectral metrics per layer: ``layer, site, effective_rank, rankme, alpha_req, alpha_req_r2,
+    isotropy, log_isotropy, mean_cosine, cosine_std, condition_number, numerical_rank``."""
+
+    title: ClassVar[str] = "SpectrumResult"
+
+    def _summary(self) -> str:
+        keys = ("model", "site", "n_tokens", "centre", "alpha_fit_range", "seed")
+        return ", ".join(f"{k}={self.params[k]}" for k in keys if k in self.params)
+
+    def plot(self, metrics: Sequence[str] | None = None):
+        """One subplot per metric (default: the paper's seven), each against the layer."""
+        return metric_grid(self.to_pandas(), "layer", list(metrics or PLOTTED),
+                           title=f"Spectral geometry — {self._summary()}", xaxis_title="layer (0 = embeddings)")
+
+
+@dataclass(repr=False)
+class WeightGeometryResult(Result):
+    """Spectral metrics of weight matrices, rows = token vectors: ``matrix, rows, cols`` and the metrics."""
+
+    title: ClassVar[str] = "WeightGeometryResult"
+
+    def _summary(self) -> str:
+        keys = ("model", "centre", "alpha_fit_range")
+        return ", ".join(f"{k}={self.params[k]}" for k in keys if k in self.params)
+
+    def plot(self, metrics: Sequence[str] | None = None):
+        """One bar subplot per metric, one bar per matrix."""
+        return metric_grid(self.to_pandas(), "matrix", list(metrics or PLOTTED),
+                           title=f"Weight geometry — {self._summary()}", kind="bar")
+
+
+def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str = "", xaxis_title: str | None = None,
+                kind: str = "line"):
+    """Plotly figure: a grid of subplots, one per metric column of ``table``, against column ``x``."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    missing = [m for m in metrics if m not in table.columns]
+    if missing:
+        raise ValueError(f"unknown metrics {missing}; available: {[c for c in table.columns if c in METRICS]}")
+    cols = min(3, len(metrics))
+    rows = -(-len(metrics) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=metrics)
+    groups = table.groupby("site", sort=False) if "site" in table.columns and kind == "line" else [(None, table)]
+    for index, metric in enumerate(metrics):
+        r, c = index // cols + 1, index % cols + 1
+        for site, part in groups:
+            if kind == "bar":
+                trace = go.Bar(x=part[x], y=part[metric], name=metric, showlegend=False)
+            else:
+                part = part.sort_values(x)
+                trace = go.Scatter(x=part[x], y=part[metric], mode="lines+markers", name=str(site),
+                                   legendgroup=str(site), showlegend=index == 0)
+            fig.add_trace(trace, row=r, col=c)
+        if xaxis_title:
+            fig.update_xaxes(title_text=xaxis_title, row=r, col=c)
+    fig.update_layout(title=title, template="plotly_white", height=300 * rows)
+    return fig
+
+
+def spectrum(
+    model: object,
+    tokens,
+    site: str = RESIDUAL_SITE,
+    layers: Sequence[int] | None = None,
+    n_tokens: int | None = 1024,
+    centre: bool = True,
+    seed: int | None = 0,
+    progress: bool = True,
+    *,
+    alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
+    rtol: float | None = None,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> SpectrumResult:
+    """Spectral metrics of the ``[n_tokens, d]`` states of every layer of ``model`` on ``tokens``.
+
+    Captures ``n_tokens`` sampled positions (BOS and padding excluded; the same
+    positions for every layer) at ``site`` and applies
+    :func:`~geolens.metrics.spectral.spectral_summary` to each layer's states
+    (one SVD per layer). With ``centre=True`` every metric (RankMe included) is
+    of the mean-centred states.
+
+    Args:
+        model: ``HookedTransformer`` or ``TransformerBridge``.
+        tokens: text, list of texts, or ``[B, T]`` token ids.
+        site: ``resid_post`` (layers 0..L), ``attn_out``, ``mlp_out``, ... (see :func:`geolens.capture`).
+        layers: layer indices (default all).
+        n_tokens: positions sampled (seeded).
+        centre: mean-centre each layer's states first.
+        seed: seed of the position sample.
+        progress: show progress bars.
+        alpha_fit_range: 0-based half-open index range of the alpha-ReQ fit; its
+            stop must be <= min(n_tokens, d_model) (pass a smaller range for small models).
+        rtol: relative tolerance of "negligible" singular values (condition number, rank).
+
+    Returns:
+        :class:`SpectrumResult`, one row per layer: ``layer, site`` and every metric.
+
+    Example:
+        >>> res = geolens.spectrum(model, geolens.default_texts(n=16), n_tokens=1024)   # doctest: +SKIP
+        >>> res.to_pandas()[["layer", "effective_rank", "alpha_req"]]                   # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    states = capture(adapter, tokens, sites=(site,), layers=layers, n_tokens=n_tokens, seed=seed,
+                     batch_size=batch_size, progress=progress, attention_mask=attention_mask, max_length=max_length)
+    result = spectrum_of_states(states, site=site, centre=centre, alpha_fit_range=alpha_fit_range, rtol=rtol,
+                                progress=progress)
+    result.params.update(model=adapter.name, seed=seed, n_layers=adapter.n_layers, d_model=adapter.d_model)
+    return result
+
+
+def spectrum_of_states(
+    states: States,
+    site: str | None = None,
+    *,
+    centre: bool = True,
+    alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
+    rtol: float | None = None,
+    eps: float = RANKME_EPS,
+    progress: bool = True,
+) -> SpectrumResult:
+    """Spectral metrics of already-captured :class:`~geolens.capture.States` (every site, or just ``site``)."""
+    sites = states.sites if site is None else (site,)
+    jobs = [(s, layer) for s in sites for layer in states.layers[s]]
+    rows = []
+    for s, layer in tqdm(jobs, desc="spectrum", disable=not progress, leave=False):
+        try:
+            metrics = spectral_summary(states.layer(s, layer), centre=centre, alpha_fit_range=alpha_fit_range,
+                                       rtol=rtol, eps=eps)
+        except ValueError as err:
+            raise ValueError(f"{s} layer {layer}: {err}") from err
+        rows.append({"layer": layer, "site": s, **metrics})
+    params = {"site": site if site is not None else list(sites), "n_tokens": states.n_tokens, "centre": centre,
+              "alpha_fit_range": list(alpha_fit_range), "rtol": rtol, "rankme_eps": eps}
+    return SpectrumResult(rows=rows, params=params)
+
+
+# ---------------------------------------------------------------- weights
+def embedding_matrix(model: object) -> torch.Tensor:
+    """The token embedding ``W_E`` as a detached ``[d_vocab, d_model]`` tensor (one row per token).
+
+    HookedTransformer and TransformerBridge (TransformerLens 3.9 and 4.x) expose
+    ``model.W_E``; ``model.embed.W_E`` and the HF input embeddings are fallbacks.
+    """
+    adapter = as_adapter(model)
+    m = adapter.model
+    candidates = (
+        lambda: m.W_E,
+        lambda: m.embed.W_E,
+        lambda: m.embed.weight,
+        lambda: m.original_model.get_input_embeddings().weight,
+    )
+    for get in candidates:
+        try:
+            w_e = get()
+        except (AttributeError, RuntimeError, TypeError, NotImplementedError):
+            continue
+        if isinstance(w_e, torch.Tensor) and w_e.ndim == 2:
+            w_e = w_e.detach()
+            if w_e.shape[-1] != adapter.d_model and w_e.shape[0] == adapter.d_model:
+                w_e = w_e.T
+            if w_e.shape[-1] == adapter.d_model:
+                return w_e
+    raise ValueError(f"cannot find the embedding matrix W_E of {adapter.name!r}")
+
+
+def _weight_matrices(adapter: ModelAdapter) -> dict[str, torch.Tensor]:
+    return {
+        "W_U raw": adapter.unembed_matrix("raw").T,        # [V, d]: row v = the readout vector of token v
+        "W_U folded": adapter.unembed_matrix("folded").T,
+        "W_E": embedding_matrix(adapter),
+    }
+
+
+def weight_geometry(
+    model: object,
+    *,
+    centre: bool = False,
+    alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
+    rtol: float | None = None,
+    eps: float = RANKME_EPS,
+    progress: bool = True,
+) -> WeightGeometryResult:
+    """Spectral metrics of the unembedding (raw and folded) and the embedding, rows = token vectors.
+
+    Matrices, each ``[V, d]``: ``"W_U raw"`` (``W_U.T``: row ``v`` is token ``v``'s
+    readout vector), ``"W_U folded"`` (``(diag(ln_final.w) @ W_U).T``; equal to the
+    raw one when the model has no ln_final weight, see ``processing``) and
+    ``"W_E"``. ``centre=False`` (default) measures the matrices as the model holds
+    them, as Mu & Viswanath and Garrido et al. do; float16/bf16 weights are
+    measured in float32.
+
+    Example:
+        >>> geolens.weight_geometry(model).to_pandas()[["matrix", "effective_rank", "isotropy"]]   # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    rows = []
+    for name, matrix in tqdm(_weight_matrices(adapter).items(), desc="weights", disable=not progress, leave=False):
+        try:
+            metrics = spectral_summary(matrix, centre=centre, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps)
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from err
+        rows.append({"matrix": name, "rows": int(matrix.shape[0]), "cols": int(matrix.shape[1]), **metrics})
+    params: dict[str, Any] = {"model": adapter.name, "centre": centre, "alpha_fit_range": list(alpha_fit_range),
+                              "rtol": rtol, "rankme_eps": eps, "processing": dict(adapter.processing)}
+    return WeightGeometryResult(rows=rows, params=params)

@@ -1,0 +1,383 @@
+"""Spectral geometry of a cloud of vectors: effective rank, RankMe, alpha-ReQ, isotropy, cosines, conditioning.
+
+Every function takes an ``[N, d]`` matrix ``X`` — ``N`` states of width ``d``, or a
+weight matrix with one vector per row (``W_U.T`` as ``[V, d]``: the token readout
+vectors; ``W_E`` as ``[V, d]``) — on any device, float32 or float64 (half
+precision is promoted to float32). With ``centre=True`` the mean row is
+subtracted first. Results are Python floats computed in float64 from the
+singular values ``s_1 >= s_2 >= ... >= s_min(N, d)`` of ``X``.
+
+Conventions (METHODS.md section B; each is a documented choice):
+
+* **effective rank** (Roy & Vetterli 2007): ``exp(H(p))``, ``p_i = s_i / sum(s)``,
+  ``H(p) = -sum p_i log p_i`` (``0 log 0 = 0``). Never capped: it lies in
+  ``[1, rank(X)]`` by construction.
+* **RankMe** (Garrido et al. 2023): singular values of the matrix itself (not
+  covariance eigenvalues), ``p_i = s_i / ||s||_1 + eps`` with ``eps = 1e-7``, over
+  all ``min(N, d)`` values, ``exp(-sum p_i log p_i)``. The paper applies it to the
+  uncentred matrix: ``rankme`` defaults to ``centre=False``.
+* **alpha-ReQ** (Agrawal et al. 2022): covariance eigenvalues ``lambda_i = s_i^2 / (N - 1)``
+  (second-moment eigenvalues when not centred; the scale does not change alpha),
+  weighted least-squares fit of ``log lambda_i`` on ``log i`` (``i`` 1-based rank)
+  over the 0-based half-open index range ``fit_range = (5, 100)`` (ranks 6..100),
+  weights ``1 / i``; alpha is minus the slope, with the weighted R^2 of the fit.
+* **isotropy** (Mu & Viswanath 2018): ``I(X) = min_c Z(c) / max_c Z(c)``,
+  ``Z(c) = sum_w exp(c^T w)``, ``c`` over the eigenvectors of ``X^T X`` *and their
+  negatives* (an eigenvector's sign is arbitrary; taking both makes ``I``
+  well-defined). Eigenvectors with eigenvalue 0 give ``Z = N`` exactly. ``log Z``
+  is a logsumexp, so large norms do not overflow. Not scale invariant: ``cX``
+  has a different isotropy (``c -> 0`` gives 1). Where ``X^T X`` has a repeated
+  eigenvalue its eigenvectors are any basis of the eigenspace, and ``I`` depends
+  on the basis LAPACK returns (inherent to the definition; rare for real data).
+* **mean cosine** and its spread (angular variability): mean and population std
+  (ddof = 0) of ``cos(x_i, x_j)`` over all pairs ``i < j``, computed exactly from
+  the ``d x d`` Gram matrix of the unit rows, never from the ``N x N`` one:
+  ``sum_{i != j} cos_ij = ||sum_i u_i||^2 - N`` and
+  ``sum_{i != j} cos_ij^2 = ||U^T U||_F^2 - N``.
+* **condition number**: ``s_max / s_min`` over the non-negligible spectrum,
+  ``s_i > rtol * s_max`` with ``rtol = max(N, d) * eps(dtype)`` by default (the
+  tolerance of ``numpy.linalg.matrix_rank``); also the numerical rank.
+
+Invariances: all are invariant under rotations ``X -> X Q`` (``Q`` orthogonal);
+effective rank, RankMe, alpha, condition number and the cosines are also
+invariant under scaling ``X -> cX`` (``c != 0``); isotropy is not.
+
+Example:
+    >>> import torch
+    >>> x = torch.randn(500, 8, dtype=torch.float64)
+    >>> 7.5 < effective_rank(x) <= 8
+    True
+    >>> sorted(spectral_summary(x, alpha_fit_range=(1, 8)))[:3]
+    ['alpha_req', 'alpha_req_r2', 'condition_number']
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+
+from geolens._validation import check_float_matrix, working_dtype
+from geolens.metrics.preprocess import center
+
+__all__ = [
+    "ALPHA_FIT_RANGE",
+    "RANKME_EPS",
+    "Spectrum",
+    "alpha_req",
+    "condition_number",
+    "cosine_stats",
+    "effective_rank",
+    "isotropy",
+    "mean_cosine",
+    "numerical_rank",
+    "rankme",
+    "spectral_summary",
+    "spectrum_of",
+]
+
+RANKME_EPS = 1e-7
+ALPHA_FIT_RANGE = (5, 100)
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """The SVD of one (optionally centred) ``[N, d]`` matrix, shared by every metric.
+
+    ``s`` holds the ``min(N, d)`` singular values, descending; ``u`` the left
+    singular vectors ``[N, min(N, d)]`` (only when computed with ``vectors=True``).
+    """
+
+    s: Float[torch.Tensor, "k"]
+    u: Float[torch.Tensor, "N k"] | None
+    n_rows: int
+    n_cols: int
+    dtype: torch.dtype
+    centred: bool
+
+
+def _prepare(x: object, name: str, centre: bool, min_rows: int = 2) -> torch.Tensor:
+    x = check_float_matrix(x, name, min_rows=min_rows)
+    x = x.to(working_dtype(x))
+    return center(x) if centre else x
+
+
+def spectrum_of(
+    x: Float[torch.Tensor, "N d"], *, centre: bool = False, vectors: bool = False, name: str = "X"
+) -> Spectrum:
+    """Validate ``x``, centre it if asked, and take its SVD once (values, and left vectors if ``vectors``).
+
+    Example:
+        >>> spectrum_of(torch.eye(3)).s.tolist()
+        [1.0, 1.0, 1.0]
+    """
+    return _svd(_prepare(x, name, centre), centre, vectors, name)
+
+
+def _svd(x: torch.Tensor, centred: bool, vectors: bool, name: str) -> Spectrum:
+    if vectors:
+        u, s, _ = torch.linalg.svd(x, full_matrices=False)
+    else:
+        u, s = None, torch.linalg.svdvals(x)
+    if not bool(s[0] > 0):
+        raise ValueError(f"{name} is all zeros{' after centring (every row is the same)' if centred else ''}; "
+                         "its spectrum is undefined")
+    return Spectrum(s=s, u=u, n_rows=x.shape[0], n_cols=x.shape[1], dtype=x.dtype, centred=centred)
+
+
+def _entropy_rank(p: torch.Tensor) -> float:
+    # xlogy gives 0 log 0 = 0 exactly.
+    return math.exp(float(-torch.special.xlogy(p, p).sum()))
+
+
+def _default_rtol(sp: Spectrum) -> float:
+    return max(sp.n_rows, sp.n_cols) * torch.finfo(sp.dtype).eps
+
+
+# ---------------------------------------------------------------- from a Spectrum
+def _effective_rank(sp: Spectrum) -> float:
+    s = sp.s.double()
+    return _entropy_rank(s / s.sum())
+
+
+def _rankme(sp: Spectrum, eps: float = RANKME_EPS) -> float:
+    s = sp.s.double()
+    return _entropy_rank(s / s.abs().sum() + eps)
+
+
+def _numerical_rank(sp: Spectrum, rtol: float | None) -> int:
+    rtol = _default_rtol(sp) if rtol is None else float(rtol)
+    return int((sp.s > rtol * sp.s[0]).sum())
+
+
+def _condition_number(sp: Spectrum, rtol: float | None) -> float:
+    rank = _numerical_rank(sp, rtol)
+    s = sp.s.double()
+    return float(s[0] / s[rank - 1])
+
+
+def _alpha_req(sp: Spectrum, fit_range: tuple[int, int], rtol: float | None) -> tuple[float, float]:
+    start, stop = _check_fit_range(fit_range)
+    n_eig = sp.s.numel()
+    if stop > n_eig:
+        raise ValueError(
+            f"alpha-ReQ fit range {start}..{stop - 1} (0-based) needs {stop} covariance eigenvalues, but an "
+            f"[{sp.n_rows}, {sp.n_cols}] matrix has only {n_eig}; pass a smaller alpha_fit_range "
+            f"(e.g. ({min(start, max(n_eig // 4, 1))}, {n_eig})) or more rows/columns"
+        )
+    rank = _numerical_rank(sp, rtol)
+    if stop > rank:
+        raise ValueError(
+            f"alpha-ReQ fit range {start}..{stop - 1} reaches past the numerical rank {rank} of the "
+            f"{'centred ' if sp.centred else ''}matrix (eigenvalues there are round-off); "
+            f"use alpha_fit_range with stop <= {rank}"
+        )
+    denom = max(sp.n_rows - 1, 1) if sp.centred else sp.n_rows
+    lam = sp.s.double()[start:stop].square() / denom
+    ranks = torch.arange(start + 1, stop + 1, dtype=torch.float64, device=lam.device)
+    return _weighted_loglog_fit(ranks, lam, weights=1.0 / ranks)
+
+
+def _weighted_loglog_fit(i: torch.Tensor, lam: torch.Tensor, weights: torch.Tensor) -> tuple[float, float]:
+    """``(alpha, R^2)`` of the weighted fit ``log lam = a - alpha log i``."""
+    x, y, w = i.log(), lam.log(), weights / weights.sum()
+    x_bar, y_bar = (w * x).sum(), (w * y).sum()
+    sxx = (w * (x - x_bar).square()).sum()
+    sxy = (w * (x - x_bar) * (y - y_bar)).sum()
+    syy = (w * (y - y_bar).square()).sum()
+    slope = sxy / sxx
+    residual = (w * (y - y_bar - slope * (x - x_bar)).square()).sum()
+    r2 = 1.0 - residual / syy if bool(syy > 0) else torch.tensor(1.0)
+    return float(-slope), float(r2)
+
+
+def _log_isotropy(sp: Spectrum) -> float:
+    if sp.u is None:
+        raise ValueError("isotropy needs the singular vectors: spectrum_of(..., vectors=True)")
+    projections = (sp.u * sp.s).double()  # column j = X v_j = the scores c^T w for c = v_j
+    log_z = torch.cat([torch.logsumexp(projections, dim=0), torch.logsumexp(-projections, dim=0)])
+    if sp.n_cols > sp.s.numel():
+        # d > N: the null space of X^T X has eigenvectors c with c^T w = 0 for every row: Z = N.
+        log_z = torch.cat([log_z, log_z.new_tensor([math.log(sp.n_rows)])])
+    return float(log_z.min() - log_z.max())
+
+
+def _check_fit_range(fit_range: tuple[int, int]) -> tuple[int, int]:
+    try:
+        start, stop = (int(v) for v in fit_range)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"alpha_fit_range must be a pair of ints (start, stop), got {fit_range!r}") from err
+    if start < 0 or stop - start < 2:
+        raise ValueError(f"alpha_fit_range = ({start}, {stop}) must satisfy 0 <= start and stop - start >= 2")
+    return start, stop
+
+
+# ---------------------------------------------------------------- public metrics
+def effective_rank(x: Float[torch.Tensor, "N d"], *, centre: bool = False) -> float:
+    """Roy & Vetterli effective rank ``exp(-sum p log p)``, ``p_i = s_i / sum(s)``.
+
+    Lies in ``[1, rank]``; ``r`` equal non-zero singular values give exactly ``r``.
+
+    Example:
+        >>> round(effective_rank(torch.diag(torch.tensor([1.0, 1.0, 0.0]))), 6)
+        2.0
+    """
+    return _effective_rank(spectrum_of(x, centre=centre))
+
+
+def rankme(x: Float[torch.Tensor, "N d"], *, centre: bool = False, eps: float = RANKME_EPS) -> float:
+    """RankMe (Garrido et al. 2023): ``exp(-sum p log p)``, ``p_i = s_i / ||s||_1 + eps``, ``eps = 1e-7``.
+
+    Convention: singular values of the matrix itself (not covariance
+    eigenvalues), uncentred by default as in the paper, all ``min(N, d)`` values.
+
+    Example:
+        >>> abs(rankme(torch.eye(4)) - 4) < 1e-4
+        True
+    """
+    return _rankme(spectrum_of(x, centre=centre), eps)
+
+
+def alpha_req(
+    x: Float[torch.Tensor, "N d"],
+    *,
+    fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
+    centre: bool = True,
+    rtol: float | None = None,
+) -> tuple[float, float]:
+    """alpha-ReQ: ``(alpha, R^2)`` of the power-law fit ``lambda_i ~ i^-alpha`` of the covariance spectrum.
+
+    ``lambda_i = s_i^2 / (N - 1)`` of the centred matrix (``centre=False``: of
+    ``X^T X / N``), fitted by weighted least squares of ``log lambda_i`` on
+    ``log i`` (1-based rank ``i``) with weights ``1 / i`` over the 0-based
+    half-open index range ``fit_range`` (default ``(5, 100)`` = indices 5..99).
+    Raises if the matrix has fewer eigenvalues than the range needs, or if the
+    range reaches past its numerical rank (``rtol`` as in :func:`condition_number`).
+
+    Example:
+        >>> lam = torch.arange(1, 9, dtype=torch.float64) ** -1.5
+        >>> alpha, r2 = alpha_req(torch.diag(lam.sqrt()), fit_range=(0, 8), centre=False)
+        >>> round(alpha, 6), round(r2, 6)
+        (1.5, 1.0)
+    """
+    return _alpha_req(spectrum_of(x, centre=centre), fit_range, rtol)
+
+
+def isotropy(x: Float[torch.Tensor, "N d"], *, centre: bool = False, log: bool = False) -> float:
+    """Mu & Viswanath isotropy ``min_c Z(c) / max_c Z(c)`` over ``c = +-`` eigenvectors of ``X^T X``.
+
+    In ``(0, 1]``; 1 = perfectly isotropic. ``log=True`` returns ``log I`` (useful
+    when ``I`` underflows: residual states with large norms give ``I ~ 0``).
+    Not scale invariant.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> isotropy(torch.randn(20000, 3, generator=g, dtype=torch.float64)) > 0.9
+        True
+    """
+    value = _log_isotropy(spectrum_of(x, centre=centre, vectors=True))
+    return value if log else math.exp(value)
+
+
+def cosine_stats(x: Float[torch.Tensor, "N d"], *, centre: bool = False) -> tuple[float, float]:
+    """``(mean, std)`` of the pairwise cosine similarity over all pairs ``i < j`` (std: ddof = 0).
+
+    Exact, in ``O(N d^2)`` time and ``O(d^2)`` memory (no ``N x N`` matrix);
+    computed in float64. Rows of zero norm raise.
+
+    Example:
+        >>> m, sd = cosine_stats(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+        >>> round(m, 6), round(sd, 6)
+        (0.471405, 0.333333)
+    """
+    x = _prepare(x, "X", centre).double()
+    n = x.shape[0]
+    norms = x.norm(dim=1)
+    zero = norms <= torch.finfo(torch.float64).tiny
+    if bool(zero.any()):
+        raise ValueError(f"{int(zero.sum())} rows have zero norm{' after centring' if centre else ''}; "
+                         "their cosine similarity is undefined")
+    unit = x / norms.unsqueeze(1)
+    pairs = n * (n - 1)  # ordered pairs i != j; the mean over i < j is the same
+    total = unit.sum(dim=0).square().sum() - n
+    total_sq = (unit.T @ unit).square().sum() - n
+    mean = total / pairs
+    var = (total_sq / pairs - mean.square()).clamp_min(0.0)
+    return float(mean), float(var.sqrt())
+
+
+def mean_cosine(x: Float[torch.Tensor, "N d"], *, centre: bool = False) -> float:
+    """Mean pairwise cosine similarity over pairs ``i < j`` (see :func:`cosine_stats` for its spread).
+
+    Example:
+        >>> round(mean_cosine(torch.tensor([[1.0, 0.0], [1.0, 0.0]])), 6)
+        1.0
+    """
+    return cosine_stats(x, centre=centre)[0]
+
+
+def numerical_rank(x: Float[torch.Tensor, "N d"], *, centre: bool = False, rtol: float | None = None) -> int:
+    """Number of singular values ``> rtol * s_max`` (default ``rtol = max(N, d) * eps(dtype)``).
+
+    Example:
+        >>> numerical_rank(torch.diag(torch.tensor([2.0, 1.0, 0.0])))
+        2
+    """
+    return _numerical_rank(spectrum_of(x, centre=centre), rtol)
+
+
+def condition_number(x: Float[torch.Tensor, "N d"], *, centre: bool = False, rtol: float | None = None) -> float:
+    """``s_max / s_min`` over the non-negligible singular values (``s_i > rtol * s_max``).
+
+    ``rtol`` defaults to ``max(N, d) * eps(dtype)`` (``numpy.linalg.matrix_rank``'s
+    tolerance), so exact zeros and round-off are left out and a rank-deficient
+    matrix reports the conditioning of its range. An all-zero matrix raises.
+
+    Example:
+        >>> condition_number(torch.diag(torch.tensor([4.0, 2.0, 0.0])))
+        2.0
+    """
+    return _condition_number(spectrum_of(x, centre=centre), rtol)
+
+
+def spectral_summary(
+    x: Float[torch.Tensor, "N d"],
+    centre: bool = True,
+    *,
+    alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
+    rtol: float | None = None,
+    eps: float = RANKME_EPS,
+) -> dict[str, float]:
+    """Every spectral metric of ``x`` from one SVD, as a dict of floats.
+
+    Keys: ``effective_rank, rankme, alpha_req, alpha_req_r2, isotropy,
+    log_isotropy, mean_cosine, cosine_std, condition_number, numerical_rank``.
+    With ``centre=True`` (default) *every* metric is of the centred matrix,
+    RankMe included (call :func:`rankme` on the raw matrix for Garrido's
+    uncentred convention). ``alpha_fit_range`` must fit inside the spectrum
+    (``stop <= min(N, d)``); pass a smaller one for small ``d``.
+
+    Example:
+        >>> out = spectral_summary(torch.randn(300, 16), alpha_fit_range=(2, 12))
+        >>> 10 < out["effective_rank"] <= 16
+        True
+    """
+    x = _prepare(x, "X", centre)
+    sp = _svd(x, centre, True, "X")
+    alpha, r2 = _alpha_req(sp, alpha_fit_range, rtol)
+    log_iso = _log_isotropy(sp)
+    cos_mean, cos_std = cosine_stats(x)
+    return {
+        "effective_rank": _effective_rank(sp),
+        "rankme": _rankme(sp, eps),
+        "alpha_req": alpha,
+        "alpha_req_r2": r2,
+        "isotropy": math.exp(log_iso),
+        "log_isotropy": log_iso,
+        "mean_cosine": cos_mean,
+        "cosine_std": cos_std,
+        "condition_number": _condition_number(sp, rtol),
+        "numerical_rank": _numerical_rank(sp, rtol),
+    }
