@@ -8,9 +8,12 @@ Example:
 """
 
 from geolens import metrics
+from geolens.analyses.checkpoints import CheckpointResult, over_checkpoints, pythia_checkpoint_loader
+from geolens.analyses.compare import CompareResult, compare
 from geolens.analyses.convergence import ConvergenceResult, convergence
 from geolens.analyses.pga import pga, pga_of_states
 from geolens.analyses.probes import ProbeResult, probes
+from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
 from geolens.capture import SITES, States, capture
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import PGAResult, Result
@@ -19,20 +22,29 @@ from geolens.zoo import default_texts, load_default_model
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointResult",
+    "CompareResult",
     "ConvergenceResult",
     "ModelAdapter",
     "ProbeResult",
     "PGAResult",
     "Result",
     "SITES",
+    "SpectrumResult",
     "States",
+    "WeightGeometryResult",
     "as_adapter",
     "capture",
+    "compare",
     "convergence",
     "default_texts",
     "load_default_model",
     "metrics",
+    "over_checkpoints",
     "pga",
     "pga_of_states",
     "probes",
+    "pythia_checkpoint_loader",
+    "spectrum",
+    "weight_geometry",
 ]

@@ -22,9 +22,13 @@ from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
+from geolens.analyses.compare import compare
 from geolens.analyses.convergence import convergence
 from geolens.analyses.pga import pga
 from geolens.analyses.probes import probes
+from geolens.analyses.spectrum import spectrum_of_states, weight_geometry
+from geolens.capture import FINAL_SITE, RESIDUAL_SITE, States, capture
+from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 
@@ -57,15 +61,46 @@ class ReportSettings:
     probe_max_length: int = 64
     probe_folds: int = 5
     convergence_positions: int = 512
+    alpha_fit_range: tuple[int, int] | None = None  # default (5, 100), clipped to what the spectrum has
     progress: bool = True
     results: dict[str, Result] = field(default_factory=dict)  # sections done so far, for later ones
+    states: States | None = None  # residual stream + final state, captured once for PGA and spectra
+
+
+def _states(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> States:
+    if s.states is None:
+        s.states = capture(adapter, texts, sites=(RESIDUAL_SITE, FINAL_SITE), n_tokens=s.n_tokens, seed=s.seed,
+                           max_length=s.max_length, progress=s.progress)
+    return s.states
 
 
 def _pga_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     ccr = s.ccr if isinstance(s.ccr, int) else list(s.ccr)
-    result = pga(adapter, texts, k=s.k, n_null=s.n_null, ccr=ccr, n_tokens=s.n_tokens, seed=s.seed,
-                 progress=s.progress, max_length=s.max_length)
+    result = pga(adapter, None, k=s.k, n_null=s.n_null, ccr=ccr, seed=s.seed, progress=s.progress,
+                 states=_states(adapter, texts, s))
     return result, [result.plot()]
+
+
+def _fit_range(s: ReportSettings, n_values: int) -> tuple[int, int]:
+    start, stop = s.alpha_fit_range or ALPHA_FIT_RANGE
+    return start, min(stop, n_values)
+
+
+def _spectrum_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    states = _states(adapter, texts, s)
+    result = spectrum_of_states(states, site=RESIDUAL_SITE, progress=s.progress,
+                                alpha_fit_range=_fit_range(s, min(states.n_tokens, adapter.d_model)))
+    result.params.update(model=adapter.name, seed=s.seed)
+    figures = [result.plot()]
+    if "pga" in s.results:
+        comparison = compare(s.results["pga"], result, ccr=1 if 1 in s.results["pga"].to_pandas().ccr.values else None)
+        figures.append(comparison.plot())
+    return result, figures
+
+
+def _weights_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    result = weight_geometry(adapter, progress=s.progress, alpha_fit_range=_fit_range(s, adapter.d_model))
+    return result, []
 
 
 def _probe_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
@@ -89,6 +124,9 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
 
 SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
     "pga": ("Subspace PGA (with the CCR masking sweep)", _pga_section),
+    "spectrum": ("Spectral metrics of the states, and side by side with PGA z (in units of each one's spread)",
+                 _spectrum_section),
+    "weights": ("Spectral metrics of W_U (raw, folded) and W_E", _weights_section),
     "probes": ("Linear probes (BBC News topic) next to PGA z", _probe_section),
     "convergence": ("Convergence across depth (full space and readout subspace)", _convergence_section),
 }
@@ -119,7 +157,7 @@ def report(
     started = time.perf_counter()
     settings = settings or ReportSettings()
     for key, value in overrides.items():
-        if not hasattr(settings, key) or key == "results":
+        if not hasattr(settings, key) or key in ("results", "states"):
             raise TypeError(f"unknown report setting {key!r}")
         setattr(settings, key, value)
     chosen = list(SECTIONS) if sections is None else list(sections)

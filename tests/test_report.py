@@ -11,16 +11,18 @@ from geolens.report import report
 
 def test_report_on_tiny_model_writes_every_section(neox_bridge, neox_dir, tmp_path, texts):
     paths = report(neox_bridge, list(texts) * 4, tmp_path, n_tokens=30, k=4, n_null=5, ccr=[0, 1], progress=False,
-                   probe_texts=20, probe_folds=2, convergence_positions=20)
+                   probe_texts=20, probe_folds=2, convergence_positions=20, alpha_fit_range=(1, 6))
     table = pd.read_csv(paths["pga.csv"])
     assert len(table) == (neox_bridge.cfg.n_layers + 2) * 2
     page = paths["report.html"].read_text()
     assert page.startswith("<html>") and page.rstrip().endswith("</html>")
-    assert "Subspace PGA" in page and "Linear probes" in page and "Convergence" in page
+    for heading in ("Subspace PGA", "Linear probes", "Convergence", "Spectral metrics of the states", "W_U (raw"):
+        assert heading in page
     assert page.lower().count("plotly.js") >= 1 and "This section failed" not in page
     meta = json.loads(paths["meta.json"].read_text())
     assert meta["versions"]["torch"] and meta["d_model"] == neox_bridge.cfg.d_model and meta["errors"] == {}
-    for name, kind in (("pga", "PGAResult"), ("probes", "ProbeResult"), ("convergence", "ConvergenceResult")):
+    for name, kind in (("pga", "PGAResult"), ("probes", "ProbeResult"), ("convergence", "ConvergenceResult"),
+                       ("spectrum", "SpectrumResult"), ("weights", "WeightGeometryResult")):
         assert json.loads(paths[f"{name}.json"].read_text())["type"] == kind
         assert len(pd.read_csv(paths[f"{name}.csv"])) > 0
 

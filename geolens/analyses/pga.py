@@ -42,6 +42,7 @@ def pga(
     batch_size: int = 8,
     max_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
+    states: States | None = None,
 ) -> PGAResult:
     """Subspace PGA z-score of every layer of ``model`` on ``tokens``.
 
@@ -64,6 +65,9 @@ def pga(
         readout: ``"raw"`` (the model's ``W_U``) or ``"folded"`` (``diag(ln_final.w) @ W_U``).
         seed: seed for positions and null subspaces.
         progress: show progress bars.
+        states: already-captured :class:`~geolens.capture.States` of this model to
+            score instead of capturing (``tokens`` is then ignored; every captured
+            layer of ``site``, and ``final`` if captured, is scored).
 
     Returns:
         :class:`~geolens.results.PGAResult`; ``.to_pandas()`` has one row per
@@ -80,11 +84,22 @@ def pga(
         raise ValueError(f"k must be < d_model = {adapter.d_model}, got k = {k}")
     ccrs = _ccr_list(ccr)
     n_null = check_int(n_null, "n_null", low=2)
-    sites = (site, FINAL_SITE) if include_final and site != FINAL_SITE else (site,)
-    states = capture(
-        adapter, tokens, sites=sites, layers=layers, n_tokens=n_tokens, seed=seed, batch_size=batch_size,
-        progress=progress, attention_mask=attention_mask, max_length=max_length,
-    )
+    if states is None:
+        sites = (site, FINAL_SITE) if include_final and site != FINAL_SITE else (site,)
+        states = capture(
+            adapter, tokens, sites=sites, layers=layers, n_tokens=n_tokens, seed=seed, batch_size=batch_size,
+            progress=progress, attention_mask=attention_mask, max_length=max_length,
+        )
+    else:
+        wanted = [s for s in (site, FINAL_SITE) if s in states.sites and (s == site or include_final)]
+        if site not in states.sites:
+            raise ValueError(f"states hold sites {list(states.sites)}, not {site!r}")
+        if states.d_model != adapter.d_model:
+            raise ValueError(f"states have d = {states.d_model} but the model has d_model = {adapter.d_model}")
+        states = States(tensors={s: states[s] for s in wanted}, layers={s: states.layers[s] for s in wanted},
+                        hook_names={s: states.hook_names[s] for s in wanted}, token_ids=states.token_ids,
+                        batch_index=states.batch_index, position=states.position, n_layers=states.n_layers,
+                        meta=states.meta)
     basis = readout_basis(adapter.unembed_matrix(readout), k)
     result = pga_of_states(states, basis, n_null=n_null, ccr=ccrs, seed=seed, progress=progress)
     result.params.update(

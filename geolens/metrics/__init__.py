@@ -19,9 +19,53 @@ from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.pga import PGAScore, rank_alignment, subspace_pga
 from geolens.metrics.preprocess import center, principal_directions, remove_common_components
 from geolens.metrics.readout import readout_basis, readout_spectrum
+from geolens.metrics.spectral import (
+    Spectrum,
+    alpha_req,
+    condition_number,
+    cosine_stats,
+    effective_rank,
+    isotropy,
+    mean_cosine,
+    numerical_rank,
+    rankme,
+    spectral_summary,
+    spectrum_of,
+)
+from geolens.metrics.subspaces import (
+    grassmann_distance,
+    principal_angles,
+    principal_cosines,
+    readout_subspace_similarity,
+    top_right_singular_subspace,
+)
+from geolens.metrics.phases import PhaseSplit, detect_phases
+from geolens.metrics.convergence import distance_convergence
+from geolens.metrics.probes import probe_accuracy, probe_folds
 
 __all__ = [
     "PGAScore",
+    "PhaseSplit",
+    "Spectrum",
+    "alpha_req",
+    "condition_number",
+    "cosine_stats",
+    "detect_phases",
+    "distance_convergence",
+    "effective_rank",
+    "grassmann_distance",
+    "isotropy",
+    "mean_cosine",
+    "numerical_rank",
+    "principal_angles",
+    "principal_cosines",
+    "probe_accuracy",
+    "probe_folds",
+    "rankme",
+    "readout_subspace_similarity",
+    "spectral_summary",
+    "spectrum_of",
+    "top_right_singular_subspace",
     "center",
     "condensed_indices",
     "orthonormal_basis",
