@@ -1,0 +1,204 @@
+"""``geolens.ablation_effect``: what removing a layer's top principal directions does downstream.
+
+The PGA paper reads the collapse of PGA z in small models' late layers as
+*masking* by a dominant direction. This analysis tests it causally: ablate the
+top-``m`` principal directions of layer ``l`` during the forward pass (see
+:mod:`geolens.interventions`) and report
+
+* the change in next-token cross-entropy and ``KL(clean || ablated)`` of the
+  next-token distributions (mean over real positions that predict a real token);
+* the PGA z of layers ``l..L`` (and the post-``ln_final`` state) with and without
+  the ablation, on the same sampled positions and the same null subspaces.
+
+Example:
+    >>> res = geolens.ablation_effect(model, texts, layer=24, m=1, n_tokens=256)   # doctest: +SKIP
+    >>> res; res.plot()                                                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from tqdm.auto import tqdm
+
+from geolens._validation import check_int
+from geolens.analyses.pga import default_k, pga_of_states
+from geolens.capture import FINAL_SITE, RESIDUAL_SITE, TokenBatch, capture, prepare_tokens
+from geolens.interventions import ABLATION_MODES, ablation_hooks, hook_name_for, reference_pcs
+from geolens.metrics.readout import readout_basis
+from geolens.model import ModelAdapter, as_adapter
+from geolens.results import Result
+
+__all__ = ["AblationResult", "ablation_effect", "next_token_effect"]
+
+
+@dataclass(repr=False)
+class AblationResult(Result):
+    """PGA by downstream layer with and without an ablation: ``layer, site, z_clean, z_ablated,
+    delta_z, rho_clean, rho_ablated``. ``params`` holds the loss effect: ``ce_clean``,
+    ``ce_ablated``, ``delta_ce``, ``kl`` (nats per predicted token) and ``pc_readout_energy``
+    (``||V_k^T q||^2`` of each ablated direction; random expectation ``k / d``).
+    """
+
+    title: ClassVar[str] = "AblationResult"
+
+    def _summary(self) -> str:
+        keys = ("model", "layer", "m", "mode", "delta_ce", "kl", "k", "ccr", "n_tokens")
+        shown = {k: self.params[k] for k in keys if k in self.params}
+        return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
+
+    def plot(self):
+        """PGA z by layer, clean vs ablated; the final (ln_final) state as stars."""
+        import plotly.graph_objects as go
+
+        table = self.to_pandas()
+        fig = go.Figure()
+        fig.add_hline(y=0, line_dash="dot", line_color="grey")
+        resid, final = table[table["site"] != FINAL_SITE], table[table["site"] == FINAL_SITE]
+        for column, label in (("z_clean", "clean"), ("z_ablated", "ablated")):
+            fig.add_trace(go.Scatter(x=resid["layer"], y=resid[column], mode="lines+markers", name=label))
+            if not final.empty:
+                fig.add_trace(go.Scatter(x=final["layer"], y=final[column], mode="markers", marker_symbol="star",
+                                         marker_size=12, name=f"final (ln_final), {label}"))
+        fig.add_vline(x=self.params.get("layer", 0), line_dash="dash", line_color="black")
+        title = (f"PGA z with/without ablating {self.params.get('m')} PC(s) at layer {self.params.get('layer')} "
+                 f"— ΔCE={self.params.get('delta_ce', float('nan')):.4g}, KL={self.params.get('kl', float('nan')):.4g}")
+        fig.update_layout(title=title, xaxis_title="layer (0 = embeddings)", yaxis_title="PGA z-score",
+                          template="plotly_white")
+        return fig
+
+
+def next_token_effect(
+    adapter: ModelAdapter, batch: TokenBatch, hooks: list, *, batch_size: int = 8, progress: bool = False,
+) -> dict[str, float]:
+    """Cross-entropy of the next real token, clean and with ``hooks``, and ``KL(clean || hooked)``.
+
+    Averaged over positions ``t`` where tokens ``t`` and ``t + 1`` are both real (mask 1); nats.
+    """
+    sums = torch.zeros(3, dtype=torch.float64)
+    count = 0
+    n = batch.tokens.shape[0]
+    for start in tqdm(range(0, n, batch_size), desc="loss", disable=not progress, leave=False):
+        ids = batch.tokens[start:start + batch_size].to(adapter.device)
+        mask = batch.attention_mask[start:start + batch_size].to(adapter.device)
+        valid = (mask[:, :-1] != 0) & (mask[:, 1:] != 0)
+        if not bool(valid.any()):
+            continue
+        target = ids[:, 1:][valid]
+        logp_clean = adapter.run_with_hooks(ids, mask)[:, :-1][valid].double().log_softmax(-1)
+        logp_hooked = adapter.run_with_hooks(ids, mask, fwd_hooks=hooks)[:, :-1][valid].double().log_softmax(-1)
+        rows = torch.arange(target.numel(), device=target.device)
+        sums[0] += float(-logp_clean[rows, target].sum())
+        sums[1] += float(-logp_hooked[rows, target].sum())
+        sums[2] += float((logp_clean.exp() * (logp_clean - logp_hooked)).sum())
+        count += int(target.numel())
+    if count == 0:
+        raise ValueError("no position predicts a real next token: pass sequences of at least 2 tokens")
+    ce_clean, ce_hooked, kl = (sums / count).tolist()
+    return {"ce_clean": ce_clean, "ce_ablated": ce_hooked, "delta_ce": ce_hooked - ce_clean, "kl": kl,
+            "n_predicted": count}
+
+
+def ablation_effect(
+    model: object,
+    tokens: Any,
+    layer: int,
+    m: int = 1,
+    reference_tokens: Any = None,
+    k: int | None = None,
+    n_null: int = 100,
+    n_tokens: int | None = 256,
+    seed: int | None = 0,
+    progress: bool = True,
+    *,
+    mode: str = "project",
+    site: str = RESIDUAL_SITE,
+    ccr: int = 0,
+    readout: str = "raw",
+    skip_first: bool = True,
+    batch_size: int = 8,
+    max_length: int | None = None,
+) -> AblationResult:
+    """Effect of ablating the top-``m`` principal directions of ``(site, layer)`` on loss, KL and downstream PGA.
+
+    Args:
+        model: ``HookedTransformer`` or ``TransformerBridge``.
+        tokens: evaluation text(s) or ``[B, T]`` ids.
+        layer: the ablated layer (geolens convention: ``resid_post`` 0..L, block sites 1..L).
+        m: number of principal directions (of the centred reference states) to ablate.
+        reference_tokens: where the directions (and, for ``mode="mean"``, the mean) come from;
+            default ``tokens`` themselves.
+        k: readout dimension of PGA (default ``min(100, d - 1)``).
+        n_null: random subspaces of the PGA null.
+        n_tokens: positions sampled for the PCs and for PGA (same seed: same positions clean and ablated).
+        seed: seed for positions and nulls.
+        progress: progress bars.
+        mode: ``"project"`` (remove the component) or ``"mean"`` (replace it by the reference mean's).
+        site: the ablated site.
+        ccr: components removed before PGA; default 0 (centring only), so the measurement itself
+            removes nothing and the ablation is the only intervention.
+        readout: ``"raw"`` or ``"folded"`` readout subspace.
+        skip_first: leave position 0 (BOS) unedited.
+        batch_size, max_length: forward batching and truncation.
+
+    Returns:
+        :class:`AblationResult`: one row per downstream layer (``layer..L`` of ``resid_post``,
+        plus ``final``) with ``z_clean``, ``z_ablated``, ``delta_z``; loss effect in ``params``.
+
+    Example:
+        >>> res = ablation_effect(model, texts, layer=24, m=1, n_tokens=256, n_null=50)   # doctest: +SKIP
+        >>> res.params["delta_ce"], res.params["kl"]                                      # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"mode must be one of {ABLATION_MODES}, got {mode!r}")
+    hook_name_for(adapter, site, layer)  # validates site and layer
+    m = check_int(m, "m", low=1)
+    k = default_k(adapter.d_model) if k is None else check_int(k, "k", low=1)
+    n_null = check_int(n_null, "n_null", low=2)
+    ccr = check_int(ccr, "ccr", low=0)
+    batch = prepare_tokens(adapter, tokens, max_length=max_length)
+    if reference_tokens is None:
+        reference_tokens, reference_mask = batch.tokens, batch.attention_mask
+    else:
+        reference_mask = None
+    bar = tqdm(total=4, desc="ablation_effect", disable=not progress, leave=False)
+    basis, ref_states = reference_pcs(adapter, layer, m, reference_tokens, site, n_tokens=n_tokens, seed=seed,
+                                      attention_mask=reference_mask)
+    bar.update()
+    hooks = ablation_hooks(adapter, layer, basis, site, mode, ref_states if mode == "mean" else None,
+                           skip_first=skip_first)
+    loss = next_token_effect(adapter, batch, hooks, batch_size=batch_size, progress=progress)
+    bar.update()
+
+    # resid_post layer l, or a block site of layer l (block l-1): resid_post l onwards changes.
+    downstream = list(range(layer, adapter.n_layers + 1))
+    capture_kw = dict(sites=(RESIDUAL_SITE, FINAL_SITE), layers=downstream, n_tokens=n_tokens, seed=seed,
+                      batch_size=batch_size, progress=False, attention_mask=batch.attention_mask)
+    clean_states = capture(adapter, batch.tokens, **capture_kw)
+    with adapter.hooks(hooks):  # capture's own hooks nest inside; all removed on exit
+        ablated_states = capture(adapter, batch.tokens, **capture_kw)
+    bar.update()
+    readout_q = readout_basis(adapter.unembed_matrix(readout), k)
+    clean_pga = pga_of_states(clean_states, readout_q, n_null=n_null, ccr=ccr, seed=seed, progress=False)
+    ablated_pga = pga_of_states(ablated_states, readout_q, n_null=n_null, ccr=ccr, seed=seed, progress=False)
+    bar.update()
+    bar.close()
+
+    rows = []
+    for before, after in zip(clean_pga.rows, ablated_pga.rows):
+        rows.append({
+            "layer": before["layer"], "site": before["site"],
+            "z_clean": before["z"], "z_ablated": after["z"], "delta_z": after["z"] - before["z"],
+            "rho_clean": before["rho_readout"], "rho_ablated": after["rho_readout"],
+        })
+    q = readout_q.to(basis.dtype)
+    energy = ((q.T @ basis) ** 2).sum(dim=0).tolist()
+    params = {
+        "model": adapter.name, "layer": layer, "site": site, "m": m, "mode": mode, "k": k, "n_null": n_null,
+        "ccr": ccr, "readout": readout, "n_tokens": clean_states.n_tokens, "seed": seed, "skip_first": skip_first,
+        **loss, "pc_readout_energy": energy, "random_energy": k / adapter.d_model,
+    }
+    return AblationResult(rows=rows, params=params)

@@ -1,0 +1,293 @@
+"""Hooks that *edit* activations: subspace / principal-component ablation.
+
+Two pure edits of a batch of states ``h`` (``[..., d]``) against an orthonormal
+basis ``Q`` (``[d, m]``, projector ``P = Q Q^T``):
+
+* :func:`remove_subspace` — ``h - P h`` (the component in ``span(Q)`` is removed);
+* :func:`replace_subspace` — ``h - P h + P mu`` (that component is replaced by the
+  one of a reference mean ``mu``: "mean ablation").
+
+and the hook machinery that applies them during a forward pass:
+
+* :func:`ablation_hooks` — a list of ``(hook_name, fn)`` pairs, to combine with
+  your own ``fwd_hooks``;
+* :func:`ablate` — a context manager that adds them for a ``with`` block (through
+  the model's own ``hooks`` context manager, so they are removed on exit, also
+  when the block raises);
+* :func:`ablate_pcs` — the same for the top-``m`` principal directions of the
+  layer's centred states on reference tokens.
+
+Layer convention (as in :func:`geolens.capture`): site ``resid_post`` has layers
+``0..L`` (``0`` = embeddings = ``blocks.0.hook_resid_pre``, ``l`` =
+``blocks.{l-1}.hook_resid_post``); block sites ``resid_pre``, ``resid_mid``,
+``attn_out``, ``mlp_out`` have layers ``1..L`` (the block ``blocks.{l-1}`` that
+produces layer ``l``).
+
+By default the first position of every sequence (BOS / attention sink) is left
+unedited (``skip_first=True``): principal directions are estimated without it
+(capture never samples it), and its huge-norm state would otherwise dominate the
+effect of an ablation.
+
+Example:
+    >>> with geolens.ablate_pcs(model, layer=20, m=1, reference_tokens=texts):   # doctest: +SKIP
+    ...     logits = model(tokens)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import torch
+from jaxtyping import Float
+
+from geolens._validation import check_finite, check_float_matrix, check_int
+from geolens.capture import FINAL_SITE, RESIDUAL_SITE, capture, site_layers
+from geolens.metrics.grassmann import orthonormal_basis
+from geolens.metrics.preprocess import center, principal_directions
+from geolens.model import ModelAdapter, as_adapter
+
+__all__ = [
+    "ABLATION_MODES",
+    "ablate",
+    "ablate_pcs",
+    "ablation_hooks",
+    "hook_name_for",
+    "reference_pcs",
+    "remove_subspace",
+    "replace_subspace",
+    "subspace_basis",
+]
+
+ABLATION_MODES: tuple[str, ...] = ("project", "mean")
+HookFn = Callable[..., Any]
+
+
+# ---------------------------------------------------------------- pure edits
+def remove_subspace(h: Float[torch.Tensor, "... d"], basis: Float[torch.Tensor, "d m"]) -> Float[torch.Tensor, "... d"]:
+    """``h - Q Q^T h``: remove the component of every row in the span of the orthonormal ``basis``.
+
+    Example:
+        >>> q = torch.tensor([[1.0], [0.0]])
+        >>> remove_subspace(torch.tensor([[3.0, 4.0]]), q).tolist()
+        [[0.0, 4.0]]
+    """
+    basis = basis.to(device=h.device, dtype=h.dtype)
+    return h - (h @ basis) @ basis.T
+
+
+def replace_subspace(
+    h: Float[torch.Tensor, "... d"], basis: Float[torch.Tensor, "d m"], mean: Float[torch.Tensor, "d"]
+) -> Float[torch.Tensor, "... d"]:
+    """``h - Q Q^T (h - mean)``: set the coordinates of every row in ``span(Q)`` to those of ``mean``.
+
+    Example:
+        >>> q = torch.tensor([[1.0], [0.0]])
+        >>> replace_subspace(torch.tensor([[3.0, 4.0]]), q, torch.tensor([1.0, 9.0])).tolist()
+        [[1.0, 4.0]]
+    """
+    basis = basis.to(device=h.device, dtype=h.dtype)
+    mean = mean.to(device=h.device, dtype=h.dtype)
+    return h - ((h - mean) @ basis) @ basis.T
+
+
+def subspace_basis(basis: torch.Tensor, d_model: int, name: str = "basis") -> Float[torch.Tensor, "d m"]:
+    """Validate a ``[d_model, m]`` basis (``m`` may be 0) and orthonormalise it (QR if needed)."""
+    if not isinstance(basis, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor [d_model, m], got {type(basis).__name__}")
+    if basis.ndim == 1:
+        basis = basis.unsqueeze(-1)  # one direction
+    if basis.ndim != 2 or basis.shape[0] != d_model:
+        raise ValueError(f"{name} must be [d_model={d_model}, m], got shape {tuple(basis.shape)}")
+    if basis.shape[1] == 0:
+        return basis.to(torch.float32 if not basis.is_floating_point() else basis.dtype)
+    check_float_matrix(basis, name)
+    return orthonormal_basis(basis, name=name)
+
+
+# ---------------------------------------------------------------- hooks
+def hook_name_for(adapter: ModelAdapter, site: str, layer: int) -> str:
+    """TransformerLens hook name of ``(site, layer)`` in geolens's layer convention."""
+    if site == FINAL_SITE:
+        raise ValueError("site 'final' (after ln_final) cannot be edited here; use resid_post layer L instead")
+    valid = site_layers(site, adapter.n_layers)
+    layer = check_int(layer, "layer")
+    if layer not in valid:
+        raise ValueError(f"layer {layer} is not valid for site {site!r}; valid layers: {valid[0]}..{valid[-1]}")
+    if site == RESIDUAL_SITE:
+        return adapter.hook_name("resid_pre", 0) if layer == 0 else adapter.hook_name("resid_post", layer - 1)
+    return adapter.hook_name(site, layer - 1)
+
+
+def _reference_mean(
+    adapter: ModelAdapter, site: str, layer: int, reference: Any, n_tokens: int | None, seed: int | None,
+    progress: bool,
+) -> torch.Tensor:
+    """Mean state ``[d]`` of a reference sample: ``[N, d]`` states, or tokens captured at (site, layer)."""
+    if isinstance(reference, torch.Tensor) and reference.is_floating_point():
+        states = check_float_matrix(reference, "reference", min_rows=1)
+        if states.shape[1] != adapter.d_model:
+            raise ValueError(f"reference states must be [N, d_model={adapter.d_model}], got {tuple(states.shape)}")
+        return states.mean(dim=0)
+    states = capture(adapter, reference, sites=(site,), layers=[layer], n_tokens=n_tokens, seed=seed,
+                     progress=progress).layer(site, layer)
+    return states.mean(dim=0)
+
+
+def ablation_hooks(
+    model: object,
+    layer: int,
+    basis: Float[torch.Tensor, "d m"],
+    site: str = RESIDUAL_SITE,
+    mode: str = "project",
+    reference: Any = None,
+    *,
+    skip_first: bool = True,
+    n_tokens: int | None = None,
+    seed: int | None = 0,
+    progress: bool = False,
+) -> list[tuple[str, HookFn]]:
+    """Forward hooks ``[(hook_name, fn)]`` that ablate ``span(basis)`` at ``(site, layer)``.
+
+    Args:
+        model: ``HookedTransformer``, ``TransformerBridge`` or :class:`~geolens.model.ModelAdapter`.
+        layer: layer index in geolens's convention (module docstring).
+        basis: ``[d_model, m]`` directions (orthonormalised here; a ``[d]`` vector is one direction).
+        site: ``resid_post`` (default), ``resid_pre``, ``resid_mid``, ``attn_out`` or ``mlp_out``.
+        mode: ``"project"`` removes the component (``h - P h``); ``"mean"`` replaces it
+            with the reference mean's (``h - P (h - mu)``).
+        reference: for ``mode="mean"``: ``[N, d]`` float states, or tokens (text, list of
+            texts, ``[B, T]`` ids) whose states at ``(site, layer)`` give ``mu``.
+        skip_first: leave position 0 (BOS / attention sink) unedited.
+        n_tokens, seed, progress: sampling of the reference tokens (``mode="mean"``).
+
+    Returns:
+        A list to pass as ``fwd_hooks`` (e.g. together with your own hooks to
+        ``model.run_with_hooks``), or to :func:`ablate`.
+
+    Example:
+        >>> hooks = ablation_hooks(model, 3, direction[:, None]) + my_hooks              # doctest: +SKIP
+        >>> logits = model.run_with_hooks(tokens, fwd_hooks=hooks)                       # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"mode must be one of {ABLATION_MODES}, got {mode!r}")
+    name = hook_name_for(adapter, site, layer)
+    q = subspace_basis(basis, adapter.d_model)
+    if mode == "mean":
+        if reference is None:
+            raise ValueError("mode='mean' needs reference= ([N, d] states or reference tokens)")
+        mean = _reference_mean(adapter, site, layer, reference, n_tokens, seed, progress)
+        check_finite(mean, "reference mean")
+    elif reference is not None:
+        raise ValueError("reference= is only used with mode='mean'")
+    else:
+        mean = None
+    start = 1 if skip_first else 0
+
+    def hook(activation: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        if q.shape[1] == 0:
+            return activation
+        edited = activation.clone()
+        part = activation[:, start:]
+        edited[:, start:] = remove_subspace(part, q) if mean is None else replace_subspace(part, q, mean)
+        return edited
+
+    return [(name, hook)]
+
+
+@contextmanager
+def ablate(
+    model: object,
+    layer: int,
+    basis: Float[torch.Tensor, "d m"],
+    site: str = RESIDUAL_SITE,
+    mode: str = "project",
+    reference: Any = None,
+    *,
+    skip_first: bool = True,
+    n_tokens: int | None = None,
+    seed: int | None = 0,
+    progress: bool = False,
+) -> Iterator[list[tuple[str, HookFn]]]:
+    """Ablate ``span(basis)`` at ``(site, layer)`` for every forward pass inside a ``with`` block.
+
+    Arguments as in :func:`ablation_hooks`. The hooks are added with the model's
+    own ``hooks`` context manager: they compose with hooks added inside the block
+    (``model.run_with_hooks(..., fwd_hooks=...)``, :func:`geolens.capture`) and are
+    removed on exit, also when the block raises. Yields the hook list.
+
+    Example:
+        >>> with geolens.ablate(model, layer=5, basis=q, mode="project"):   # doctest: +SKIP
+        ...     states = geolens.capture(model, texts)
+    """
+    adapter = as_adapter(model)
+    hooks = ablation_hooks(adapter, layer, basis, site, mode, reference, skip_first=skip_first,
+                           n_tokens=n_tokens, seed=seed, progress=progress)
+    with adapter.hooks(hooks):
+        yield hooks
+
+
+def reference_pcs(
+    model: object,
+    layer: int,
+    m: int,
+    reference_tokens: Any,
+    site: str = RESIDUAL_SITE,
+    *,
+    n_tokens: int | None = None,
+    seed: int | None = 0,
+    progress: bool = False,
+    attention_mask: torch.Tensor | None = None,
+) -> tuple[Float[torch.Tensor, "d m"], Float[torch.Tensor, "N d"]]:
+    """Top-``m`` principal directions of the centred states at ``(site, layer)`` on reference tokens.
+
+    Returns ``(basis [d, m], states [N, d])`` (the captured reference states, BOS and padding excluded).
+
+    Example:
+        >>> pcs, states = reference_pcs(model, 20, 1, texts, n_tokens=512)   # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    hook_name_for(adapter, site, layer)  # validates site and layer
+    m = check_int(m, "m", low=0, high=adapter.d_model)
+    states = capture(adapter, reference_tokens, sites=(site,), layers=[layer], n_tokens=n_tokens, seed=seed,
+                     progress=progress, attention_mask=attention_mask).layer(site, layer)
+    n = states.shape[0]
+    if m >= n:
+        raise ValueError(f"m = {m} principal directions need more than {m} reference states, got {n}")
+    check_finite(states, "reference states")
+    return principal_directions(center(states.double()), m).to(states.dtype), states
+
+
+@contextmanager
+def ablate_pcs(
+    model: object,
+    layer: int,
+    m: int,
+    reference_tokens: Any,
+    site: str = RESIDUAL_SITE,
+    mode: str = "project",
+    *,
+    skip_first: bool = True,
+    n_tokens: int | None = None,
+    seed: int | None = 0,
+    progress: bool = False,
+) -> Iterator[Float[torch.Tensor, "d m"]]:
+    """Ablate the top-``m`` principal directions of ``(site, layer)`` (from ``reference_tokens``) in a ``with`` block.
+
+    The directions are the top-``m`` right singular vectors of the centred
+    reference states (:func:`reference_pcs`). ``mode="project"`` removes the
+    component along them; ``mode="mean"`` replaces it by the reference states'
+    mean component. Yields the ``[d, m]`` basis.
+
+    Example:
+        >>> with geolens.ablate_pcs(model, layer=24, m=1, reference_tokens=texts) as pcs:   # doctest: +SKIP
+        ...     logits = model(tokens)
+    """
+    basis, states = reference_pcs(model, layer, m, reference_tokens, site, n_tokens=n_tokens, seed=seed,
+                                  progress=progress)
+    reference = states if mode == "mean" else None
+    with ablate(model, layer, basis, site, mode, reference, skip_first=skip_first):
+        yield basis
+

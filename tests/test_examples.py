@@ -1,0 +1,41 @@
+"""The examples run end to end (--small, on the real default model: slow) and import cleanly (fast)."""
+
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = {
+    "patching_default_model": ("resid_pre: fraction of the clean logit diff restored", "readout V_k"),
+    "pc1_ablation": ("cross-entropy", "z_ablated"),
+}
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # the __main__ block does not run on import
+    return module
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_imports_and_has_main_small(name):
+    module = _load(name)
+    assert list(inspect.signature(module.main).parameters) == ["small"]
+    assert module.__doc__ and "--small" in module.__doc__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_runs_small(name):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py"), "--small"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for expected in EXAMPLES[name]:
+        assert expected in proc.stdout, proc.stdout[-3000:]
