@@ -8,13 +8,16 @@ Example:
 """
 
 from geolens import metrics
+from geolens.analyses.ablation import AblationResult, ablation_effect
 from geolens.analyses.checkpoints import CheckpointResult, over_checkpoints, pythia_checkpoint_loader
 from geolens.analyses.compare import CompareResult, compare
 from geolens.analyses.convergence import ConvergenceResult, convergence
+from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
 from geolens.analyses.pga import pga, pga_of_states
 from geolens.analyses.probes import ProbeResult, probes
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
 from geolens.capture import SITES, States, capture
+from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import PGAResult, Result
 from geolens.zoo import default_texts, load_default_model
@@ -22,27 +25,37 @@ from geolens.zoo import default_texts, load_default_model
 __version__ = "0.1.0"
 
 __all__ = [
+    "AblationResult",
     "CheckpointResult",
     "CompareResult",
     "ConvergenceResult",
     "ModelAdapter",
     "ProbeResult",
     "PGAResult",
+    "PatchResult",
     "Result",
     "SITES",
     "SpectrumResult",
     "States",
     "WeightGeometryResult",
+    "ablate",
+    "ablate_pcs",
+    "ablation_effect",
+    "ablation_hooks",
     "as_adapter",
     "capture",
     "compare",
     "convergence",
     "default_texts",
+    "kl",
+    "logit_diff",
     "load_default_model",
     "metrics",
     "over_checkpoints",
+    "patch",
     "pga",
     "pga_of_states",
+    "prob",
     "probes",
     "pythia_checkpoint_loader",
     "spectrum",

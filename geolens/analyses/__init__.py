@@ -1,11 +1,13 @@
 """User-facing analyses: ``f(model, tokens, ...) -> Result``, composing capture and metrics."""
 
+from geolens.analyses.ablation import ablation_effect
 from geolens.analyses.checkpoints import over_checkpoints, pythia_checkpoint_loader
 from geolens.analyses.compare import compare
 from geolens.analyses.convergence import convergence
+from geolens.analyses.patching import patch
 from geolens.analyses.pga import pga, pga_of_states
 from geolens.analyses.probes import probes
 from geolens.analyses.spectrum import spectrum, weight_geometry
 
-__all__ = ["compare", "convergence", "over_checkpoints", "pga", "pga_of_states", "probes",
+__all__ = ["ablation_effect", "compare", "convergence", "over_checkpoints", "patch", "pga", "pga_of_states", "probes",
            "pythia_checkpoint_loader", "spectrum", "weight_geometry"]
