@@ -1,0 +1,109 @@
+"""``geolens.updates``: the geometry of every block's update to the residual stream.
+
+``Delta_l = h_l - h_{l-1}`` with ``h`` the residual stream (capture site
+``resid_post``, layers ``0..L``; ``h_0`` = embeddings). Sequential blocks add
+``attn_out`` then ``mlp_out`` (the MLP reads ``h_{l-1} + attn_out``); parallel
+blocks (GPT-NeoX / Pythia) add both, computed from ``h_{l-1}``. In either case
+``Delta_l = attn_out_l + mlp_out_l`` when the block adds nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from geolens.capture import capture
+from geolens.metrics.updates import UPDATE_SUMMARY_KEYS, update_summary
+from geolens.model import as_adapter
+from geolens.results import Result
+
+__all__ = ["UpdatesResult", "updates", "updates_figure"]
+
+_LABELS = {
+    "orthogonality": "|cos(Δ_l, h_{l-1})|",
+    "update_norm": "||Δ_l||",
+    "relative_update_norm": "||Δ_l|| / ||h_{l-1}||",
+    "ffn_mha_ratio": "||mlp_out|| / ||attn_out||",
+    "erank_states": "effective rank of H_l",
+    "erank_updates": "effective rank of Δ_l",
+}
+
+
+@dataclass(repr=False)
+class UpdatesResult(Result):
+    """Update geometry per layer ``l = 1..L``: ``layer, orthogonality, update_norm,
+    relative_update_norm, ffn_mha_ratio, erank_states, erank_updates`` (token means;
+    effective ranks of the uncentred ``[N, d]`` matrices, Roy & Vetterli)."""
+
+    title: ClassVar[str] = "UpdatesResult"
+
+    def plot(self):
+        """Plotly figure: one panel per metric, by layer."""
+        return updates_figure(self.to_pandas(), title=self._summary())
+
+
+def updates(
+    model: object,
+    tokens,
+    n_tokens: int | None = 1024,
+    seed: int | None = 0,
+    progress: bool = True,
+    *,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> UpdatesResult:
+    """Update orthogonality, norms, FFN/MHA ratio and effective ranks of every layer.
+
+    Captures ``resid_post`` (layers ``0..L``), ``attn_out`` and ``mlp_out``
+    (layers ``1..L``) at the same ``n_tokens`` sampled positions (BOS and padding
+    excluded), then per layer ``l``: mean ``|cos(Delta_l, h_{l-1})|``, mean
+    ``||Delta_l||`` and ``||Delta_l|| / ||h_{l-1}||``, mean
+    ``||mlp_out_l|| / ||attn_out_l||``, and the effective ranks of ``H_l`` ``[N, d]``
+    and of the updates ``[N, d]``.
+
+    Args:
+        model: ``HookedTransformer`` or ``TransformerBridge``.
+        tokens: text, list of texts, or ``[B, T]`` token ids.
+        n_tokens: positions sampled (seeded); ``None`` = all.
+        seed: seed of the position sample.
+        progress: show a progress bar.
+
+    Returns:
+        :class:`UpdatesResult`, one row per layer ``1..L``.
+
+    Example:
+        >>> res = geolens.updates(model, geolens.default_texts(n=16), n_tokens=512)   # doctest: +SKIP
+        >>> res.to_pandas()[["layer", "orthogonality", "ffn_mha_ratio"]]                # doctest: +SKIP
+    """
+    adapter = as_adapter(model)
+    states = capture(
+        adapter, tokens, sites=("resid_post", "attn_out", "mlp_out"), n_tokens=n_tokens, seed=seed,
+        batch_size=batch_size, progress=progress, attention_mask=attention_mask, max_length=max_length,
+    )
+    rows = update_summary(states["resid_post"], states["attn_out"], states["mlp_out"])
+    params = {
+        "model": adapter.name, "n_tokens": states.n_tokens, "seed": seed, "n_layers": adapter.n_layers,
+        "d_model": adapter.d_model, "parallel_attn_mlp": adapter.parallel_attn_mlp,
+        "erank": "Roy & Vetterli, uncentred, p_i = s_i / sum(s)",
+    }
+    return UpdatesResult(rows=rows, params=params)
+
+
+def updates_figure(table, *, title: str = ""):
+    """Six panels (one per update metric) by layer."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    keys = [k for k in UPDATE_SUMMARY_KEYS if k in table]
+    fig = make_subplots(rows=2, cols=3, subplot_titles=[_LABELS[k] for k in keys])
+    for i, key in enumerate(keys):
+        fig.add_trace(
+            go.Scatter(x=table["layer"], y=table[key], mode="lines+markers", name=_LABELS[key], showlegend=False),
+            row=i // 3 + 1, col=i % 3 + 1,
+        )
+    fig.update_xaxes(title_text="layer")
+    fig.update_layout(title=f"Update geometry — {title}" if title else "Update geometry", template="plotly_white")
+    return fig

@@ -1,0 +1,159 @@
+"""Logit lens: read every layer's residual stream with the model's own final norm and unembedding.
+
+``logits_l = ln_final(h_l) @ W_U + b_U`` (Nostalgebraist 2020), with ``h_l`` the
+residual stream at layer ``l`` (``0`` = embeddings, ``L`` = the last block's
+output, where the lens gives exactly the model's logits). ``ln_final`` is the
+model's own module (LayerNorm or RMSNorm, with its learned weight), ``W_U`` the
+raw unembedding, so processed weights (``fold_ln``) are read as the model reads them.
+
+Example:
+    >>> lens = LogitLens(model)                                       # doctest: +SKIP
+    >>> lens(h, layer=3).shape   # h: [..., d_model]                  # doctest: +SKIP
+    torch.Size([..., d_vocab])
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from geolens.capture import prepare_tokens
+from geolens.model import ModelAdapter, as_adapter
+
+__all__ = ["LogitLens", "unembed", "residual_stream", "layer_logits"]
+
+
+def unembed(
+    adapter: ModelAdapter,
+    h: Float[Tensor, "... d"],
+    *,
+    w_u: Tensor | None = None,
+    b_u: Tensor | None = None,
+    matmul_dtype: torch.dtype | None = None,
+) -> Float[Tensor, "... V"]:
+    """``ln_final(h) @ W_U + b_U`` in float32 (differentiable in ``h``; the model gets no gradients).
+
+    ``w_u``/``b_u`` default to the adapter's raw unembedding and bias (pass cached
+    copies to save the look-up). ``matmul_dtype=torch.bfloat16`` runs the
+    ``[.., d] @ [d, V]`` product in bfloat16 (several times faster on CPUs with
+    bf16 units; used for training, never for evaluation).
+    """
+    ln_final = getattr(adapter.model, "ln_final", None)
+    shape = h.shape
+    x = h.reshape(1, -1, shape[-1])  # [1, N, d]: every norm module accepts [batch, pos, d]
+    if ln_final is not None:
+        x = ln_final(x.to(adapter.dtype))
+    x = x.to(torch.float32)
+    w_u = adapter.unembed_matrix("raw") if w_u is None else w_u
+    if matmul_dtype is not None and matmul_dtype != torch.float32:
+        logits = (x.to(matmul_dtype) @ w_u.to(matmul_dtype)).to(torch.float32)
+    else:
+        logits = x @ w_u.to(torch.float32)
+    b_u = adapter.unembed_bias() if b_u is None else b_u
+    if b_u is not None:
+        logits = logits + b_u.to(torch.float32)
+    return logits.reshape(*shape[:-1], logits.shape[-1])
+
+
+def _check_layer(layer: object, n_layers: int) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers:
+        raise ValueError(f"layer must be an int in [0, {n_layers}] (0 = embeddings), got {layer!r}")
+    return layer
+
+
+class LogitLens(nn.Module):
+    """The logit lens as a module: ``forward(h, layer) = unembed(ln_final(h))`` for any layer ``0..L``.
+
+    Holds no parameters; the model is referenced, not registered (its weights stay
+    out of ``state_dict`` and ``parameters()``).
+
+    Example:
+        >>> LogitLens(model)(torch.randn(5, model.cfg.d_model), layer=0).shape   # doctest: +SKIP
+        torch.Size([5, 101])
+    """
+
+    kind = "logit"
+
+    def __init__(self, model: object) -> None:
+        super().__init__()
+        adapter = as_adapter(model)
+        object.__setattr__(self, "_adapter", adapter)  # plain attribute: not a submodule
+        self.n_layers = adapter.n_layers
+        self.d_model = adapter.d_model
+        self.d_vocab = adapter.d_vocab
+        self.model_name = adapter.name
+
+    @property
+    def adapter(self) -> ModelAdapter:
+        return self._adapter
+
+    def transform(self, h: Float[Tensor, "... d"], layer: int) -> Float[Tensor, "... d"]:
+        """The state handed to ``ln_final``: ``h`` itself for the logit lens."""
+        _check_layer(layer, self.n_layers)
+        return h
+
+    def forward(
+        self, h: Float[Tensor, "... d"], layer: int, *, matmul_dtype: torch.dtype | None = None,
+        w_u: Tensor | None = None, b_u: Tensor | None = None,
+    ) -> Float[Tensor, "... V"]:
+        """Logits ``[..., d_vocab]`` of the residual states ``h`` ``[..., d_model]`` taken at ``layer``."""
+        if h.shape[-1] != self.d_model:
+            raise ValueError(f"h must end in d_model = {self.d_model}, got shape {tuple(h.shape)}")
+        return unembed(self.adapter, self.transform(h, layer), w_u=w_u, b_u=b_u, matmul_dtype=matmul_dtype)
+
+
+def residual_stream(
+    model: object,
+    tokens,
+    attention_mask: Tensor | None = None,
+) -> tuple[Float[Tensor, "Lp1 B T d"], Float[Tensor, "B T V"]]:
+    """The full residual stream ``h_0..h_L`` ``[L + 1, B, T, d]`` of one batch and the model's logits.
+
+    One forward pass under ``no_grad``; the hooks are removed afterwards. For
+    small inputs (memory grows with ``B * T * L``).
+    """
+    adapter = as_adapter(model)
+    batch = prepare_tokens(adapter, tokens, attention_mask)
+    names = [adapter.hook_name("resid_pre", 0)] + [adapter.hook_name("resid_post", b) for b in range(adapter.n_layers)]
+    store: list[Tensor | None] = [None] * len(names)
+
+    def keeper(slot: int):
+        def keep(activation, hook=None):  # bridges report the canonical hook name, so key by slot
+            store[slot] = activation.detach()
+
+        return keep
+
+    logits = adapter.run_with_hooks(batch.tokens, batch.attention_mask,
+                                    fwd_hooks=[(n, keeper(i)) for i, n in enumerate(names)])
+    missing = [n for n, s in zip(names, store) if s is None]
+    if missing:
+        raise RuntimeError(f"hooks {missing} did not fire during the forward pass")
+    return torch.stack(store), logits.detach()
+
+
+@torch.no_grad()
+def layer_logits(
+    model: object,
+    tokens,
+    lens: nn.Module | None = None,
+    layers: Sequence[int] | None = None,
+    *,
+    attention_mask: Tensor | None = None,
+) -> Float[Tensor, "layers B T V"]:
+    """Lens logits of every position of a (small) batch at each layer (default ``0..L``).
+
+    ``lens=None`` is the logit lens. For large inputs use
+    :func:`geolens.lens.evaluate`, which samples positions.
+
+    Example:
+        >>> layer_logits(model, ["the cat sat"]).shape   # doctest: +SKIP
+        torch.Size([3, 1, 4, 101])
+    """
+    adapter = as_adapter(model)
+    lens = LogitLens(adapter) if lens is None else lens
+    layers = list(range(adapter.n_layers + 1)) if layers is None else [_check_layer(l, adapter.n_layers) for l in layers]
+    resid, _ = residual_stream(adapter, tokens, attention_mask)
+    return torch.stack([lens(resid[l].to(torch.float32), l) for l in layers])

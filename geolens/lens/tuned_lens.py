@@ -1,0 +1,146 @@
+"""Tuned lens (Belrose et al. 2023): one affine translator per layer before the logit lens.
+
+``T_l(h) = h + A_l h + b_l`` for layers ``l = 0..L-1`` (``0`` = embeddings);
+the last layer ``L``'s translator is the identity (the model's own logits) and
+has no parameters. ``A_l`` and ``b_l`` start at zero, so an untrained lens *is*
+the logit lens; the residual parametrisation makes weight decay pull towards
+the identity. Logits: ``ln_final(T_l(h)) @ W_U + b_U``. Train with
+:func:`geolens.lens.train_tuned_lens`.
+
+Saved as a directory: ``config.json`` (model shape, name, training budget) and
+``translators.safetensors``. :meth:`TunedLens.load` refuses a lens made for a
+model of another shape.
+
+Example:
+    >>> lens = TunedLens(model)                     # doctest: +SKIP
+    >>> lens.save("lens_dir"); TunedLens.load("lens_dir", model)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from geolens.lens.logit_lens import LogitLens, _check_layer
+
+__all__ = ["TunedLens", "CONFIG_FILE", "WEIGHTS_FILE"]
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "translators.safetensors"
+_FORMAT = "geolens.tuned_lens"
+_FORMAT_VERSION = 1
+_SHAPE_KEYS = ("n_layers", "d_model", "d_vocab")
+
+
+class TunedLens(LogitLens):
+    """Affine translators ``h -> h + A_l h + b_l`` for layers ``0..L-1``, then the logit lens.
+
+    Attributes:
+        translators: ``nn.ModuleList`` of ``L`` ``nn.Linear(d_model, d_model)``
+            (float32, zero-initialised); ``translators[l]`` maps layer ``l``.
+        training_info: budget and loss curve of the last training run (saved with the lens).
+
+    Example:
+        >>> lens = TunedLens(model)                               # doctest: +SKIP
+        >>> lens(h, layer=2).shape                                # doctest: +SKIP
+        torch.Size([N, d_vocab])
+    """
+
+    kind = "tuned"
+
+    def __init__(self, model: object, *, bias: bool = True) -> None:
+        super().__init__(model)
+        self.bias = bool(bias)
+        layers = []
+        for _ in range(self.n_layers):
+            translator = nn.Linear(self.d_model, self.d_model, bias=self.bias, dtype=torch.float32)
+            nn.init.zeros_(translator.weight)
+            if translator.bias is not None:
+                nn.init.zeros_(translator.bias)
+            layers.append(translator)
+        self.translators = nn.ModuleList(layers).to(self.adapter.device)
+        self.training_info: dict[str, Any] = {}
+
+    def transform(self, h: Float[Tensor, "... d"], layer: int) -> Float[Tensor, "... d"]:
+        """``T_l(h) = h + A_l h + b_l`` (float32); the identity at the last layer ``L``."""
+        layer = _check_layer(layer, self.n_layers)
+        if layer == self.n_layers:
+            return h
+        h = h.to(torch.float32)
+        return h + self.translators[layer](h)
+
+    def linear_map(self, layer: int) -> Float[Tensor, "d d"]:
+        """The full linear part ``I + A_l`` of the translator of ``layer`` (detached; ``I`` at layer ``L``).
+
+        Acts on column vectors: ``T_l(h) = (I + A_l) h + b_l``.
+        """
+        layer = _check_layer(layer, self.n_layers)
+        eye = torch.eye(self.d_model, device=self.translators[0].weight.device)
+        if layer == self.n_layers:
+            return eye
+        return eye + self.translators[layer].weight.detach()
+
+    # ------------------------------------------------------------------ persistence
+    def config(self) -> dict[str, Any]:
+        return {
+            "format": _FORMAT, "format_version": _FORMAT_VERSION, "model_name": self.model_name,
+            "n_layers": self.n_layers, "d_model": self.d_model, "d_vocab": self.d_vocab, "bias": self.bias,
+            "training": self.training_info,
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``config.json`` and ``translators.safetensors`` into ``directory`` (created if needed)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: value.detach().cpu().contiguous() for name, value in self.translators.state_dict().items()}
+        save_file(tensors, str(directory / WEIGHTS_FILE))
+        (directory / CONFIG_FILE).write_text(json.dumps(self.config(), indent=1))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, model: object) -> "TunedLens":
+        """Load a lens saved by :meth:`save` for ``model``.
+
+        Raises ``ValueError`` if the lens was made for another model shape
+        (``n_layers``, ``d_model`` or ``d_vocab``) or the files are not a geolens
+        tuned lens; warns if only the model name differs.
+        """
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        if not config_path.is_file() or not weights_path.is_file():
+            raise FileNotFoundError(f"{directory} holds no tuned lens (need {CONFIG_FILE} and {WEIGHTS_FILE})")
+        config = json.loads(config_path.read_text())
+        if config.get("format") != _FORMAT:
+            raise ValueError(f"{config_path} is not a geolens tuned lens (format {config.get('format')!r})")
+        lens = cls(model, bias=bool(config.get("bias", True)))
+        mismatched = [f"{k}: lens {config.get(k)} vs model {getattr(lens, k)}" for k in _SHAPE_KEYS
+                      if config.get(k) != getattr(lens, k)]
+        if mismatched:
+            raise ValueError(
+                f"the tuned lens in {directory} was made for another model shape ({'; '.join(mismatched)}); "
+                f"it was trained for {config.get('model_name')!r}"
+            )
+        if config.get("model_name") != lens.model_name:
+            warnings.warn(
+                f"tuned lens trained for {config.get('model_name')!r}, loaded into {lens.model_name!r} "
+                "(same shape, so it loads; the numbers may not mean much)", stacklevel=2,
+            )
+        state = load_file(str(weights_path), device=str(lens.adapter.device))
+        lens.translators.load_state_dict(state)
+        lens.training_info = dict(config.get("training") or {})
+        return lens
+
+    def extra_repr(self) -> str:
+        trained = self.training_info.get("steps", 0)
+        return (f"model={self.model_name!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
+                f"d_vocab={self.d_vocab}, trained_steps={trained}")

@@ -1,0 +1,97 @@
+"""Hit@k on planted logits, the evaluate table, plots and the cached report helper."""
+
+import math
+
+import pytest
+import torch
+
+from geolens.lens import LensResult, TunedLens, evaluate, hit_at_k, lens_report_sections
+from geolens.lens.train import kl_rows
+from tests.helpers import hook_count, same_weights, weights
+
+pytestmark = pytest.mark.filterwarnings("ignore:the training text was read")
+
+
+def test_hit_at_k_known_answer():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0],
+                           [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+                           [1.0, 1.0, 1.0, 1.0, 1.0, 9.0]])
+    target = torch.tensor([0, 0, 5])
+    assert hit_at_k(logits, target, 1).tolist() == [1.0, 0.0, 1.0]
+    assert hit_at_k(logits, target, 5).tolist() == [1.0, 0.0, 1.0]
+    assert hit_at_k(logits, target, 6).tolist() == [1.0, 1.0, 1.0]
+    assert hit_at_k(logits, torch.tensor([4, 1, 0]), 2).tolist() == [0.0, 0.0, 1.0]  # a tie at the 2nd value counts
+    with pytest.raises(ValueError):
+        hit_at_k(logits, target, 7)
+
+
+def test_kl_rows_matches_formula():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 9, generator=g), torch.randn(4, 9, generator=g)
+    p, q = a.softmax(-1), b.softmax(-1)
+    torch.testing.assert_close(kl_rows(a.log_softmax(-1), b), (p * (p.log() - q.log())).sum(-1))
+    assert kl_rows(a.log_softmax(-1), a).abs().max() < 1e-6
+
+
+def test_evaluate_table_and_known_layers(any_model, texts):
+    hooks, before = hook_count(any_model), weights(any_model)
+    lens = TunedLens(any_model)
+    res = evaluate(lens, any_model, texts, n_tokens=None, progress=False)
+    assert hook_count(any_model) == hooks and same_weights(before, any_model)
+    assert isinstance(res, LensResult)
+    table = res.to_pandas()
+    assert list(table.columns) == ["lens", "layer", "kl", "ce", "hit@1", "hit@5", "hit@5/hit@1"]
+    L = lens.n_layers
+    assert len(table) == 2 * (L + 1)
+    last = table[table.layer == L]
+    assert (last["hit@1"] == 1.0).all() and (last.kl.abs() < 1e-5).all()
+    # an untrained tuned lens is the logit lens
+    tuned, logit = table[table.lens == "tuned"].reset_index(drop=True), table[table.lens == "logit"].reset_index(drop=True)
+    assert (tuned.drop(columns="lens") - logit.drop(columns="lens")).abs().max().max() < 1e-6
+    assert ((table["hit@5"] >= table["hit@1"])).all()
+    for _, row in table.iterrows():
+        if row["hit@1"] > 0:
+            assert row["hit@5/hit@1"] == pytest.approx(row["hit@5"] / row["hit@1"])
+        else:
+            assert math.isnan(row["hit@5/hit@1"])
+    fig = res.plot()
+    assert len(fig.data) == 2 * 3  # per lens: hit@1, hit@5, KL
+    only_logit = evaluate(None, any_model, texts, n_tokens=None, progress=False).to_pandas()
+    assert set(only_logit.lens) == {"logit"}
+
+
+def test_evaluate_ce_matches_direct_computation(native_bridge):
+    tokens = torch.tensor([[0, 3, 4, 5, 6, 7]])
+    res = evaluate(None, native_bridge, tokens, n_tokens=None, progress=False).to_pandas()
+    with torch.no_grad():
+        logits = native_bridge(tokens)[0]
+    # positions 1..4 have a next token; position 5 (the last) does not
+    ce = torch.nn.functional.cross_entropy(logits[1:5], tokens[0, 2:6])
+    row = res[res.layer == native_bridge.cfg.n_layers].iloc[0]
+    assert row.ce == pytest.approx(float(ce.detach()), rel=1e-5)
+
+
+def test_report_sections_cache(native_bridge, texts, train_texts, tmp_path):
+    upd, quality = lens_report_sections(native_bridge, texts, tmp_path, train_texts=train_texts, n_tokens=None,
+                                        steps=3, tokens_per_step=16, progress=False)
+    assert len(upd.rows) == native_bridge.cfg.n_layers
+    assert {"tuned", "logit"} == set(quality.to_pandas().lens)
+    folders = list(tmp_path.iterdir())
+    assert len(folders) == 1 and (folders[0] / "config.json").is_file()
+    import geolens.lens.evaluate as ev
+
+    calls = []
+    original = ev.__dict__.get("train_tuned_lens")
+    import geolens.lens.train as tr
+
+    real = tr.train_tuned_lens
+    tr.train_tuned_lens = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        _, again = lens_report_sections(native_bridge, texts, tmp_path, train_texts=train_texts, n_tokens=None,
+                                        steps=3, tokens_per_step=16, progress=False)
+    finally:
+        tr.train_tuned_lens = real
+    assert calls == [] and original is None
+    assert again.rows == quality.rows
+    with pytest.raises(TypeError, match="budget"):
+        lens_report_sections(native_bridge, texts, tmp_path, stepz=3)
