@@ -7,7 +7,7 @@ Example:
     >>> res.to_pandas(); res.plot()                     # doctest: +SKIP
 """
 
-from geolens import metrics
+from geolens import lens, metrics
 from geolens.analyses.ablation import AblationResult, ablation_effect
 from geolens.analyses.checkpoints import CheckpointResult, over_checkpoints, pythia_checkpoint_loader
 from geolens.analyses.compare import CompareResult, compare
@@ -16,6 +16,7 @@ from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
 from geolens.analyses.pga import pga, pga_of_states
 from geolens.analyses.probes import ProbeResult, probes
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
+from geolens.analyses.updates import UpdatesResult, updates
 from geolens.capture import SITES, States, capture
 from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
@@ -37,6 +38,7 @@ __all__ = [
     "SITES",
     "SpectrumResult",
     "States",
+    "UpdatesResult",
     "WeightGeometryResult",
     "ablate",
     "ablate_pcs",
@@ -48,6 +50,7 @@ __all__ = [
     "convergence",
     "default_texts",
     "kl",
+    "lens",
     "logit_diff",
     "load_default_model",
     "metrics",
@@ -59,5 +62,6 @@ __all__ = [
     "probes",
     "pythia_checkpoint_loader",
     "spectrum",
+    "updates",
     "weight_geometry",
 ]

@@ -27,12 +27,13 @@ from geolens.analyses.convergence import convergence
 from geolens.analyses.pga import pga
 from geolens.analyses.probes import probes
 from geolens.analyses.spectrum import spectrum_of_states, weight_geometry
+from geolens.analyses.updates import updates
 from geolens.capture import FINAL_SITE, RESIDUAL_SITE, States, capture
 from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 
-__all__ = ["SECTIONS", "ReportSettings", "report", "versions", "write_html"]
+__all__ = ["DEFAULT_SECTIONS", "SECTIONS", "ReportSettings", "report", "versions", "write_html"]
 
 
 def versions() -> dict[str, str]:
@@ -98,6 +99,18 @@ def _spectrum_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings
     return result, figures
 
 
+def _updates_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    result = updates(adapter, texts, n_tokens=s.n_tokens, seed=s.seed, max_length=s.max_length, progress=s.progress)
+    return result, [result.plot()]
+
+
+def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    from geolens.lens import lens_report_sections
+
+    _, result = lens_report_sections(adapter, texts, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress)
+    return result, [result.plot()]
+
+
 def _weights_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     result = weight_geometry(adapter, progress=s.progress, alpha_fit_range=_fit_range(s, adapter.d_model))
     return result, []
@@ -127,9 +140,16 @@ SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
     "spectrum": ("Spectral metrics of the states, and side by side with PGA z (in units of each one's spread)",
                  _spectrum_section),
     "weights": ("Spectral metrics of W_U (raw, folded) and W_E", _weights_section),
+    "updates": ("Update geometry: orthogonality, norms, FFN/MHA ratio, effective ranks", _updates_section),
+    "lens": ("Logit lens and a small-budget tuned lens: KL, cross-entropy, Hit@1/Hit@5 (trained once, cached)",
+             _lens_section),
     "probes": ("Linear probes (BBC News topic) next to PGA z", _probe_section),
     "convergence": ("Convergence across depth (full space and readout subspace)", _convergence_section),
 }
+
+
+# The tuned lens trains for many minutes on a CPU the first time: asked for, not default.
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name != "lens")
 
 
 def report(
@@ -160,7 +180,7 @@ def report(
         if not hasattr(settings, key) or key in ("results", "states"):
             raise TypeError(f"unknown report setting {key!r}")
         setattr(settings, key, value)
-    chosen = list(SECTIONS) if sections is None else list(sections)
+    chosen = list(DEFAULT_SECTIONS) if sections is None else list(sections)
     unknown = [name for name in chosen if name not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown sections {unknown}; choose from {list(SECTIONS)}")

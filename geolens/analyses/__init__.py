@@ -8,6 +8,7 @@ from geolens.analyses.patching import patch
 from geolens.analyses.pga import pga, pga_of_states
 from geolens.analyses.probes import probes
 from geolens.analyses.spectrum import spectrum, weight_geometry
+from geolens.analyses.updates import updates
 
 __all__ = ["ablation_effect", "compare", "convergence", "over_checkpoints", "patch", "pga", "pga_of_states", "probes",
-           "pythia_checkpoint_loader", "spectrum", "weight_geometry"]
+           "pythia_checkpoint_loader", "spectrum", "updates", "weight_geometry"]

@@ -42,6 +42,7 @@ from geolens.metrics.subspaces import (
 from geolens.metrics.phases import PhaseSplit, detect_phases
 from geolens.metrics.convergence import distance_convergence
 from geolens.metrics.probes import probe_accuracy, probe_folds
+from geolens.metrics.updates import norm_ratio, update, update_norms, update_orthogonality, update_summary
 
 __all__ = [
     "PGAScore",
@@ -66,6 +67,11 @@ __all__ = [
     "spectral_summary",
     "spectrum_of",
     "top_right_singular_subspace",
+    "norm_ratio",
+    "update",
+    "update_norms",
+    "update_orthogonality",
+    "update_summary",
     "center",
     "condensed_indices",
     "orthonormal_basis",
