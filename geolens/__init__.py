@@ -14,6 +14,7 @@ from geolens.analyses.compare import CompareResult, compare
 from geolens.analyses.convergence import ConvergenceResult, convergence
 from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
 from geolens.analyses.pga import pga, pga_of_states
+from geolens.analyses.phases import PhasesResult, phases
 from geolens.analyses.probes import ProbeResult, probes
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
 from geolens.analyses.updates import UpdatesResult, updates
@@ -34,6 +35,7 @@ __all__ = [
     "ProbeResult",
     "PGAResult",
     "PatchResult",
+    "PhasesResult",
     "Result",
     "SITES",
     "SpectrumResult",
@@ -58,6 +60,7 @@ __all__ = [
     "patch",
     "pga",
     "pga_of_states",
+    "phases",
     "prob",
     "probes",
     "pythia_checkpoint_loader",

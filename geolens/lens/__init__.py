@@ -13,7 +13,7 @@ Example:
     >>> evaluate(lens, model, geolens.default_texts(n=16, seed=1)).plot()   # doctest: +SKIP
 """
 
-from geolens.lens.evaluate import REPORT_BUDGET, LensResult, evaluate, hit_at_k, lens_figure, lens_report_sections
+from geolens.lens.evaluate import REPORT_BUDGET, LensResult, cached_tuned_lens, evaluate, hit_at_k, lens_figure, lens_report_sections
 from geolens.lens.logit_lens import LogitLens, layer_logits, residual_stream, unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, DEFAULT_STEPS, DEFAULT_TOKENS_PER_STEP, kl_rows, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
@@ -26,6 +26,7 @@ __all__ = [
     "LogitLens",
     "REPORT_BUDGET",
     "TunedLens",
+    "cached_tuned_lens",
     "evaluate",
     "hit_at_k",
     "kl_rows",

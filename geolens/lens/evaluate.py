@@ -206,34 +206,28 @@ def _cache_key(adapter, budget: dict) -> str:
     return f"{safe}-L{adapter.n_layers}-d{adapter.d_model}-V{adapter.d_vocab}-{digest}"
 
 
-def lens_report_sections(
+def cached_tuned_lens(
     model: object,
-    texts,
+    held_out_texts=None,
     cache_dir: str | Path | None = None,
     *,
     train_texts: Sequence[str] | None = None,
-    n_tokens: int | None = 1024,
     seed: int = 0,
     progress: bool = True,
     **budget,
-):
-    """The updates and lens-quality results for a report, with a small tuned lens trained once and cached.
+) -> TunedLens:
+    """A small-budget tuned lens for ``model``: loaded from the cache, else trained once and saved.
 
-    The lens is trained on ``train_texts`` (default: default-corpus articles not
-    in ``texts``, shuffled) with the small budget :data:`REPORT_BUDGET` (override
-    with ``steps=``, ``tokens_per_step=``, ``seq_len=``, ``n_train_texts=``), saved under
+    Trained on ``train_texts`` (default: default-corpus articles not in
+    ``held_out_texts``, shuffled) with :data:`REPORT_BUDGET` (override with
+    ``steps=``, ``tokens_per_step=``, ``seq_len=``, ``n_train_texts=``), saved under
     ``cache_dir`` (default ``$GEOLENS_CACHE/tuned_lens`` or
     ``~/.cache/geolens/tuned_lens``) in a folder keyed by model name, shape and
-    budget; a later call loads it instead of training.
-
-    Returns:
-        ``(updates_result, lens_result)``: an
-        :class:`~geolens.analyses.updates.UpdatesResult` and a :class:`LensResult`.
+    budget; ``lens.cache_dir`` says where.
 
     Example:
-        >>> upd, lens_res = lens_report_sections(model, geolens.default_texts(n=32))   # doctest: +SKIP
+        >>> lens = cached_tuned_lens(model, steps=10)      # doctest: +SKIP
     """
-    from geolens.analyses.updates import updates
     from geolens.lens.train import train_tuned_lens
 
     adapter = as_adapter(model)
@@ -252,14 +246,47 @@ def lens_report_sections(
         if train_texts is None:
             from geolens.zoo import default_texts
 
-            held_out = set(texts) if isinstance(texts, (list, tuple)) else set()
+            held_out = set(held_out_texts) if isinstance(held_out_texts, (list, tuple)) else set()
             pool = [t for t in default_texts(n=None) if t not in held_out]
             random.Random(seed).shuffle(pool)
             train_texts = pool[: plan["n_train_texts"]]
         lens = train_tuned_lens(adapter, train_texts, steps=plan["steps"], tokens_per_step=plan["tokens_per_step"],
                                 seq_len=plan["seq_len"], progress=progress)
         lens.save(folder)
+    lens.cache_dir = str(folder)
+    return lens
+
+
+def lens_report_sections(
+    model: object,
+    texts,
+    cache_dir: str | Path | None = None,
+    *,
+    train_texts: Sequence[str] | None = None,
+    n_tokens: int | None = 1024,
+    seed: int = 0,
+    progress: bool = True,
+    **budget,
+):
+    """The updates and lens-quality results for a report, with a small tuned lens trained once and cached.
+
+    The lens comes from :func:`cached_tuned_lens` (trained on default-corpus
+    articles not in ``texts`` unless ``train_texts`` is given); a later call
+    loads it instead of training.
+
+    Returns:
+        ``(updates_result, lens_result)``: an
+        :class:`~geolens.analyses.updates.UpdatesResult` and a :class:`LensResult`.
+
+    Example:
+        >>> upd, lens_res = lens_report_sections(model, geolens.default_texts(n=32))   # doctest: +SKIP
+    """
+    from geolens.analyses.updates import updates
+
+    adapter = as_adapter(model)
+    lens = cached_tuned_lens(adapter, texts, cache_dir, train_texts=train_texts, seed=seed, progress=progress,
+                             **budget)
     upd = updates(adapter, texts, n_tokens=n_tokens, seed=seed, progress=progress)
     quality = evaluate(lens, adapter, texts, n_tokens=n_tokens, seed=seed, progress=progress)
-    quality.params["lens_dir"] = str(folder)
+    quality.params["lens_dir"] = lens.cache_dir
     return upd, quality

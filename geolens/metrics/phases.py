@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-__all__ = ["PHASE_NAMES", "PhaseSplit", "detect_phases", "kneedle"]
+__all__ = ["PHASE_NAMES", "PhaseSplit", "detect_phases", "kneedle", "smooth_curve"]
 
 PHASE_NAMES = ("I seeding multiplexing", "II hoisting overriding", "III focal convergence")
 
@@ -53,7 +53,9 @@ def kneedle(x: np.ndarray, y: np.ndarray, *, curve: str, direction: str, sensiti
     return None if knee is None else int(np.flatnonzero(x == knee)[0])
 
 
-def _smooth(y: np.ndarray, sigma: float) -> np.ndarray:
+def smooth_curve(y: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian smoothing with ``sigma`` in indices (edges: nearest value); ``sigma = 0`` copies."""
+    y = np.asarray(y, dtype=np.float64)
     if sigma <= 0:
         return y.copy()
     from scipy.ndimage import gaussian_filter1d
@@ -80,7 +82,7 @@ def detect_phases(
         raise ValueError(f"the curve has {y.size} points; phase detection needs at least {2 * min_side - 1}")
     if not np.isfinite(y).all():
         raise ValueError("the curve contains NaN or infinite values")
-    smoothed = _smooth(y, smoothing)
+    smoothed = smooth_curve(y, smoothing)
     top = np.flatnonzero(smoothed >= smoothed.max() - plateau_tol * (smoothed.max() - smoothed.min()))
     peak = int((top[0] + top[-1]) // 2)
     x = np.arange(y.size, dtype=np.float64)
@@ -88,6 +90,8 @@ def detect_phases(
     def none(reason: str) -> PhaseSplit:
         return PhaseSplit(False, None, None, peak, [None] * y.size, smoothed.tolist(), reason)
 
+    if smoothed.max() - smoothed.min() <= 1e-12 * max(1.0, abs(smoothed.max())):
+        return none("the smoothed curve is flat: no rise, plateau and fall to split")
     if peak + 1 < min_side:
         return none(f"the smoothed curve peaks at index {peak}: no rising side (not unimodal: monotone decreasing?)")
     if y.size - peak < min_side:

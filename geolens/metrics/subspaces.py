@@ -19,10 +19,12 @@ from geolens._validation import check_float_matrix, check_int
 from geolens.metrics.grassmann import orthonormal_basis
 
 __all__ = [
+    "choose_resolution",
     "grassmann_distance",
     "principal_angles",
     "principal_cosines",
     "readout_subspace_similarity",
+    "resolution_sweep",
     "top_right_singular_subspace",
 ]
 
@@ -101,3 +103,55 @@ def top_right_singular_subspace(
     return vh[:k].T.to(linear_map.dtype if linear_map.dtype in (torch.float32, torch.float64) else torch.float32), float(
         s[:k].pow(2).sum()
     ) / total
+
+
+def resolution_sweep(
+    linear_maps: Float[torch.Tensor, "L d d"], fractions, *, smoothing: float = 1.0
+) -> list[dict[str, object]]:
+    """RSS trajectories of the maps' top-k right singular subspaces, for ``k`` = each fraction of ``d``.
+
+    One SVD per map serves every ``k``. Per fraction: ``k = max(1, round(f d))``,
+    ``rss`` (``[L - 1]``, consecutive maps), ``energy`` (mean over maps of the
+    squared singular values kept) and ``visibility`` (max - min of the
+    Gaussian-smoothed RSS curve: how much structure the curve shows). Small ``k``
+    keeps little of the maps' energy; large ``k`` makes every subspace alike and
+    the curve flat, so ``visibility x energy`` peaks in between
+    (:func:`choose_resolution`).
+
+    Example:
+        >>> maps = torch.eye(6, dtype=torch.float64).expand(4, 6, 6) + 0.1 * torch.randn(4, 6, 6, dtype=torch.float64)
+        >>> [row["k"] for row in resolution_sweep(maps, [0.2, 0.5])]
+        [1, 3]
+    """
+    if linear_maps.ndim != 3 or linear_maps.shape[1] != linear_maps.shape[2] or linear_maps.shape[0] < 2:
+        raise ValueError(f"linear_maps must be [L >= 2, d, d], got shape {tuple(linear_maps.shape)}")
+    d = linear_maps.shape[-1]
+    _, s, vh = torch.linalg.svd(linear_maps.to(torch.float64))
+    sq = s.pow(2)
+    total = sq.sum(-1)
+    if bool((total == 0).any()):
+        raise ValueError("a linear map is zero: it has no readout subspace")
+    from geolens.metrics.phases import smooth_curve
+
+    out = []
+    for fraction in fractions:
+        fraction = float(fraction)
+        if not 0 < fraction < 1:
+            raise ValueError(f"fractions must lie in (0, 1), got {fraction}")
+        k = max(1, round(fraction * d))
+        bases = vh[:, :k].transpose(1, 2)  # [L, d, k]: rows of vh are right singular vectors
+        rss = readout_subspace_similarity(bases)
+        smoothed = smooth_curve(rss.cpu().numpy(), smoothing)
+        out.append({
+            "fraction": fraction, "k": k, "rss": rss,
+            "energy": float((sq[:, :k].sum(-1) / total).mean()),
+            "visibility": float(smoothed.max() - smoothed.min()),
+        })
+    return out
+
+
+def choose_resolution(sweep: list[dict[str, object]]) -> dict[str, object]:
+    """The sweep entry with the largest ``visibility x energy`` (ties: the smaller k)."""
+    if not sweep:
+        raise ValueError("empty resolution sweep")
+    return max(sweep, key=lambda row: (row["visibility"] * row["energy"], -row["k"]))

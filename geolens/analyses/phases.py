@@ -1,0 +1,145 @@
+"""``geolens.phases``: readout-subspace trajectory, resolution sweep and the three phases (METHODS.md C.2-C.6).
+
+From a tuned lens, the predictive readout subspace of layer ``l`` is the span of
+the top-``k`` right singular vectors of its translator's linear map ``I + A_l``
+(layers ``0..L-1``; layer ``L``'s translator is the identity, which has no
+preferred subspace). RSS between consecutive layers traces a path on
+``Gr(k, d)``; it is computed for ``k`` as several fractions of ``d``, one ``k`` is
+chosen by the visibility x energy trade-off, and its smoothed curve is split
+into three phases by a two-stage Kneedle. RSS point ``l`` (between layers ``l``
+and ``l + 1``) is attributed to layer ``l``; layer ``L`` takes the last point's phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+from geolens.metrics.phases import PHASE_NAMES, detect_phases
+from geolens.metrics.subspaces import choose_resolution, resolution_sweep
+from geolens.model import as_adapter
+from geolens.results import Result
+
+__all__ = ["DEFAULT_FRACTIONS", "PhasesResult", "phases"]
+
+DEFAULT_FRACTIONS = (0.01, 0.05, 0.10, 0.15, 0.25, 0.50)
+_PHASE_COLOURS = ("rgba(99,110,250,0.12)", "rgba(0,204,150,0.12)", "rgba(239,85,59,0.12)")
+
+
+@dataclass(repr=False)
+class PhasesResult(Result):
+    """One row per layer: ``layer, rss, phase`` and the diagnostics (effective rank, update
+    orthogonality, FFN/MHA ratio, update norm, Hit@1/Hit@5 of tuned and logit lens); ``rss@k=..``
+    columns hold the whole resolution sweep, ``params["sweep"]`` its energy and visibility."""
+
+    title: ClassVar[str] = "PhasesResult"
+
+    def plot(self):
+        """RSS curves by layer, one per k (the chosen k bold), with the three phases as shaded bands."""
+        import plotly.graph_objects as go
+
+        table = self.to_pandas()
+        fig = go.Figure()
+        b1, b2 = self.params.get("b1"), self.params.get("b2")
+        last = int(table.layer.max())
+        if b1 is not None and b2 is not None:
+            for (lo, hi), name, colour in zip(((-0.5, b1 - 0.5), (b1 - 0.5, b2 - 0.5), (b2 - 0.5, last + 0.5)),
+                                              PHASE_NAMES, _PHASE_COLOURS):
+                fig.add_vrect(x0=lo, x1=hi, fillcolor=colour, line_width=0, annotation_text=name,
+                              annotation_position="top left")
+        chosen = self.params.get("k")
+        for column in [c for c in table.columns if c.startswith("rss@k=")]:
+            k = int(column.split("=")[1])
+            fig.add_trace(go.Scatter(x=table.layer, y=table[column], mode="lines+markers", name=f"k = {k}",
+                                     line_width=4 if k == chosen else 1.5))
+        fig.update_layout(title="Readout subspace similarity (consecutive layers) and phases"
+                          + ("" if self.params.get("found") else f" — no phases found: {self.params.get('reason')}"),
+                          xaxis_title="layer l (RSS between l and l + 1)", yaxis_title="RSS (mean principal cosine)",
+                          template="plotly_white")
+        return fig
+
+
+def phases(
+    model: object,
+    tokens,
+    lens=None,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    *,
+    k_fraction: float | None = None,
+    smoothing: float = 1.0,
+    sensitivity: float = 1.0,
+    n_tokens: int | None = 1024,
+    seed: int = 0,
+    cache_dir=None,
+    progress: bool = True,
+    **budget,
+) -> PhasesResult:
+    """Three-phase analysis of ``model``: RSS of the tuned lens's readout subspaces, phases, diagnostics.
+
+    Args:
+        model: ``HookedTransformer`` or ``TransformerBridge``.
+        tokens: text(s) or token ids for the per-layer diagnostics (updates, Hit@k).
+        lens: a trained :class:`~geolens.lens.TunedLens`; ``None`` trains a
+            small-budget one once and caches it (:func:`geolens.lens.cached_tuned_lens`,
+            ``budget`` keywords go there).
+        fractions: ``k`` as fractions of ``d`` for the resolution sweep.
+        k_fraction: use this fraction instead of the visibility x energy choice.
+        smoothing, sensitivity: Gaussian sigma (layers) and Kneedle ``S``.
+
+    Returns:
+        :class:`PhasesResult`; ``params`` has ``k``, ``b1``, ``b2``, ``found``, ``reason``
+        and the sweep.
+
+    Example:
+        >>> res = geolens.phases(model, geolens.default_texts(n=16))     # doctest: +SKIP
+        >>> res.params["b1"], res.params["b2"]; res.plot()               # doctest: +SKIP
+    """
+    from geolens.analyses.updates import updates
+    from geolens.lens import cached_tuned_lens, evaluate
+
+    adapter = as_adapter(model)
+    if lens is None:
+        lens = cached_tuned_lens(adapter, tokens if isinstance(tokens, (list, tuple)) else None, cache_dir,
+                                 seed=seed, progress=progress, **budget)
+    if getattr(lens, "n_layers", None) != adapter.n_layers or getattr(lens, "d_model", None) != adapter.d_model:
+        raise ValueError("the lens was made for a model of another shape")
+    fractions = list(fractions) + ([k_fraction] if k_fraction is not None and k_fraction not in fractions else [])
+    maps = torch.stack([lens.linear_map(layer) for layer in range(adapter.n_layers)])
+    sweep = resolution_sweep(maps, fractions, smoothing=smoothing)
+    if k_fraction is None:
+        chosen = choose_resolution(sweep)
+    else:
+        chosen = next(row for row in sweep if row["fraction"] == float(k_fraction))
+    split = detect_phases(chosen["rss"], smoothing=smoothing, sensitivity=sensitivity)
+
+    upd = updates(adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress).to_pandas().set_index("layer")
+    quality = evaluate(lens, adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress).to_pandas()
+    hits = {kind: part.set_index("layer") for kind, part in quality.groupby("lens")}
+
+    n_points = chosen["rss"].numel()
+    rows = []
+    for layer in range(adapter.n_layers + 1):
+        point = min(layer, n_points - 1)
+        row = {"layer": layer, "rss": float(chosen["rss"][point]) if layer < adapter.n_layers else float("nan"),
+               "phase": split.phases[point]}
+        for entry in sweep:
+            row[f"rss@k={entry['k']}"] = float(entry["rss"][point]) if layer < adapter.n_layers else float("nan")
+        for column in ("erank_states", "orthogonality", "ffn_mha_ratio", "update_norm"):
+            row[column] = float(upd.loc[layer, column]) if layer in upd.index else float("nan")
+        for kind in ("tuned", "logit"):
+            for column in ("hit@1", "hit@5"):
+                row[f"{column}_{kind}"] = float(hits[kind].loc[layer, column]) if kind in hits else float("nan")
+        rows.append(row)
+    params = {
+        "model": adapter.name, "k": chosen["k"], "k_fraction": chosen["fraction"], "b1": split.b1, "b2": split.b2,
+        "found": split.found, "reason": split.reason, "smoothing": smoothing, "sensitivity": sensitivity,
+        "sweep": [{key: entry[key] for key in ("fraction", "k", "energy", "visibility")} for entry in sweep],
+        "lens_training": getattr(lens, "training_info", {}).get("budget", None), "seed": seed,
+    }
+    if split.found:
+        depth = adapter.n_layers + 1
+        params["phase_share"] = {PHASE_NAMES[0]: split.b1 / depth, PHASE_NAMES[1]: (split.b2 - split.b1) / depth,
+                                 PHASE_NAMES[2]: (depth - split.b2) / depth}
+    return PhasesResult(rows=rows, params=params)

@@ -1,0 +1,75 @@
+"""geolens.phases on a planted tuned lens: the RSS trajectory is the planted one, and the phases are found."""
+
+import math
+
+import pytest
+import torch
+
+import geolens
+from geolens.lens import TunedLens
+from geolens.metrics.phases import PHASE_NAMES
+from tests.conftest import make_native_bridge
+
+# Radians between consecutive readout subspaces: fast rotation, a still plateau (RSS points 2..10), fast again.
+ANGLES = (1.4, 0.8, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.8, 1.4)
+K = 2
+
+
+@pytest.fixture(scope="module")
+def deep_bridge(tiny_tokenizer):
+    return make_native_bridge(tiny_tokenizer, n_layers=len(ANGLES) + 1)
+
+
+def _planted_lens(model):
+    """Translators whose maps I + A_l have top-K right singular subspace Q_l, rotating by ANGLES."""
+    lens = TunedLens(model)
+    d = lens.d_model
+    eye = torch.eye(d)
+    current, fresh = eye[:, :K], K
+    with torch.no_grad():
+        for layer in range(lens.n_layers):
+            projector = current @ current.T
+            linear_map = 10.0 * projector + 0.1 * (eye - projector)
+            lens.translators[layer].weight.copy_(linear_map - eye)
+            if layer < len(ANGLES):
+                theta = ANGLES[layer]
+                current = math.cos(theta) * current + math.sin(theta) * eye[:, fresh : fresh + K]
+                fresh += K
+    return lens
+
+
+def test_phases_of_planted_lens(deep_bridge, texts):
+    lens = _planted_lens(deep_bridge)
+    before = {k: v.clone() for k, v in deep_bridge.state_dict().items()}
+    res = geolens.phases(deep_bridge, list(texts) * 3, lens=lens, fractions=(K / 32, 0.5), k_fraction=K / 32,
+                         smoothing=0.0, n_tokens=None, progress=False)
+    table = res.to_pandas()
+    rss = table.rss.iloc[: len(ANGLES)]
+    torch.testing.assert_close(torch.tensor(rss.values), torch.tensor([math.cos(a) for a in ANGLES], dtype=torch.float64),
+                               atol=1e-6, rtol=0)
+    assert res.params["k"] == K and res.params["found"], res.params["reason"]
+    b1, b2 = res.params["b1"], res.params["b2"]
+    assert b1 == 2 and b2 in (10, 11)
+    assert table.phase.iloc[0] == PHASE_NAMES[0] and table.phase.iloc[b1] == PHASE_NAMES[1]
+    assert table.phase.iloc[-1] == PHASE_NAMES[2]
+    for column in ("erank_states", "orthogonality", "ffn_mha_ratio", "hit@1_tuned", "hit@5_logit"):
+        assert column in table.columns
+    assert math.isnan(table.orthogonality.iloc[0]) and not math.isnan(table.orthogonality.iloc[1])
+    assert {row["k"] for row in res.params["sweep"]} == {K, 16}
+    assert len(res.plot().data) == 2
+    assert all(torch.equal(before[k], v) for k, v in deep_bridge.state_dict().items())
+
+
+def test_flat_trajectory_reports_no_phases(deep_bridge, texts):
+    lens = TunedLens(deep_bridge)  # untrained: every map is the identity, every RSS is 1
+    with torch.no_grad():
+        for translator in lens.translators:
+            translator.weight.copy_(torch.diag(torch.linspace(2.0, 0.1, lens.d_model)) - torch.eye(lens.d_model))
+    res = geolens.phases(deep_bridge, list(texts) * 3, lens=lens, n_tokens=None, progress=False)
+    assert not res.params["found"] and res.params["reason"]
+    assert res.to_pandas().phase.isna().all()
+
+
+def test_lens_of_another_model_is_refused(deep_bridge, native_bridge, texts):
+    with pytest.raises(ValueError, match="another shape"):
+        geolens.phases(deep_bridge, list(texts), lens=TunedLens(native_bridge), progress=False)
