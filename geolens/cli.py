@@ -61,11 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--n-tokens", type=_positive, default=1024, help="token positions sampled")
     rep.add_argument("--k", type=_positive, default=None, help="readout dimension (default min(100, d-1))")
     rep.add_argument("--n-null", type=_positive, default=100, help="random subspaces in the null")
-    rep.add_argument("--ccr", type=_int_list, default=[0, 1, 5, 10],
+    rep.add_argument("--ccr", type=_int_list, default=[1, 5, 10],
                      help="CCR values (components removed after centring), comma-separated")
     rep.add_argument("--sections", type=_name_list, default=None,
                      help="comma-separated sections (default all): " + ", ".join(_section_names()))
-    rep.add_argument("--probe-texts", type=_positive, default=250, help="labelled texts for the probe section")
+    rep.add_argument("--probe-texts", type=_positive, default=150, help="labelled texts for the probe section")
     rep.add_argument("--seed", type=int, default=0)
     rep.add_argument("--device", default=None)
     rep.add_argument("--no-progress", action="store_true")

@@ -56,9 +56,9 @@ class ReportSettings:
     n_tokens: int = 1024
     k: int | None = None
     n_null: int = 100
-    ccr: int | Sequence[int] = (0, 1, 5, 10)
+    ccr: int | Sequence[int] = (1, 5, 10)
     seed: int = 0
-    probe_texts: int = 250
+    probe_texts: int = 150
     probe_max_length: int = 64
     probe_folds: int = 5
     convergence_positions: int = 512
@@ -111,6 +111,13 @@ def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     return result, [result.plot()]
 
 
+def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    from geolens.analyses.phases import phases
+
+    result = phases(adapter, texts, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress)
+    return result, [result.plot()]
+
+
 def _weights_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     result = weight_geometry(adapter, progress=s.progress, alpha_fit_range=_fit_range(s, adapter.d_model))
     return result, []
@@ -148,8 +155,8 @@ SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
 }
 
 
-# The tuned lens trains for many minutes on a CPU the first time: asked for, not default.
-DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name != "lens")
+# The tuned lens (lens, phases) trains for many minutes on a CPU the first time: asked for, not default.
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name not in ("lens", "phases"))
 
 
 def report(
