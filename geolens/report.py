@@ -152,6 +152,8 @@ SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
              _lens_section),
     "probes": ("Linear probes (BBC News topic) next to PGA z", _probe_section),
     "convergence": ("Convergence across depth (full space and readout subspace)", _convergence_section),
+    "phases": ("Three phases: readout-subspace similarity of the tuned lens, resolution sweep, Kneedle breakpoints",
+               _phases_section),
 }
 
 

@@ -69,3 +69,14 @@ def test_cli_bad_arguments_exit_with_message(argv, message, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_lens_and_phases_sections_train_once_and_cache(neox_bridge, tmp_path, texts, monkeypatch):
+    monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "cache"))
+    paths = report(neox_bridge, list(texts) * 4, tmp_path / "r", sections=["lens", "phases"], n_tokens=30,
+                   progress=False)
+    meta = json.loads(paths["meta.json"].read_text())
+    assert meta["errors"] == {}
+    assert len(list((tmp_path / "cache" / "tuned_lens").iterdir())) == 1  # one lens, trained once, shared
+    phases = json.loads(paths["phases.json"].read_text())
+    assert phases["params"]["found"] is False and "needs at least" in phases["params"]["reason"]  # 2 layers only

@@ -17,7 +17,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from geolens.metrics.phases import PHASE_NAMES, detect_phases
+from geolens.metrics.phases import PHASE_NAMES, PhaseSplit, detect_phases
 from geolens.metrics.subspaces import choose_resolution, resolution_sweep
 from geolens.model import as_adapter
 from geolens.results import Result
@@ -112,7 +112,11 @@ def phases(
         chosen = choose_resolution(sweep)
     else:
         chosen = next(row for row in sweep if row["fraction"] == float(k_fraction))
-    split = detect_phases(chosen["rss"], smoothing=smoothing, sensitivity=sensitivity)
+    try:
+        split = detect_phases(chosen["rss"], smoothing=smoothing, sensitivity=sensitivity)
+    except ValueError as err:  # e.g. too few layers for a rise, a plateau and a fall
+        n = chosen["rss"].numel()
+        split = PhaseSplit(False, None, None, int(chosen["rss"].argmax()), [None] * n, chosen["rss"].tolist(), str(err))
 
     upd = updates(adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress).to_pandas().set_index("layer")
     quality = evaluate(lens, adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress).to_pandas()
