@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,8 +192,9 @@ def lens_figure(table, *, title: str = ""):
 
 # ---------------------------------------------------------------------- report
 def _default_cache_dir() -> Path:
-    root = os.environ.get("GEOLENS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "geolens")
-    return Path(root) / "tuned_lens"
+    from geolens.zoo.default import cache_root
+
+    return cache_root() / "tuned_lens"
 
 
 def _cache_key(adapter, budget: dict) -> str:

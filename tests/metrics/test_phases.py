@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 from kneed import KneeLocator
 
 from geolens.metrics.phases import PHASE_NAMES, detect_phases, kneedle

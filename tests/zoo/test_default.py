@@ -117,10 +117,10 @@ def test_missing_package_error_names_the_pip_command(tmp_path, monkeypatch):
 
 def test_cache_root_precedence(tmp_path, monkeypatch):
     monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "env"))
-    assert zoo._cache_root() == tmp_path / "env"
-    assert zoo._cache_root(tmp_path / "arg") == tmp_path / "arg"
+    assert zoo.cache_root() == tmp_path / "env"
+    assert zoo.cache_root(tmp_path / "arg") == tmp_path / "arg"
     monkeypatch.delenv("GEOLENS_CACHE")
-    assert zoo._cache_root().parts[-2:] == (".cache", "geolens")
+    assert zoo.cache_root().parts[-2:] == (".cache", "geolens")
 
 
 def test_publish_replaces_debris_and_keeps_a_finished_folder(tmp_path):
