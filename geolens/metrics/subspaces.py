@@ -105,18 +105,16 @@ def top_right_singular_subspace(
     ) / total
 
 
-def resolution_sweep(
-    linear_maps: Float[torch.Tensor, "L d d"], fractions, *, smoothing: float = 1.0
-) -> list[dict[str, object]]:
+def resolution_sweep(linear_maps: Float[torch.Tensor, "L d d"], fractions) -> list[dict[str, object]]:
     """RSS trajectories of the maps' top-k right singular subspaces, for ``k`` = each fraction of ``d``.
 
     One SVD per map serves every ``k``. Per fraction: ``k = max(1, round(f d))``,
-    ``rss`` (``[L - 1]``, consecutive maps), ``energy`` (mean over maps of the
-    squared singular values kept) and ``visibility`` (max - min of the
-    Gaussian-smoothed RSS curve: how much structure the curve shows). Small ``k``
-    keeps little of the maps' energy; large ``k`` makes every subspace alike and
-    the curve flat, so ``visibility x energy`` peaks in between
-    (:func:`choose_resolution`).
+    ``rss`` (``[L - 1]``, consecutive maps), ``energy`` (spectral fidelity: mean
+    over maps of the fraction of squared singular values kept) and
+    ``visibility`` (inter-layer distinguishability: ``1 - mean(rss)``). Small
+    ``k`` keeps little of the maps' energy; large ``k`` makes every subspace alike
+    (at ``k = d`` all coincide), so the two pull against each other and
+    :func:`choose_resolution` picks where they balance.
 
     Example:
         >>> maps = torch.eye(6, dtype=torch.float64).expand(4, 6, 6) + 0.1 * torch.randn(4, 6, 6, dtype=torch.float64)
@@ -131,8 +129,6 @@ def resolution_sweep(
     total = sq.sum(-1)
     if bool((total == 0).any()):
         raise ValueError("a linear map is zero: it has no readout subspace")
-    from geolens.metrics.phases import smooth_curve
-
     out = []
     for fraction in fractions:
         fraction = float(fraction)
@@ -141,17 +137,32 @@ def resolution_sweep(
         k = max(1, round(fraction * d))
         bases = vh[:, :k].transpose(1, 2)  # [L, d, k]: rows of vh are right singular vectors
         rss = readout_subspace_similarity(bases)
-        smoothed = smooth_curve(rss.cpu().numpy(), smoothing)
         out.append({
             "fraction": fraction, "k": k, "rss": rss,
             "energy": float((sq[:, :k].sum(-1) / total).mean()),
-            "visibility": float(smoothed.max() - smoothed.min()),
+            "visibility": float(1.0 - rss.mean()),
         })
     return out
 
 
 def choose_resolution(sweep: list[dict[str, object]]) -> dict[str, object]:
-    """The sweep entry with the largest ``visibility x energy`` (ties: the smaller k)."""
+    """The sweep entry where visibility and energy balance: min-max normalise each over the
+    sweep and take the ``k`` where the two are closest (the knee of their Pareto front; ties:
+    the smaller ``k``). A sweep of one entry returns it.
+
+    Example:
+        >>> sweep = [{"k": 1, "visibility": 0.6, "energy": 0.1}, {"k": 5, "visibility": 0.4, "energy": 0.5},
+        ...          {"k": 9, "visibility": 0.1, "energy": 0.9}]
+        >>> choose_resolution(sweep)["k"]
+        5
+    """
     if not sweep:
         raise ValueError("empty resolution sweep")
-    return max(sweep, key=lambda row: (row["visibility"] * row["energy"], -row["k"]))
+
+    def normalised(key: str) -> list[float]:
+        values = [float(row[key]) for row in sweep]
+        lo, hi = min(values), max(values)
+        return [0.5 if hi == lo else (v - lo) / (hi - lo) for v in values]
+
+    gaps = [abs(v - e) for v, e in zip(normalised("visibility"), normalised("energy"))]
+    return min(zip(gaps, sweep), key=lambda pair: (pair[0], pair[1]["k"]))[1]
