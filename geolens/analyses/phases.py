@@ -5,7 +5,7 @@ the top-``k`` right singular vectors of its translator's linear map ``I + A_l``
 (layers ``0..L-1``; layer ``L``'s translator is the identity, which has no
 preferred subspace). RSS between consecutive layers traces a path on
 ``Gr(k, d)``; it is computed for ``k`` as several fractions of ``d``, one ``k`` is
-chosen where visibility (``1 - mean RSS``) and energy (spectral fidelity) balance, and its smoothed curve is split
+chosen on the visibility (``1 - mean RSS``) / energy (spectral fidelity) front (:func:`~geolens.metrics.subspaces.choose_resolution`), and its smoothed curve is split
 into three phases by a two-stage Kneedle. RSS point ``l`` (between layers ``l``
 and ``l + 1``) is attributed to layer ``l``; layer ``L`` takes the last point's phase.
 """
@@ -85,7 +85,7 @@ def phases(
             small-budget one once and caches it (:func:`geolens.lens.cached_tuned_lens`,
             ``budget`` keywords go there).
         fractions: ``k`` as fractions of ``d`` for the resolution sweep.
-        k_fraction: use this fraction instead of the visibility/energy balance.
+        k_fraction: use this fraction instead of the visibility/energy choice.
         smoothing, sensitivity: Gaussian sigma (layers) and Kneedle ``S``.
 
     Returns:

@@ -113,8 +113,8 @@ def resolution_sweep(linear_maps: Float[torch.Tensor, "L d d"], fractions) -> li
     over maps of the fraction of squared singular values kept) and
     ``visibility`` (inter-layer distinguishability: ``1 - mean(rss)``). Small
     ``k`` keeps little of the maps' energy; large ``k`` makes every subspace alike
-    (at ``k = d`` all coincide), so the two pull against each other and
-    :func:`choose_resolution` picks where they balance.
+    (at ``k = d`` all coincide), so the two pull against each other
+    (:func:`choose_resolution`).
 
     Example:
         >>> maps = torch.eye(6, dtype=torch.float64).expand(4, 6, 6) + 0.1 * torch.randn(4, 6, 6, dtype=torch.float64)
@@ -145,24 +145,23 @@ def resolution_sweep(linear_maps: Float[torch.Tensor, "L d d"], fractions) -> li
     return out
 
 
-def choose_resolution(sweep: list[dict[str, object]]) -> dict[str, object]:
-    """The sweep entry where visibility and energy balance: min-max normalise each over the
-    sweep and take the ``k`` where the two are closest (the knee of their Pareto front; ties:
-    the smaller ``k``). A sweep of one entry returns it.
+def choose_resolution(sweep: list[dict[str, object]], *, tolerance: float = 0.05) -> dict[str, object]:
+    """The resolution on the visibility/energy Pareto front where layers are most distinguishable.
+
+    Energy only grows with ``k``; visibility rises, peaks at an intermediate
+    ``k`` and falls as the subspaces fill the space. Below the peak both are
+    lost; past it, energy is bought with distinguishability. The choice is the
+    smallest ``k`` whose visibility is within ``tolerance`` (relative) of the
+    sweep's best.
 
     Example:
-        >>> sweep = [{"k": 1, "visibility": 0.6, "energy": 0.1}, {"k": 5, "visibility": 0.4, "energy": 0.5},
-        ...          {"k": 9, "visibility": 0.1, "energy": 0.9}]
+        >>> sweep = [{"k": 1, "visibility": 0.10, "energy": 0.1}, {"k": 5, "visibility": 0.158, "energy": 0.5},
+        ...          {"k": 9, "visibility": 0.16, "energy": 0.7}, {"k": 20, "visibility": 0.12, "energy": 0.9}]
         >>> choose_resolution(sweep)["k"]
         5
     """
     if not sweep:
         raise ValueError("empty resolution sweep")
-
-    def normalised(key: str) -> list[float]:
-        values = [float(row[key]) for row in sweep]
-        lo, hi = min(values), max(values)
-        return [0.5 if hi == lo else (v - lo) / (hi - lo) for v in values]
-
-    gaps = [abs(v - e) for v, e in zip(normalised("visibility"), normalised("energy"))]
-    return min(zip(gaps, sweep), key=lambda pair: (pair[0], pair[1]["k"]))[1]
+    best = max(float(row["visibility"]) for row in sweep)
+    eligible = [row for row in sweep if float(row["visibility"]) >= (1.0 - tolerance) * best]
+    return min(eligible, key=lambda row: row["k"])

@@ -96,6 +96,9 @@ def test_resolution_sweep_against_per_map_svd():
     assert [row["k"] for row in sweep] == [1, 2, 4]
     energies = [row["energy"] for row in sweep]
     assert energies == sorted(energies)  # more of the spectrum kept as k grows
-    assert choose_resolution(sweep) in sweep
+    chosen = choose_resolution(sweep)
+    top = max(row["visibility"] for row in sweep)
+    assert chosen["visibility"] >= 0.95 * top
+    assert all(row["k"] >= chosen["k"] for row in sweep if row["visibility"] >= 0.95 * top)
     with pytest.raises(ValueError, match=r"\(0, 1\)"):
         resolution_sweep(maps, [1.5])
