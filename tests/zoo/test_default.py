@@ -162,6 +162,7 @@ def test_default_model_matches_hf_and_predicts_paris():
     except RuntimeError as error:
         pytest.skip(str(error))
     assert model.cfg.n_layers == 30 and model.cfg.d_model == 576
+    assert model.cfg.model_name.startswith("SmolLM2-135M-Instruct")
     assert tuple(model.W_U.shape) == (576, 49152)
 
     tokens = model.to_tokens(["The capital of France is"], prepend_bos=False)
