@@ -11,6 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {
+    "first_tour": ("PGA z by layer", "first_tour_pga.html"),
+    "custom_hook": ("blocks.12.ln2.hook_out: PGAScore", "effective rank"),
     "patching_default_model": ("resid_pre: fraction of the clean logit diff restored", "readout V_k"),
     "pc1_ablation": ("cross-entropy", "z_ablated"),
 }
