@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import torch
@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from geolens._validation import check_int
 from geolens.model import ModelAdapter, as_adapter
 
-__all__ = ["SITES", "States", "TokenBatch", "capture", "prepare_tokens", "sample_positions", "site_layers"]
+__all__ = ["SITES", "States", "TokenBatch", "capture", "prepare_tokens", "sample_positions", "site_hook_name",
+           "site_layers"]
 
 RESIDUAL_SITE = "resid_post"
 BLOCK_SITES = ("resid_pre", "resid_mid", "attn_out", "mlp_out")
@@ -104,15 +105,24 @@ class States:
 
     def to(self, device: torch.device | str) -> "States":
         """A copy with every tensor on ``device``."""
-        return States(
+        return replace(
+            self,
             tensors={s: t.to(device) for s, t in self.tensors.items()},
-            layers=dict(self.layers),
-            hook_names=dict(self.hook_names),
             token_ids=self.token_ids.to(device),
             batch_index=self.batch_index.to(device),
             position=self.position.to(device),
-            n_layers=self.n_layers,
-            meta=dict(self.meta),
+        )
+
+    def select(self, sites: Sequence[str]) -> "States":
+        """The same rows, restricted to ``sites`` (tensors shared, not copied)."""
+        missing = [s for s in sites if s not in self.tensors]
+        if missing:
+            raise KeyError(f"sites {missing} were not captured; captured: {sorted(self.tensors)}")
+        return replace(
+            self,
+            tensors={s: self.tensors[s] for s in sites},
+            layers={s: self.layers[s] for s in sites},
+            hook_names={s: self.hook_names[s] for s in sites},
         )
 
     def __repr__(self) -> str:
@@ -136,7 +146,8 @@ def site_layers(site: str, n_layers: int) -> tuple[int, ...]:
     raise ValueError(f"unknown site {site!r}; choose from {SITES}")
 
 
-def _hook_name(adapter: ModelAdapter, site: str, layer: int) -> str:
+def site_hook_name(adapter: ModelAdapter, site: str, layer: int) -> str:
+    """TransformerLens hook name of ``(site, layer)`` in geolens's layer convention (layer not validated)."""
     if site == FINAL_SITE:
         return adapter.final_hook_name
     if site == RESIDUAL_SITE:
@@ -305,7 +316,7 @@ def capture(
     device = adapter.device
 
     out = {site: torch.empty(len(ls), n, adapter.d_model, dtype=dtype, device=device) for site, ls in plan.items()}
-    names = {site: tuple(_hook_name(adapter, site, l) for l in ls) for site, ls in plan.items()}
+    names = {site: tuple(site_hook_name(adapter, site, l) for l in ls) for site, ls in plan.items()}
     # hook name -> list of (site, slot) it fills; one hook can serve two sites.
     targets: dict[str, list[tuple[str, int]]] = {}
     for site, hook_names in names.items():

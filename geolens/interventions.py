@@ -43,7 +43,7 @@ import torch
 from jaxtyping import Float
 
 from geolens._validation import check_finite, check_float_matrix, check_int
-from geolens.capture import FINAL_SITE, RESIDUAL_SITE, capture, site_layers
+from geolens.capture import FINAL_SITE, RESIDUAL_SITE, capture, site_hook_name, site_layers
 from geolens.metrics.grassmann import orthonormal_basis
 from geolens.metrics.preprocess import center, principal_directions
 from geolens.model import ModelAdapter, as_adapter
@@ -115,9 +115,7 @@ def hook_name_for(adapter: ModelAdapter, site: str, layer: int) -> str:
     layer = check_int(layer, "layer")
     if layer not in valid:
         raise ValueError(f"layer {layer} is not valid for site {site!r}; valid layers: {valid[0]}..{valid[-1]}")
-    if site == RESIDUAL_SITE:
-        return adapter.hook_name("resid_pre", 0) if layer == 0 else adapter.hook_name("resid_post", layer - 1)
-    return adapter.hook_name(site, layer - 1)
+    return site_hook_name(adapter, site, layer)
 
 
 def _reference_mean(

@@ -142,3 +142,16 @@ def test_capture_stops_the_forward_after_the_last_wanted_hook(any_model):
         geolens.capture(any_model, tokens, sites=("final",), progress=False)
         assert len(calls) == 1
     assert states.layers["resid_post"] == (1,)
+
+
+def test_states_select_and_to_keep_rows(native_bridge):
+    adapter = as_adapter(native_bridge)
+    states = geolens.capture(native_bridge, torch.randint(0, adapter.d_vocab, (2, 8)), sites=("resid_post", "final"),
+                             progress=False)
+    final = states.select(["final"])
+    assert final.sites == ("final",) and final["final"] is states["final"]
+    assert torch.equal(final.position, states.position) and final.layers == {"final": states.layers["final"]}
+    moved = states.to("cpu")
+    assert torch.equal(moved["resid_post"], states["resid_post"]) and moved.hook_names == states.hook_names
+    with pytest.raises(KeyError, match="attn_out"):
+        states.select(["attn_out"])

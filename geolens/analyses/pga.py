@@ -96,10 +96,7 @@ def pga(
             raise ValueError(f"states hold sites {list(states.sites)}, not {site!r}")
         if states.d_model != adapter.d_model:
             raise ValueError(f"states have d = {states.d_model} but the model has d_model = {adapter.d_model}")
-        states = States(tensors={s: states[s] for s in wanted}, layers={s: states.layers[s] for s in wanted},
-                        hook_names={s: states.hook_names[s] for s in wanted}, token_ids=states.token_ids,
-                        batch_index=states.batch_index, position=states.position, n_layers=states.n_layers,
-                        meta=states.meta)
+        states = states.select(wanted)
     basis = readout_basis(adapter.unembed_matrix(readout), k)
     result = pga_of_states(states, basis, n_null=n_null, ccr=ccrs, seed=seed, progress=progress)
     result.params.update(
