@@ -43,7 +43,7 @@ from geolens.metrics.distances import (
 )
 from geolens.metrics._rank_kernels import ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
-from geolens.metrics.preprocess import center
+from geolens.metrics.preprocess import center, check_ccr
 
 __all__ = ["PGAScore", "subspace_pga", "rank_alignment"]
 
@@ -132,9 +132,7 @@ def subspace_pga(
     k = readout.shape[1]
     if k >= d:
         raise ValueError(f"k must be < d = {d} (k = d is the whole space), got k = {k}")
-    ccr = check_int(ccr, "ccr", low=0)
-    if ccr >= min(n - 1, d):
-        raise ValueError(f"ccr = {ccr} removes every direction of {n} states in d = {d}; need ccr < {min(n - 1, d)}")
+    ccr = check_ccr(ccr, n, d)
     if null_subspaces is None:
         n_null = check_int(n_null, "n_null", low=2)
         null_subspaces = random_subspaces(d, k, n_null, seed=seed, dtype=dtype, device=states.device)

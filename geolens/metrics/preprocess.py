@@ -18,7 +18,15 @@ from jaxtyping import Float
 
 from geolens._validation import check_float_matrix, check_int
 
-__all__ = ["center", "principal_directions", "remove_common_components"]
+__all__ = ["center", "check_ccr", "principal_directions", "remove_common_components"]
+
+
+def check_ccr(m: object, n: int, d: int) -> int:
+    """``m`` as an int that leaves ``n`` states in ``R^d`` at least one direction with variance."""
+    m = check_int(m, "ccr", low=0)
+    if m >= min(n - 1, d):
+        raise ValueError(f"ccr = {m} removes every direction of {n} states in d = {d}; need ccr < {min(n - 1, d)}")
+    return m
 
 
 def center(states: Float[torch.Tensor, "N d"]) -> Float[torch.Tensor, "N d"]:
@@ -47,9 +55,7 @@ def remove_common_components(states: Float[torch.Tensor, "N d"], m: int) -> Floa
     """
     states = check_float_matrix(states, "states", min_rows=2)
     n, d = states.shape
-    m = check_int(m, "ccr", low=0)
-    if m >= min(n - 1, d):
-        raise ValueError(f"ccr = {m} removes every direction of {n} states in d = {d}; need ccr < {min(n - 1, d)}")
+    m = check_ccr(m, n, d)
     centred = center(states)
     if m == 0:
         return centred
