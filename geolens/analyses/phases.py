@@ -74,6 +74,7 @@ def phases(
     seed: int = 0,
     cache_dir=None,
     progress: bool = True,
+    max_length: int | None = None,
     **budget,
 ) -> PhasesResult:
     """Three-phase analysis of ``model``: RSS of the tuned lens's readout subspaces, phases, diagnostics.
@@ -87,6 +88,8 @@ def phases(
         fractions: ``k`` as fractions of ``d`` for the resolution sweep.
         k_fraction: use this fraction instead of the visibility/energy choice.
         smoothing, sensitivity: Gaussian sigma (layers) and Kneedle ``S``.
+        n_tokens, seed: positions sampled (seeded) for the diagnostics.
+        max_length: cut each text to this many tokens for the diagnostics (default: whole texts).
 
     Returns:
         :class:`PhasesResult`; ``params`` has ``k``, ``b1``, ``b2``, ``found``, ``reason``
@@ -118,8 +121,10 @@ def phases(
         n = chosen["rss"].numel()
         split = PhaseSplit(False, None, None, int(chosen["rss"].argmax()), [None] * n, chosen["rss"].tolist(), str(err))
 
-    upd = updates(adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress).to_pandas().set_index("layer")
-    quality = evaluate(lens, adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress).to_pandas()
+    upd = updates(adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress,
+                  max_length=max_length).to_pandas().set_index("layer")
+    quality = evaluate(lens, adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress,
+                       max_length=max_length).to_pandas()
     hits = {kind: part.set_index("layer") for kind, part in quality.groupby("lens")}
 
     n_points = chosen["rss"].numel()
@@ -141,6 +146,7 @@ def phases(
         "found": split.found, "reason": split.reason, "smoothing": smoothing, "sensitivity": sensitivity,
         "sweep": [{key: entry[key] for key in ("fraction", "k", "energy", "visibility")} for entry in sweep],
         "lens_training": getattr(lens, "training_info", {}).get("budget", None), "seed": seed,
+        "n_tokens": n_tokens, "max_length": max_length,
     }
     if split.found:
         depth = adapter.n_layers + 1

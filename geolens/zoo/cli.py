@@ -1,0 +1,171 @@
+"""``geolens zoo train`` and ``geolens zoo report``: the offline width family from the command line.
+
+Example:
+    $ geolens zoo train --widths 64,128,256,512 --layers 6 --steps 400
+    $ geolens zoo report --widths 64,128,256,512 --layers 6 --steps 400 --out out/zoo
+    $ geolens zoo report --quick --train --widths 32,64 --layers 4 --steps 100   # a small study end to end
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_zoo_parser", "run_zoo"]
+
+# Family flags -> ZooConfig fields. Left unset, a flag keeps the default (or the family found in --dir).
+_FAMILY_FLAGS = {"widths": "widths", "layers": "n_layers", "d_head": "d_head", "vocab_size": "vocab_size",
+                 "seq_len": "seq_len", "batch_size": "batch_size", "steps": "steps", "lr": "lr", "seed": "seed",
+                 "checkpoints": "checkpoints"}
+
+
+def _int_list(text: str) -> list[int]:
+    from geolens.cli import _int_list as parse
+
+    return parse(text)
+
+
+def _positive(text: str) -> int:
+    from geolens.cli import _positive as parse
+
+    return parse(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _at(text: str) -> str | list[int]:
+    return text if text in ("all", "final") else _int_list(text)
+
+
+def _analyses(text: str) -> list[str]:
+    from geolens.zoo.report import ZOO_ANALYSES
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in ZOO_ANALYSES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown analyses {unknown or text!r}; choose from {list(ZOO_ANALYSES)}")
+    return names
+
+
+def _family_parser() -> argparse.ArgumentParser:
+    family = argparse.ArgumentParser(add_help=False)
+    group = family.add_argument_group("the family (default: widths 64,128,256,512, 6 layers, 400 steps)")
+    group.add_argument("--widths", type=_int_list, default=None, help="d_model of each member, comma-separated")
+    group.add_argument("--layers", type=_positive, default=None, help="blocks per model")
+    group.add_argument("--d-head", type=_positive, default=None, help="head size (heads = width / d_head)")
+    group.add_argument("--vocab-size", type=_positive, default=None, help="BPE vocabulary trained on the corpus")
+    group.add_argument("--seq-len", type=_positive, default=None, help="tokens per training window")
+    group.add_argument("--batch-size", type=_positive, default=None, help="windows per step")
+    group.add_argument("--steps", type=_positive, default=None, help="training steps")
+    group.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate")
+    group.add_argument("--seed", type=int, default=None, help="initialisation and data order")
+    group.add_argument("--checkpoints", type=_int_list, default=None,
+                       help="steps to save (default 0, powers of two from 16, and the last)")
+    group.add_argument("--dir", default=None, help="the family's folder (default: <cache>/zoo/<family key>)")
+    family.add_argument("--no-progress", action="store_true")
+    return family
+
+
+def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``zoo train`` and ``zoo report`` to the ``geolens`` command's sub-parsers."""
+    family = _family_parser()
+    zoo = sub.add_parser("zoo", help="train and study a family of small GPT-NeoX models that differ only in width")
+    actions = zoo.add_subparsers(dest="zoo_command", required=True)
+    train = actions.add_parser("train", parents=[family], help="train (or resume) every member of the family")
+    train.add_argument("--stop-at", type=int, default=None, help="train only up to this step (resume later)")
+    report = actions.add_parser("report", parents=[family],
+                                help="PGA (CCR sweep), spectra and phases on every member and checkpoint")
+    report.add_argument("--out", default="out/zoo", help="output folder")
+    report.add_argument("--train", action="store_true", help="train the members that are missing first")
+    report.add_argument("--at", type=_at, default="all",
+                        help="checkpoints to analyse: all, final, or comma-separated steps")
+    report.add_argument("--analyses", type=_analyses, default=None, help="among pga,spectrum,phases (default all)")
+    report.add_argument("--quick", action="store_true", help="small budgets (seconds per checkpoint)")
+    report.add_argument("--n-texts", type=_positive, default=None, help="held-out texts analysed")
+    report.add_argument("--n-tokens", type=_positive, default=None, help="token positions sampled")
+    report.add_argument("--n-null", type=_positive, default=None, help="random subspaces in the PGA null")
+    report.add_argument("--ccr", type=_int_list, default=None, help="CCR values, comma-separated")
+    report.add_argument("--k-fraction", type=_positive_float, default=None, help="readout k as a fraction of d")
+    report.add_argument("--lens-steps", type=_positive, default=None, help="tuned-lens training steps")
+
+
+def _zoo_of(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The family the flags describe: from ``--dir`` if it holds one (flags must agree), else built from the flags."""
+    from geolens.zoo.train import FAMILY_FILE, Zoo, ZooConfig, zoo_root
+
+    given = {field: getattr(args, flag) for flag, field in _FAMILY_FLAGS.items() if getattr(args, flag) is not None}
+    if "checkpoints" in given:
+        given["checkpoints"] = tuple(given["checkpoints"])
+    if "widths" in given:
+        given["widths"] = tuple(given["widths"])
+    if args.dir is not None and (Path(args.dir).expanduser() / FAMILY_FILE).is_file():
+        zoo = Zoo.open(args.dir, widths=given.get("widths"))
+        clash = {k: v for k, v in given.items() if k != "widths" and getattr(zoo.config, k) != v}
+        if clash:
+            parser.error(f"--dir {args.dir} holds a family with other settings than {clash}: "
+                         f"{zoo.config.family()}; leave those flags out or choose another --dir")
+        return zoo
+    try:
+        config = ZooConfig(**given)
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
+    return Zoo(config, zoo_root(config, args.dir))
+
+
+def run_zoo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``geolens zoo train|report``; returns the exit code."""
+    import pandas as pd
+
+    from geolens.zoo.train import train_zoo
+
+    zoo = _zoo_of(args, parser)
+    progress = not args.no_progress
+    if args.zoo_command == "train" or args.train:
+        stop_at = getattr(args, "stop_at", None)
+        if stop_at is not None and not 0 <= stop_at <= zoo.config.steps:
+            parser.error(f"--stop-at must lie in [0, {zoo.config.steps}], got {stop_at}")
+        zoo = train_zoo(zoo.config, zoo.root, stop_at=stop_at, progress=progress)
+        with pd.option_context("display.width", 160, "display.max_colwidth", 80):
+            print(zoo.to_pandas().drop(columns="path").to_string(index=False))
+        print(f"zoo: {zoo.root} (train time {zoo.train_time_s} s)")
+        if args.zoo_command == "train":
+            return 0
+    return _report(zoo, args, parser, progress)
+
+
+def _report(zoo, args: argparse.Namespace, parser: argparse.ArgumentParser, progress: bool) -> int:
+    import pandas as pd
+
+    from geolens.zoo.report import ZOO_ANALYSES, ZooReportSettings, zoo_report
+
+    overrides: dict[str, Any] = {name: getattr(args, name) for name in
+                                 ("n_texts", "n_tokens", "n_null", "k_fraction", "lens_steps")
+                                 if getattr(args, name) is not None}
+    if args.ccr is not None:
+        overrides["ccr"] = tuple(args.ccr)
+    if args.k_fraction is not None and not args.k_fraction < 1:
+        parser.error(f"--k-fraction must be below 1, got {args.k_fraction}")
+    settings = (ZooReportSettings.quick if args.quick else ZooReportSettings)(progress=progress, **overrides)
+    try:
+        result = zoo_report(zoo, args.out, checkpoints=args.at, analyses=args.analyses or ZOO_ANALYSES,
+                            settings=settings)
+    except FileNotFoundError as err:
+        print(f"geolens zoo report: {err} (or pass --train)", file=sys.stderr)
+        return 1
+    except ValueError as err:
+        parser.error(str(err))
+    with pd.option_context("display.width", 200, "display.precision", 3, "display.max_columns", 30):
+        print(result.summary().to_string(index=False))
+    for name, path in result.params["paths"].items():
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,348 @@
+"""The width study: PGA (CCR sweep), spectra and phases on every member and checkpoint of a zoo family.
+
+Each ``(width, step)`` checkpoint is booted as a ``TransformerBridge`` in turn
+(one model in memory at a time) and analysed on the same held-out texts (the
+zoo's held-out split, never trained on): the residual stream and the
+post-``ln_final`` state are captured once and scored by subspace PGA with the
+CCR sweep and by the spectral metrics; the three-phase analysis gets a
+small-budget tuned lens per checkpoint, trained on other held-out texts and
+cached in the member's folder. The training log adds the held-out loss.
+
+Widths differ, so depth is compared as *relative depth* ``layer / n_layers``
+and the readout dimension is a fixed fraction of the width
+(``k = round(k_fraction * d)``, default 0.2: ``k = 102`` at ``d = 512``, close
+to the paper's ``k = 100``).
+
+Example:
+    >>> zoo = geolens.zoo.train_zoo()                                  # doctest: +SKIP
+    >>> res = zoo_report(zoo, out_dir="out/zoo")                        # doctest: +SKIP
+    >>> res.plot(ccr=1)            # z by relative depth, one line per width   # doctest: +SKIP
+    >>> res.plot_training("pga.z") # mean z over layers vs training step       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from geolens._validation import check_int
+from geolens.results import Result
+
+__all__ = ["ZOO_ANALYSES", "ZooReportSettings", "ZooResult", "zoo_report"]
+
+ZOO_ANALYSES = ("pga", "spectrum", "phases")
+
+
+@dataclass
+class ZooReportSettings:
+    """Budgets of the width study (the defaults take about 10 minutes for the default family on 2 cores)."""
+
+    n_texts: int = 32
+    max_length: int = 128
+    n_tokens: int = 512
+    k_fraction: float = 0.2
+    n_null: int = 100
+    ccr: Sequence[int] = (1, 5, 10)
+    lens_steps: int = 40
+    lens_tokens_per_step: int = 512
+    lens_texts: int = 150
+    seed: int = 0
+    progress: bool = True
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> "ZooReportSettings":
+        """Small budgets (seconds per checkpoint): 8 texts, 256 positions, 20 nulls, CCR 0 and 1, a 10-step lens."""
+        preset = dict(n_texts=8, max_length=64, n_tokens=256, n_null=20, ccr=(0, 1), lens_steps=10,
+                      lens_tokens_per_step=256, lens_texts=40)
+        return cls(**{**preset, **overrides})
+
+    def k(self, d_model: int) -> int:
+        return min(d_model - 1, max(1, round(self.k_fraction * d_model)))
+
+
+@dataclass(repr=False)
+class ZooResult(Result):
+    """One row per number: ``width, step, tokens, analysis, site, layer, relative_depth, ccr, metric, value``.
+
+    ``metric`` is ``"<analysis>.<column>"`` (``"pga.z"``, ``"spectrum.effective_rank"``,
+    ``"phases.rss"``, ``"loss.eval"``); ``ccr`` is set on PGA rows; loss rows have no layer.
+    """
+
+    title: ClassVar[str] = "ZooResult"
+
+    def _summary(self) -> str:
+        return f"widths={self.params.get('widths')}, steps={self.params.get('steps')}"
+
+    def select(self, metric: str, *, ccr: int | None = None, step: int | None = None,
+               site: str = "resid_post") -> pd.DataFrame:
+        """Rows of one metric (at one CCR for PGA metrics; at ``step``, default each width's last)."""
+        table = self.to_pandas()
+        if metric not in set(table["metric"]):
+            raise ValueError(f"unknown metric {metric!r}; available: {sorted(set(table['metric']))}")
+        part = table[table["metric"] == metric]
+        if metric.startswith("pga."):
+            ccrs = sorted(int(c) for c in part["ccr"].dropna().unique())
+            ccr = ccrs[0] if ccr is None else ccr
+            if ccr not in ccrs:
+                raise ValueError(f"ccr={ccr} was not computed; the sweep has {ccrs}")
+            part = part[part["ccr"] == ccr]
+        if part["layer"].notna().any():
+            part = part[part["site"] == site]
+        if step is None:
+            last = part.groupby("width")["step"].transform("max")
+            return part[part["step"] == last]
+        if step not in set(part["step"]):
+            raise ValueError(f"step {step} was not analysed; steps are {sorted(set(part['step']))}")
+        return part[part["step"] == step]
+
+    def plot(self, metric: str = "pga.z", *, ccr: int | None = None, step: int | None = None):
+        """``metric`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest CCR)."""
+        import plotly.graph_objects as go
+
+        part = self.select(metric, ccr=ccr, step=step)
+        fig = go.Figure()
+        if metric == "pga.z":
+            fig.add_hrect(y0=-1.96, y1=1.96, fillcolor="grey", opacity=0.15, line_width=0)
+        for width, line in part.groupby("width", sort=True):
+            line = line.sort_values("relative_depth")
+            fig.add_trace(go.Scatter(x=line["relative_depth"], y=line["value"], mode="lines+markers",
+                                     name=f"d = {width}", customdata=line[["layer", "step"]],
+                                     hovertemplate="layer %{customdata[0]} (step %{customdata[1]})"
+                                                   "<br>%{y:.3f}<extra></extra>"))
+        which = f", CCR-{int(part['ccr'].iloc[0])}" if metric.startswith("pga.") else ""
+        when = "final step" if step is None else f"step {step}"
+        fig.update_layout(title=f"{metric} by relative depth, one line per width ({when}{which})",
+                          xaxis_title="relative depth (layer / n_layers)", yaxis_title=metric,
+                          template="plotly_white", legend_title="width")
+        return fig
+
+    def plot_training(self, metric: str = "pga.z", *, ccr: int | None = None, site: str = "resid_post"):
+        """``metric`` against training step, one line per width (averaged over layers 1..L-1 for per-layer metrics)."""
+        import plotly.graph_objects as go
+
+        table = self.to_pandas()
+        steps = sorted(set(table["step"]))
+        parts = [self.select(metric, ccr=ccr, step=s, site=site) for s in steps
+                 if not table[(table["metric"] == metric) & (table["step"] == s)].empty]
+        part = pd.concat(parts)
+        if part["layer"].notna().any():
+            inner = part[(part["layer"] >= 1) & (part["layer"] < part["n_layers"])]
+            part = inner if not inner.empty else part
+        curve = part.groupby(["width", "step", "tokens"], as_index=False)["value"].mean()
+        fig = go.Figure()
+        for width, line in curve.groupby("width", sort=True):
+            fig.add_trace(go.Scatter(x=line["tokens"], y=line["value"], mode="lines+markers", name=f"d = {width}",
+                                     customdata=line[["step"]], hovertemplate="step %{customdata[0]}<br>%{y:.3f}"
+                                                                              "<extra></extra>"))
+        averaged = " (mean over layers 1..L-1)" if part["layer"].notna().any() else ""
+        fig.update_layout(title=f"{metric}{averaged} over training, one line per width",
+                          xaxis_title="training tokens", yaxis_title=metric, template="plotly_white",
+                          legend_title="width")
+        return fig
+
+    def summary(self) -> pd.DataFrame:
+        """One row per width at its last step: held-out loss, PGA z (mean, min, final state) per CCR, phases."""
+        table = self.to_pandas()
+        rows = []
+        for width, part in table.groupby("width", sort=True):
+            last = part[part["step"] == part["step"].max()]
+            row: dict[str, Any] = {"width": width, "step": int(last["step"].iloc[0])}
+            loss = last[last["metric"] == "loss.eval"]["value"]
+            row["eval_loss"] = float(loss.iloc[0]) if len(loss) else float("nan")
+            pga = last[last["metric"] == "pga.z"]
+            for ccr, by_ccr in pga.groupby("ccr", sort=True):
+                inner = by_ccr[(by_ccr["site"] == "resid_post") & (by_ccr["layer"] >= 1)
+                               & (by_ccr["layer"] < by_ccr["n_layers"])]
+                final = by_ccr[by_ccr["site"] == "final"]["value"]
+                row[f"z_mean CCR-{int(ccr)}"] = float(inner["value"].mean())
+                row[f"z_min CCR-{int(ccr)}"] = float(inner["value"].min())
+                row[f"z_final CCR-{int(ccr)}"] = float(final.iloc[0]) if len(final) else float("nan")
+            erank = last[(last["metric"] == "spectrum.effective_rank")]["value"]
+            if len(erank):
+                row["effective_rank_mean"] = float(erank.mean())
+            breaks = self.params.get("phases", {}).get(str(width), {})
+            row["phase_b1"], row["phase_b2"] = breaks.get("b1"), breaks.get("b2")
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def _checkpoint_rows(zoo, width: int, step: int, texts, lens_texts, settings: ZooReportSettings,
+                     analyses: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every number of one checkpoint, in the long format, and the phase split found."""
+    from geolens.analyses.checkpoints import _long_rows
+    from geolens.analyses.pga import pga
+    from geolens.analyses.phases import phases
+    from geolens.analyses.spectrum import spectrum_of_states
+    from geolens.capture import FINAL_SITE, RESIDUAL_SITE, capture
+    from geolens.lens import cached_tuned_lens
+    from geolens.metrics.spectral import ALPHA_FIT_RANGE
+    from geolens.model import as_adapter
+
+    adapter = as_adapter(zoo.load(width, step))
+    d, n_layers = adapter.d_model, adapter.n_layers
+    results: dict[str, Result] = {}
+    if "pga" in analyses or "spectrum" in analyses:
+        states = capture(adapter, texts, sites=(RESIDUAL_SITE, FINAL_SITE), n_tokens=settings.n_tokens,
+                         seed=settings.seed, max_length=settings.max_length, progress=False)
+        if "pga" in analyses:
+            results["pga"] = pga(adapter, None, k=settings.k(d), n_null=settings.n_null, ccr=list(settings.ccr),
+                                 seed=settings.seed, progress=False, states=states)
+        if "spectrum" in analyses:
+            stop = min(ALPHA_FIT_RANGE[1], states.n_tokens, d)
+            results["spectrum"] = spectrum_of_states(states, site=RESIDUAL_SITE, progress=False,
+                                                     alpha_fit_range=(min(ALPHA_FIT_RANGE[0], stop - 2), stop))
+    split: dict[str, Any] = {}
+    if "phases" in analyses:
+        lens = cached_tuned_lens(adapter, None, zoo.member_dir(width) / "lenses", train_texts=lens_texts,
+                                 seed=settings.seed, progress=False, steps=settings.lens_steps,
+                                 tokens_per_step=settings.lens_tokens_per_step)
+        results["phases"] = phases(adapter, texts, lens=lens, n_tokens=settings.n_tokens, seed=settings.seed,
+                                   max_length=settings.max_length, progress=False)
+        split = {key: results["phases"].params.get(key) for key in ("k", "b1", "b2", "found", "reason")}
+    del adapter
+
+    rows: list[dict[str, Any]] = []
+    tokens = step * zoo.config.batch_size * zoo.config.seq_len
+    for name, result in results.items():
+        for row in _long_rows(step, 0, name, result):
+            row.pop("checkpoint"), row.pop("order")
+            layer = row["layer"]
+            rows.append({"width": width, "step": step, "tokens": tokens, "n_layers": n_layers, **row,
+                         "relative_depth": None if layer is None else layer / n_layers})
+    logged = {c["step"]: c for c in zoo.log(width)["checkpoints"]}.get(step, {})
+    for kind in ("eval", "train"):
+        if logged.get(f"{kind}_loss") is not None:
+            rows.append({"width": width, "step": step, "tokens": tokens, "n_layers": n_layers, "analysis": "loss",
+                         "site": None, "layer": None, "ccr": None, "metric": f"loss.{kind}",
+                         "value": float(logged[f"{kind}_loss"]), "relative_depth": None})
+    return rows, split
+
+
+def _steps_to_run(zoo, width: int, checkpoints: str | Sequence[int]) -> list[int]:
+    saved = zoo.steps(width)
+    if not zoo.is_trained(width):
+        raise FileNotFoundError(f"width {width} of {zoo.root} is not trained to step {zoo.config.steps} "
+                                f"(saved: {saved}); run `geolens zoo train` with the same settings first")
+    if checkpoints == "all":
+        return saved
+    if checkpoints == "final":
+        return [zoo.config.steps]
+    if isinstance(checkpoints, str):
+        raise ValueError(f"checkpoints must be 'all', 'final' or a list of steps, got {checkpoints!r}")
+    missing = [s for s in checkpoints if s not in saved]
+    if missing:
+        raise ValueError(f"steps {missing} are not saved checkpoints; saved steps: {saved}")
+    return sorted(set(int(s) for s in checkpoints))
+
+
+def zoo_report(
+    zoo,
+    out_dir: str | Path | None = "out/zoo",
+    *,
+    checkpoints: str | Sequence[int] = "all",
+    analyses: Sequence[str] = ZOO_ANALYSES,
+    settings: ZooReportSettings | None = None,
+    **overrides: Any,
+) -> ZooResult:
+    """Analyse every member (and checkpoint) of a trained zoo; write ``zoo.html``, ``zoo.csv``, ``zoo.json``.
+
+    Args:
+        zoo: a :class:`~geolens.zoo.train.Zoo` (from :func:`~geolens.zoo.train.train_zoo` or ``Zoo.open``).
+        out_dir: where the page and the numbers go; ``None`` writes nothing.
+        checkpoints: ``"all"`` saved steps, ``"final"``, or a list of steps.
+        analyses: among ``"pga"`` (with the CCR sweep), ``"spectrum"``, ``"phases"``.
+        settings: budgets (:class:`ZooReportSettings`; ``ZooReportSettings.quick()`` for small ones);
+            ``overrides`` set its fields (``n_tokens=256``, ``ccr=(0, 1)``).
+
+    Returns:
+        :class:`ZooResult`: ``.plot()`` (z by relative depth per width), ``.plot_training()``,
+        ``.summary()``; ``params["paths"]`` lists the files written.
+
+    Example:
+        >>> res = zoo_report(Zoo.open(path), checkpoints="final", n_null=50)   # doctest: +SKIP
+        >>> res.summary()                                                    # doctest: +SKIP
+    """
+    from geolens.zoo.corpus import zoo_split
+
+    started = time.perf_counter()
+    settings = replace(settings or ZooReportSettings(), **overrides) if overrides else (settings or ZooReportSettings())
+    unknown = [a for a in analyses if a not in ZOO_ANALYSES]
+    if unknown or not analyses:
+        raise ValueError(f"unknown analyses {unknown or list(analyses)}; choose from {list(ZOO_ANALYSES)}")
+    for name in ("n_texts", "max_length", "n_tokens", "n_null", "lens_steps", "lens_tokens_per_step", "lens_texts"):
+        check_int(getattr(settings, name), name, low=1)
+    if not 0 < settings.k_fraction < 1:
+        raise ValueError(f"k_fraction must lie in (0, 1), got {settings.k_fraction!r}")
+    plan = {width: _steps_to_run(zoo, width, checkpoints) for width in zoo.config.widths}
+
+    _, held_out = zoo_split()
+    if settings.n_texts + settings.lens_texts > len(held_out):
+        raise ValueError(f"n_texts + lens_texts = {settings.n_texts + settings.lens_texts} exceeds the "
+                         f"{len(held_out)} held-out texts")
+    texts, lens_texts = held_out[: settings.n_texts], held_out[settings.n_texts:][: settings.lens_texts]
+
+    rows: list[dict[str, Any]] = []
+    splits: dict[str, Any] = {}
+    jobs = [(width, step) for width, steps in plan.items() for step in steps]
+    bar = tqdm(jobs, desc="zoo report", disable=not settings.progress)
+    for width, step in bar:
+        bar.set_postfix_str(f"d={width} step {step}")
+        try:
+            found, split = _checkpoint_rows(zoo, width, step, texts, lens_texts, settings, analyses)
+        except ValueError as err:
+            raise ValueError(f"zoo d={width} step {step}: {err}") from err
+        rows.extend(found)
+        if split and step == plan[width][-1]:
+            splits[str(width)] = split
+    params = {
+        "zoo": str(zoo.root), "family": zoo.config.family(), "widths": list(zoo.config.widths),
+        "steps": sorted({s for steps in plan.values() for s in steps}), "analyses": list(analyses),
+        "k": {str(w): settings.k(w) for w in zoo.config.widths}, "phases": splits,
+        "texts": f"{len(texts)} held-out BBC News texts", "lens_texts": len(lens_texts),
+        **{key: (list(value) if isinstance(value, tuple) else value)
+           for key, value in vars(settings).items() if key != "progress"},
+    }
+    result = ZooResult(rows=rows, params=params)
+    result.params["run_time_s"] = round(time.perf_counter() - started, 1)
+    if out_dir is not None:
+        result.params["paths"] = {name: str(path) for name, path in write_zoo_report(result, Path(out_dir)).items()}
+    return result
+
+
+def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
+    """``zoo.html`` (figures, the per-width summary, parameters, versions), ``zoo.csv`` and ``zoo.json``."""
+    from geolens.report import versions, write_html
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"zoo.csv": out_dir / "zoo.csv", "zoo.json": out_dir / "zoo.json", "zoo.html": out_dir / "zoo.html"}
+    result.to_pandas().to_csv(paths["zoo.csv"], index=False)
+    result.save(paths["zoo.json"])
+    table = result.to_pandas()
+    metrics = set(table["metric"])
+    figures = []
+    if "pga.z" in metrics:
+        figures += [result.plot("pga.z", ccr=int(c)) for c in sorted(table["ccr"].dropna().unique())]
+        figures.append(result.plot_training("pga.z"))
+    if "loss.eval" in metrics:
+        figures.append(result.plot_training("loss.eval"))
+    for metric in ("spectrum.effective_rank", "spectrum.alpha_req", "phases.rss"):
+        if metric in metrics:
+            figures.append(result.plot(metric))
+    if "spectrum.effective_rank" in metrics:
+        figures.append(result.plot_training("spectrum.effective_rank"))
+    summary = Result(rows=result.summary().to_dict("records"),
+                     params={k: v for k, v in result.params.items() if k not in ("paths", "phases")})
+    meta = {"zoo": result.params["zoo"], "widths": result.params["widths"], "steps": result.params["steps"],
+            "run_time_s": result.params.get("run_time_s"), "versions": versions()}
+    write_html(paths["zoo.html"], title="geolens zoo — geometry across widths",
+               sections=[("Width study: PGA, spectra and phases by relative depth and over training", summary,
+                          figures, None)], meta=meta)
+    (out_dir / "zoo_meta.json").write_text(json.dumps(meta, indent=1))
+    paths["zoo_meta.json"] = out_dir / "zoo_meta.json"
+    return paths
