@@ -2,20 +2,25 @@
 
 Each section is one analysis (see :data:`SECTIONS`); a section that fails is
 shown in the page with its error while the others still run. Every number is
-also written as ``<section>.csv`` and ``<section>.json``.
+also written as ``<section>.csv`` and ``<section>.json`` (strict JSON), and the
+run itself (settings, versions, times, errors) as ``meta.json``.
+``quick=True`` (``geolens report --quick``) runs every section on the small
+budgets of :data:`QUICK`.
 
 Example:
-    >>> paths = geolens.report.report(out_dir="out/report")      # doctest: +SKIP
+    >>> paths = geolens.report.report(out_dir="out/report")              # doctest: +SKIP
+    >>> paths = geolens.report.report(out_dir="out/quick", quick=True)   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import copy
 import html
-import json
 import platform
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,9 +36,9 @@ from geolens.analyses.updates import updates
 from geolens.capture import FINAL_SITE, RESIDUAL_SITE, States, capture
 from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
-from geolens.results import Result
+from geolens.results import Result, json_text
 
-__all__ = ["DEFAULT_SECTIONS", "SECTIONS", "ReportSettings", "report", "versions", "write_html"]
+__all__ = ["DEFAULT_SECTIONS", "QUICK", "SECTIONS", "ReportSettings", "report", "versions", "write_html"]
 
 
 def versions() -> dict[str, str]:
@@ -47,9 +52,38 @@ def versions() -> dict[str, str]:
     return out
 
 
+# Small budgets for every section: a whole report of the default model (30 layers, d = 576) in
+# about a minute on 2 CPU cores, to see that everything runs and roughly what it shows.
+QUICK: dict[str, Any] = {
+    "n_texts": 8,
+    "max_length": 64,
+    "n_tokens": 256,
+    "n_null": 20,
+    "ccr": (0, 1),
+    "probe_texts": 50,
+    "probe_folds": 3,
+    "convergence_positions": 128,
+    # A tuned lens of 4 x 32 tokens (the report's default is 25 x 128): seconds instead of minutes;
+    # it has its own cache entry, so it never stands in for a lens trained on the full budget.
+    "lens_budget": {"steps": 4, "tokens_per_step": 32, "seq_len": 64, "n_train_texts": 32},
+}
+
+# Fields that hold work in progress rather than settings: never set by users, never recorded.
+_STATE_FIELDS = ("results", "states")
+
+
 @dataclass
 class ReportSettings:
-    """Budgets of every section (the defaults run in a few minutes on 2 CPU cores)."""
+    """Budgets of every section (the defaults run in a few minutes on 2 CPU cores).
+
+    ``lens_budget`` goes to :func:`geolens.lens.cached_tuned_lens` (keys ``steps``,
+    ``tokens_per_step``, ``seq_len``, ``n_train_texts``; ``None`` = its
+    ``REPORT_BUDGET``) for the lens and phases sections.
+
+    Example:
+        >>> ReportSettings.quick_preset(n_tokens=400).n_tokens, ReportSettings.quick_preset().n_texts
+        (400, 8)
+    """
 
     n_texts: int = 32
     max_length: int = 128
@@ -63,9 +97,51 @@ class ReportSettings:
     probe_folds: int = 5
     convergence_positions: int = 512
     alpha_fit_range: tuple[int, int] | None = None  # default (5, 100), clipped to what the spectrum has
+    lens_budget: dict[str, int] | None = None
+    quick: bool = False  # made from the QUICK preset (recorded, so a quick report is never mistaken for a full one)
     progress: bool = True
     results: dict[str, Result] = field(default_factory=dict)  # sections done so far, for later ones
     states: States | None = None  # residual stream + final state, captured once for PGA and spectra
+
+    @classmethod
+    def quick_preset(cls, **overrides: Any) -> "ReportSettings":
+        """The small budgets of :data:`QUICK`, with ``overrides`` on top (they win).
+
+        Example:
+            >>> s = ReportSettings.quick_preset(ccr=1)
+            >>> s.quick, s.n_tokens, s.ccr
+            (True, 256, 1)
+        """
+        settings = cls(**copy.deepcopy(QUICK), quick=True)
+        settings.update(**overrides)
+        return settings
+
+    def update(self, **overrides: Any) -> "ReportSettings":
+        """Set fields by name (``TypeError`` for a name that is not a setting); returns ``self``.
+
+        Example:
+            >>> ReportSettings().update(n_tokens=512).n_tokens
+            512
+        """
+        names = {f.name for f in fields(self)} - set(_STATE_FIELDS)
+        for key, value in overrides.items():
+            if key not in names:
+                raise TypeError(f"unknown report setting {key!r}; choose from {sorted(names)}")
+            setattr(self, key, value)
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """The effective settings, for meta.json and the page (``lens_budget`` filled in from the default).
+
+        Example:
+            >>> ReportSettings().as_dict()["lens_budget"]["steps"]
+            25
+        """
+        from geolens.lens.evaluate import REPORT_BUDGET
+
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _STATE_FIELDS}
+        out["lens_budget"] = {**{k: v for k, v in REPORT_BUDGET.items() if k != "seed"}, **(self.lens_budget or {})}
+        return out
 
 
 def _states(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> States:
@@ -105,16 +181,23 @@ def _updates_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings)
 
 
 def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
-    from geolens.lens import lens_report_sections
+    from geolens.lens import cached_tuned_lens, evaluate
 
-    _, result = lens_report_sections(adapter, texts, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress)
+    # The same cached lens as the phases section (same budget, same held-out texts), evaluated on
+    # the report's texts cut to max_length like every other section.
+    lens = cached_tuned_lens(adapter, texts, seed=s.seed, progress=s.progress, **(s.lens_budget or {}))
+    result = evaluate(lens, adapter, texts, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress,
+                      max_length=s.max_length)
+    result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
     return result, [result.plot()]
 
 
 def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     from geolens.analyses.phases import phases
 
-    result = phases(adapter, texts, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress)
+    result = phases(adapter, texts, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress, max_length=s.max_length,
+                    **(s.lens_budget or {}))
+    result.params["lens_budget"] = s.as_dict()["lens_budget"]
     return result, [result.plot()]
 
 
@@ -168,27 +251,32 @@ def report(
     *,
     sections: Sequence[str] | None = None,
     device: str | None = None,
+    quick: bool = False,
     settings: ReportSettings | None = None,
     **overrides: Any,
 ) -> dict[str, Path]:
     """Run the report's sections on ``model`` (default: the offline default model) and write them.
 
-    Writes ``report.html`` (plotly figures, tables, parameters, versions, run
-    times, errors of failed sections), ``<section>.csv``/``.json`` and
-    ``meta.json`` under ``out_dir``; returns their paths. ``overrides`` set
-    fields of :class:`ReportSettings` (e.g. ``n_tokens=512, ccr=1``).
+    Writes ``report.html`` (one self-contained page: plotly figures, tables,
+    parameters, the settings, versions, date and run times, errors of failed
+    sections), ``<section>.csv``/``.json`` and ``meta.json`` under ``out_dir``;
+    returns their paths. ``quick=True`` starts from the small budgets of
+    :data:`QUICK` instead of the defaults; ``overrides`` set fields of
+    :class:`ReportSettings` on top (e.g. ``n_tokens=512, ccr=1``), so they win
+    over the preset.
 
     Example:
         >>> report(sections=["pga"], n_tokens=512, ccr=[0, 1])      # doctest: +SKIP
+        >>> report(quick=True, n_tokens=400)                         # doctest: +SKIP
     """
     from geolens.zoo import default_texts, load_default_model
 
-    started = time.perf_counter()
-    settings = settings or ReportSettings()
-    for key, value in overrides.items():
-        if not hasattr(settings, key) or key in ("results", "states"):
-            raise TypeError(f"unknown report setting {key!r}")
-        setattr(settings, key, value)
+    started, date = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
+    if settings is not None and quick:
+        raise TypeError("give either settings= or quick=True; ReportSettings.quick_preset(...) makes quick settings")
+    if settings is None:
+        settings = ReportSettings.quick_preset() if quick else ReportSettings()
+    settings.update(**overrides)
     chosen = list(DEFAULT_SECTIONS) if sections is None else list(sections)
     unknown = [name for name in chosen if name not in SECTIONS]
     if unknown:
@@ -202,7 +290,9 @@ def report(
 
     paths: dict[str, Path] = {}
     rendered, timings, errors = [], {}, {}
-    for name in tqdm(chosen, desc="report", disable=not settings.progress):
+    bar = tqdm(chosen, desc="report", unit="section", disable=not settings.progress)
+    for name in bar:
+        bar.set_postfix_str(name)  # which section is running: sections take seconds to minutes each
         heading, run = SECTIONS[name]
         section_start = time.perf_counter()
         try:
@@ -221,19 +311,26 @@ def report(
 
     meta = {
         "model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model, "texts": len(texts),
-        "sections": chosen, "section_time_s": timings, "errors": errors,
-        "run_time_s": round(time.perf_counter() - started, 1), "versions": versions(),
+        "sections": chosen, "quick": settings.quick, "date": date,
+        "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings, "errors": errors,
+        "settings": settings.as_dict(), "versions": versions(),
     }
     paths["report.html"] = write_html(out_dir / "report.html", title=f"geolens report — {adapter.name}",
                                       sections=rendered, meta=meta)
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    (out_dir / "meta.json").write_text(json_text(meta))
     paths["meta.json"] = out_dir / "meta.json"
     return paths
 
 
 def write_html(path: Path, *, title: str, sections: Sequence[tuple], meta: dict) -> Path:
-    """One page: per section (heading, result, figures, error); plotly.js inlined once."""
-    parts = [f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+    """One self-contained HTML5 page: the run (``meta``), then per section (heading, result, figures, error).
+
+    plotly.js is inlined once, with the first figure, so the page opens offline.
+
+    Example:
+        >>> write_html(Path("r.html"), title="t", sections=[], meta={"run_time_s": 1.0})   # doctest: +SKIP
+    """
+    parts = ["<!DOCTYPE html>", f"<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;"
              "font-size:12px} td,th{border:1px solid #ccc;padding:2px 6px} .error{color:#a00;white-space:pre-wrap}"
              "</style></head><body>", f"<h1>{html.escape(title)}</h1>", "<h2>Run</h2>", _dict_table(meta)]
@@ -254,5 +351,19 @@ def write_html(path: Path, *, title: str, sections: Sequence[tuple], meta: dict)
 
 
 def _dict_table(values: dict) -> str:
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in values.items())
+    """A two-column table of ``values``; a dict value (settings, versions, times) becomes a nested table.
+
+    Example:
+        >>> _dict_table({"k": 4, "versions": {"torch": "2.13.0"}})
+        '<table><tr><th>k</th><td>4</td></tr><tr><th>versions</th><td><table><tr><th>torch</th><td>2.13.0</td></tr></table></td></tr></table>'
+    """
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_cell(v)}</td></tr>" for k, v in values.items())
     return f"<table>{rows}</table>"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, dict) and value:
+        return _dict_table(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+        return html.escape(", ".join(map(str, value)))  # sections, ccr: "pga, spectrum", not "['pga', 'spectrum']"
+    return html.escape(str(value))

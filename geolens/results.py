@@ -21,22 +21,66 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-__all__ = ["Result", "PGAResult"]
+__all__ = ["Result", "PGAResult", "json_text"]
+
+
+# Strict JSON has no NaN or Infinity (``json.dumps`` writes them by default, and strict parsers
+# such as JavaScript's ``JSON.parse`` or ``jq`` then reject the whole file). Non-finite floats are
+# written as these strings instead, the spellings ``json.dumps`` would use, and read back as floats
+# by :meth:`Result.load`, so tables keep their NaNs across a save/load round trip.
+NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _non_finite_name(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
 def _jsonable(value: Any) -> Any:
-    """Plain JSON types for params (tensors, tuples and numpy scalars included)."""
+    """Plain, strict-JSON types for params and rows (tensors, arrays, tuples and numpy scalars included).
+
+    Non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+
+    Example:
+        >>> _jsonable({"a": (1, float("nan")), "b": float("-inf")})
+        {'a': [1, 'NaN'], 'b': '-Infinity'}
+    """
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if hasattr(value, "tolist"):
-        return value.tolist()
+    if hasattr(value, "tolist"):  # tensors, numpy arrays and scalars: their values can be non-finite too
+        return _jsonable(value.tolist())
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return _non_finite_name(value)
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+def _restore_non_finite(value: Any) -> Any:
+    """Undo :func:`_jsonable`'s spelling of non-finite floats (``"NaN"`` -> ``nan``), recursively.
+
+    Example:
+        >>> _restore_non_finite({"z": ["NaN", 1.0], "s": "text"})
+        {'z': [nan, 1.0], 's': 'text'}
+    """
+    if isinstance(value, dict):
+        return {k: _restore_non_finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore_non_finite(v) for v in value]
+    if isinstance(value, str) and value in NON_FINITE:
+        return NON_FINITE[value]
+    return value
+
+
+def json_text(value: Any, indent: int | None = 1) -> str:
+    """``value`` as strict JSON text (no ``NaN``/``Infinity`` tokens; see :func:`_jsonable`).
+
+    Example:
+        >>> json_text({"rho": float("nan"), "k": 4}, indent=None)
+        '{"rho": "NaN", "k": 4}'
+    """
+    return json.dumps(_jsonable(value), indent=indent, allow_nan=False)
 
 
 @dataclass
@@ -55,19 +99,20 @@ class Result:
         raise NotImplementedError(f"{type(self).__name__} has no plot")
 
     def save(self, path: str | Path) -> Path:
-        """Write rows and params as JSON; :meth:`load` reads it back."""
+        """Write rows and params as strict JSON (non-finite floats as ``"NaN"`` etc.); :meth:`load` reads it back."""
         path = Path(path)
         payload = {"type": type(self).__name__}
-        payload.update({f.name: _jsonable(getattr(self, f.name)) for f in fields(self)})
-        path.write_text(json.dumps(payload, indent=1))
+        payload.update({f.name: getattr(self, f.name) for f in fields(self)})
+        path.write_text(json_text(payload))
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
+        """Read a result written by :meth:`save` (non-finite floats come back as floats)."""
         payload = json.loads(Path(path).read_text())
         if payload.get("type") != cls.__name__:
             raise ValueError(f"{path} holds a {payload.get('type')}, not a {cls.__name__}")
-        return cls(**{f.name: payload[f.name] for f in fields(cls) if f.name in payload})
+        return cls(**{f.name: _restore_non_finite(payload[f.name]) for f in fields(cls) if f.name in payload})
 
     def _summary(self) -> str:
         keys = ("model", "site", "k", "n_null", "ccr", "n_tokens", "readout", "seed")

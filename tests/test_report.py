@@ -1,12 +1,82 @@
 """The report (main job) on a tiny model, and the CLI's argument errors."""
 
 import json
+import math
+import re
+import time
+from html.parser import HTMLParser
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-from geolens.cli import main
-from geolens.report import report
+from geolens.cli import _model_arg, main
+from geolens.report import DEFAULT_SECTIONS, QUICK, ReportSettings, report, versions
+from geolens.results import Result
+
+# Tags whose start and end must nest properly in the page (void tags like <meta> have no end).
+BALANCED_TAGS = {"html", "head", "body", "title", "style", "script", "div", "table", "thead", "tbody", "tr", "th",
+                 "td", "h1", "h2", "h3", "p"}
+
+
+class PageChecker(HTMLParser):
+    """Collects the doctype, the <html> attributes, external scripts and tag-nesting problems of a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.doctype, self.html_attrs, self.stack, self.problems, self.counts = None, {}, [], [], {}
+        self.external_scripts = []
+
+    def handle_decl(self, decl):
+        self.doctype = decl
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "html":
+            self.html_attrs = attrs
+        if tag == "script" and attrs.get("src"):
+            self.external_scripts.append(attrs["src"])
+        if tag in BALANCED_TAGS:
+            self.stack.append(tag)
+            self.counts[tag] = self.counts.get(tag, 0) + 1
+
+    def handle_endtag(self, tag):
+        if tag not in BALANCED_TAGS:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.problems.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}> at {self.getpos()}")
+        else:
+            self.stack.pop()
+
+
+def check_page(page: str) -> PageChecker:
+    """Parse ``page`` and assert it is one balanced, self-contained HTML5 document."""
+    checker = PageChecker()
+    checker.feed(page)
+    checker.close()
+    assert page.startswith("<!DOCTYPE html>") and checker.doctype.lower() == "doctype html"
+    assert checker.html_attrs.get("lang") == "en"
+    assert checker.problems == [] and checker.stack == []
+    assert checker.counts["html"] == checker.counts["head"] == checker.counts["body"] == 1
+    assert checker.external_scripts == []  # self-contained: nothing loaded from elsewhere
+    return checker
+
+
+def _reject_constant(name):
+    raise ValueError(f"non-strict JSON constant {name}")
+
+
+def strict_json(text: str):
+    """``json.loads`` that raises on ``NaN``, ``Infinity`` and ``-Infinity`` (as JavaScript's JSON.parse does)."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def check_strict_json_files(folder):
+    """Every .json written in ``folder`` parses as strict JSON; returns them by name."""
+    files = sorted(folder.glob("*.json"))
+    assert files
+    return {path.stem: strict_json(path.read_text()) for path in files}
 
 
 def test_report_on_tiny_model_writes_every_section(neox_bridge, neox_dir, tmp_path, texts):
@@ -15,16 +85,55 @@ def test_report_on_tiny_model_writes_every_section(neox_bridge, neox_dir, tmp_pa
     table = pd.read_csv(paths["pga.csv"])
     assert len(table) == (neox_bridge.cfg.n_layers + 2) * 2
     page = paths["report.html"].read_text()
-    assert page.startswith("<html>") and page.rstrip().endswith("</html>")
+    check_page(page)
+    assert page.rstrip().endswith("</html>")
     for heading in ("Subspace PGA", "Linear probes", "Convergence", "Spectral metrics of the states", "W_U (raw"):
         assert heading in page
-    assert page.lower().count("plotly.js") >= 1 and "This section failed" not in page
+    assert len(re.findall(r"\* plotly\.js v\d", page)) == 1 and "This section failed" not in page  # inlined once
     meta = json.loads(paths["meta.json"].read_text())
     assert meta["versions"]["torch"] and meta["d_model"] == neox_bridge.cfg.d_model and meta["errors"] == {}
+    assert meta["sections"] == list(DEFAULT_SECTIONS) and set(meta["section_time_s"]) == set(DEFAULT_SECTIONS)
+    assert meta["quick"] is False and meta["settings"]["n_tokens"] == 30 and meta["settings"]["ccr"] == [0, 1]
+    for package in ("geolens", "transformer-lens", "torch"):  # versions, date and run time are in the page
+        assert f"<th>{package}</th><td>{versions()[package]}</td>" in page
+    assert f"<td>{meta['date']}</td>" in page and f"<th>run_time_s</th><td>{meta['run_time_s']}</td>" in page
+    written = check_strict_json_files(tmp_path)
+    assert set(written) == set(DEFAULT_SECTIONS) | {"meta"}
     for name, kind in (("pga", "PGAResult"), ("probes", "ProbeResult"), ("convergence", "ConvergenceResult"),
-                       ("spectrum", "SpectrumResult"), ("weights", "WeightGeometryResult")):
-        assert json.loads(paths[f"{name}.json"].read_text())["type"] == kind
+                       ("spectrum", "SpectrumResult"), ("weights", "WeightGeometryResult"),
+                       ("updates", "UpdatesResult")):
+        assert written[name]["type"] == kind
         assert len(pd.read_csv(paths[f"{name}.csv"])) > 0
+
+
+def test_report_progress_bar_names_the_running_section(neox_bridge, tmp_path, capsys):
+    report(neox_bridge, ["a b c d"], tmp_path / "on", sections=["weights"], alpha_fit_range=(1, 6))
+    assert re.search(r"report: .*weights", capsys.readouterr().err)
+    report(neox_bridge, ["a b c d"], tmp_path / "off", sections=["weights"], alpha_fit_range=(1, 6), progress=False)
+    assert "report:" not in capsys.readouterr().err
+
+
+def test_saved_results_are_strict_json_and_load_back_non_finite_values(tmp_path):
+    res = Result(rows=[{"layer": 0, "z": float("nan")}, {"layer": 1, "z": np.float64("inf")}],
+                 params={"cond": torch.tensor([1.0, float("-inf")]), "alpha": np.array([np.nan]), "k": (4, 5)})
+    path = res.save(tmp_path / "r.json")
+    payload = strict_json(path.read_text())
+    assert payload["rows"][0]["z"] == "NaN" and payload["params"]["cond"] == [1.0, "-Infinity"]
+    back = Result.load(path)
+    pd.testing.assert_frame_equal(back.to_pandas(), res.to_pandas())
+    assert back.params["cond"] == [1.0, float("-inf")] and math.isnan(back.params["alpha"][0])
+    assert back.params["k"] == [4, 5]
+
+
+def test_quick_preset_and_overrides():
+    quick = ReportSettings.quick_preset(n_tokens=400)
+    assert quick.quick and quick.n_tokens == 400 and quick.n_texts == QUICK["n_texts"] and quick.ccr == (0, 1)
+    assert ReportSettings.quick_preset().lens_budget is not QUICK["lens_budget"]  # a copy: QUICK stays as it is
+    assert ReportSettings().as_dict()["quick"] is False and "results" not in ReportSettings().as_dict()
+    with pytest.raises(TypeError, match="unknown report setting"):
+        ReportSettings.quick_preset(n_tokenz=3)
+    with pytest.raises(TypeError, match="either settings= or quick=True"):
+        report(object(), ["a"], "unused", settings=ReportSettings(), quick=True)
 
 
 def test_failed_section_is_reported_and_others_run(neox_bridge, tmp_path, texts):
@@ -51,6 +160,39 @@ def test_cli_report_with_local_model_folder(neox_dir, tmp_path, capsys, texts):
     assert code == 0
     out = capsys.readouterr().out
     assert "rho_readout" in out and "report.html" in out
+    settings = json.loads((tmp_path / "r" / "meta.json").read_text())["settings"]
+    assert settings["quick"] is False and settings["n_null"] == 4 and settings["ccr"] == [1, 5, 10]  # default ccr
+
+
+def _text_files(folder, texts, n=5):
+    """``n`` text files of more than 64 words each (the tiny tokenizer has one token per word)."""
+    folder.mkdir()
+    args = []
+    for i in range(n):
+        (folder / f"t{i}.txt").write_text(" ".join(texts * 10))
+        args += ["--text", str(folder / f"t{i}.txt")]
+    return args
+
+
+def test_cli_quick_applies_the_preset_and_explicit_flags_win(neox_dir, tmp_path, capsys, texts):
+    common = ["report", "--model", str(neox_dir), "--k", "4", "--no-progress", "--sections", "pga",
+              *_text_files(tmp_path / "texts", texts)]
+    assert main([*common, "--quick", "--out", str(tmp_path / "quick")]) == 0
+    meta = json.loads((tmp_path / "quick" / "meta.json").read_text())
+    assert meta["quick"] is True and meta["errors"] == {}
+    for name in ("max_length", "n_tokens", "n_null", "probe_texts", "probe_folds", "convergence_positions"):
+        assert meta["settings"][name] == QUICK[name]
+    assert meta["settings"]["ccr"] == [0, 1] and meta["settings"]["k"] == 4
+    assert len(pd.read_csv(tmp_path / "quick" / "pga.csv")) == (2 + 2) * 2  # layers 0..2 + final, ccr 0 and 1
+    page = (tmp_path / "quick" / "report.html").read_text()
+    assert "<th>quick</th><td>True</td>" in page and "<th>n_tokens</th><td>256</td>" in page
+
+    assert main([*common, "--quick", "--n-tokens", "40", "--ccr", "1", "--out", str(tmp_path / "over")]) == 0
+    settings = json.loads((tmp_path / "over" / "meta.json").read_text())["settings"]
+    assert settings["quick"] is True and settings["n_tokens"] == 40 and settings["ccr"] == [1]
+    assert settings["n_null"] == QUICK["n_null"] and settings["max_length"] == QUICK["max_length"]
+    pga = json.loads((tmp_path / "over" / "pga.json").read_text())
+    assert pga["params"]["n_tokens"] == 40
 
 
 @pytest.mark.parametrize(
@@ -71,6 +213,62 @@ def test_cli_bad_arguments_exit_with_message(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing_model_folder", "does not exist"),
+        ("folder_without_config", "has no config.json"),
+        ("model_is_a_file", "is a file, not a model folder"),
+        ("missing_text", "text file"),
+        ("empty_text", "is empty"),
+        ("out_is_a_file", "is an existing file, not a folder"),
+        ("k_zero", "positive integer"),
+        ("bad_device", "not a valid torch device"),
+    ],
+)
+def test_cli_bad_paths_and_values_exit_2_before_loading(case, message, tmp_path, capsys, monkeypatch):
+    import geolens.model
+
+    def no_boot(*args, **kwargs):  # every one of these must stop before a model is loaded
+        raise AssertionError("booted a model")
+
+    monkeypatch.setattr(geolens.model, "boot_bridge", no_boot)
+    (tmp_path / "empty_folder").mkdir()
+    (tmp_path / "file.txt").write_text("words")
+    (tmp_path / "blank.txt").write_text("  \n")
+    argv = {
+        "missing_model_folder": ["--model", str(tmp_path / "no_such_model")],
+        "folder_without_config": ["--model", str(tmp_path / "empty_folder")],
+        "model_is_a_file": ["--model", str(tmp_path / "file.txt")],
+        "missing_text": ["--text", str(tmp_path / "no_such.txt")],
+        "empty_text": ["--text", str(tmp_path / "blank.txt")],
+        "out_is_a_file": ["--out", str(tmp_path / "file.txt")],
+        "k_zero": ["--k", "0"],
+        "bad_device": ["--device", "gpu"],
+    }[case]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_passes_hub_names_through_and_reports_a_failed_boot(tmp_path, capsys, monkeypatch):
+    import geolens.model
+
+    assert _model_arg("EleutherAI/pythia-70m") == "EleutherAI/pythia-70m" and _model_arg("gpt2") == "gpt2"
+
+    def offline(name, **kwargs):
+        raise OSError(f"We couldn't connect to the hub to load {name}\n(details)")
+
+    monkeypatch.setattr(geolens.model, "boot_bridge", offline)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--model", "EleutherAI/pythia-70m", "--out", str(tmp_path / "r")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot load --model 'EleutherAI/pythia-70m': OSError: We couldn't connect" in err and "details" not in err
+
+
 def test_lens_and_phases_sections_train_once_and_cache(neox_bridge, tmp_path, texts, monkeypatch):
     monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "cache"))
     paths = report(neox_bridge, list(texts) * 4, tmp_path / "r", sections=["lens", "phases"], n_tokens=30,
@@ -78,5 +276,29 @@ def test_lens_and_phases_sections_train_once_and_cache(neox_bridge, tmp_path, te
     meta = json.loads(paths["meta.json"].read_text())
     assert meta["errors"] == {}
     assert len(list((tmp_path / "cache" / "tuned_lens").iterdir())) == 1  # one lens, trained once, shared
-    phases = json.loads(paths["phases.json"].read_text())
+    written = check_strict_json_files(tmp_path / "r")  # the phases table holds NaNs (no RSS after the last layer)
+    phases = written["phases"]
     assert phases["params"]["found"] is False and "needs at least" in phases["params"]["reason"]  # 2 layers only
+    assert phases["params"]["lens_budget"]["steps"] == 25 and written["lens"]["params"]["lens_budget"]["steps"] == 25
+    assert "NaN" in [row["rss"] for row in phases["rows"]]
+
+
+def test_quick_lens_budget_is_small_and_cached_apart(neox_bridge, tmp_path, texts, monkeypatch):
+    monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "cache"))
+    paths = report(neox_bridge, list(texts) * 4, tmp_path / "r", sections=["lens"], quick=True, n_tokens=30,
+                   progress=False)
+    lens = json.loads(paths["lens.json"].read_text())
+    assert lens["params"]["lens_budget"]["steps"] == QUICK["lens_budget"]["steps"]
+    assert "-L2-" in lens["params"]["lens_dir"]
+
+
+@pytest.mark.slow
+def test_quick_report_on_the_default_model(tmp_path):
+    started = time.perf_counter()
+    assert main(["report", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["quick"] is True and meta["errors"] == {} and meta["sections"] == list(DEFAULT_SECTIONS)
+    assert meta["n_layers"] == 30 and meta["d_model"] == 576
+    check_strict_json_files(tmp_path)
+    print(f"geolens report --quick on the default model: {time.perf_counter() - started:.0f} s "
+          f"(sections {meta['section_time_s']})")
