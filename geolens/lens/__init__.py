@@ -15,7 +15,7 @@ Example:
 
 from geolens.lens.evaluate import REPORT_BUDGET, LensResult, cached_tuned_lens, evaluate, hit_at_k, lens_figure, lens_report_sections
 from geolens.lens.logit_lens import LogitLens, layer_logits, residual_stream, unembed
-from geolens.lens.train import DEFAULT_SEQ_LEN, DEFAULT_STEPS, DEFAULT_TOKENS_PER_STEP, kl_rows, train_tuned_lens
+from geolens.lens.train import DEFAULT_SEQ_LEN, DEFAULT_STEPS, DEFAULT_TOKENS_PER_STEP, fast_matmul_dtype, kl_rows, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "TunedLens",
     "cached_tuned_lens",
     "evaluate",
+    "fast_matmul_dtype",
     "hit_at_k",
     "kl_rows",
     "layer_logits",

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from geolens.lens import TunedLens, evaluate, train_tuned_lens
+from geolens.lens import TunedLens, evaluate, fast_matmul_dtype, train_tuned_lens
 from tests.helpers import hook_count, same_weights, weights
 
 pytestmark = pytest.mark.filterwarnings("ignore:the training text was read")
@@ -32,6 +32,20 @@ def test_float32_matmul_and_token_tensor_input(native_bridge):
     tokens = torch.randint(3, 20, (6, 12), generator=torch.Generator().manual_seed(0))
     lens = train_tuned_lens(native_bridge, tokens, steps=3, tokens_per_step=32, matmul_dtype=None, progress=False)
     assert lens.training_info["matmul_dtype"] == "float32" and lens.training_info["steps"] == 3
+
+
+def test_auto_matmul_dtype_is_bf16_only_where_native(native_bridge, monkeypatch):
+    tokens = torch.randint(3, 20, (6, 12), generator=torch.Generator().manual_seed(0))
+    expected = "bfloat16" if fast_matmul_dtype("cpu") == torch.bfloat16 else "float32"
+    lens = train_tuned_lens(native_bridge, tokens, steps=1, tokens_per_step=16, progress=False)
+    assert lens.training_info["matmul_dtype"] == expected
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert fast_matmul_dtype("cpu") is None
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert fast_matmul_dtype("cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="matmul_dtype"):
+        train_tuned_lens(native_bridge, tokens, steps=1, matmul_dtype="fast", progress=False)
 
 
 def test_one_shot_iterator_stops_early_with_warning(native_bridge):
