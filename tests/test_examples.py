@@ -15,6 +15,7 @@ EXAMPLES = {
     "custom_hook": ("blocks.12.ln2.hook_out: PGAScore", "effective rank"),
     "patching_default_model": ("resid_pre: fraction of the clean logit diff restored", "readout V_k"),
     "pc1_ablation": ("cross-entropy", "z_ablated"),
+    "zoo_width_study": ("PGA z by relative depth", "zoo.html", "eval_loss"),
 }
 
 

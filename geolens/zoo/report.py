@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -318,6 +317,7 @@ def zoo_report(
 def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     """``zoo.html`` (figures, the per-width summary, parameters, versions), ``zoo.csv`` and ``zoo.json``."""
     from geolens.report import versions, write_html
+    from geolens.results import json_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"zoo.csv": out_dir / "zoo.csv", "zoo.json": out_dir / "zoo.json", "zoo.html": out_dir / "zoo.html"}
@@ -343,6 +343,6 @@ def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     write_html(paths["zoo.html"], title="geolens zoo — geometry across widths",
                sections=[("Width study: PGA, spectra and phases by relative depth and over training", summary,
                           figures, None)], meta=meta)
-    (out_dir / "zoo_meta.json").write_text(json.dumps(meta, indent=1))
+    (out_dir / "zoo_meta.json").write_text(json_text(meta))
     paths["zoo_meta.json"] = out_dir / "zoo_meta.json"
     return paths
