@@ -13,24 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from geolens.cli import _int_list, _out_dir, _positive
+
 __all__ = ["add_zoo_parser", "run_zoo"]
 
 # Family flags -> ZooConfig fields. Left unset, a flag keeps the default (or the family found in --dir).
 _FAMILY_FLAGS = {"widths": "widths", "layers": "n_layers", "d_head": "d_head", "vocab_size": "vocab_size",
                  "seq_len": "seq_len", "batch_size": "batch_size", "steps": "steps", "lr": "lr", "seed": "seed",
                  "checkpoints": "checkpoints"}
-
-
-def _int_list(text: str) -> list[int]:
-    from geolens.cli import _int_list as parse
-
-    return parse(text)
-
-
-def _positive(text: str) -> int:
-    from geolens.cli import _positive as parse
-
-    return parse(text)
 
 
 def _positive_float(text: str) -> float:
@@ -72,7 +62,7 @@ def _family_parser() -> argparse.ArgumentParser:
     group.add_argument("--checkpoints", type=_int_list, default=None,
                        help="steps to save (default 0, powers of two from 16, and the last)")
     group.add_argument("--dir", default=None, help="the family's folder (default: <cache>/zoo/<family key>)")
-    family.add_argument("--no-progress", action="store_true")
+    family.add_argument("--no-progress", action="store_true", help="no progress bars")
     return family
 
 
@@ -85,7 +75,7 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--stop-at", type=int, default=None, help="train only up to this step (resume later)")
     report = actions.add_parser("report", parents=[family],
                                 help="PGA (CCR sweep), spectra and phases on every member and checkpoint")
-    report.add_argument("--out", default="out/zoo", help="output folder")
+    report.add_argument("--out", type=_out_dir, default=Path("out/zoo"), help="output folder (default out/zoo)")
     report.add_argument("--train", action="store_true", help="train the members that are missing first")
     report.add_argument("--at", type=_at, default="all",
                         help="checkpoints to analyse: all, final, or comma-separated steps")

@@ -40,7 +40,11 @@ ZOO_ANALYSES = ("pga", "spectrum", "phases")
 
 @dataclass
 class ZooReportSettings:
-    """Budgets of the width study (the defaults take about 10 minutes for the default family on 2 cores)."""
+    """Budgets of the width study.
+
+    With the defaults, the default family (7 checkpoints each) takes about 20 minutes on 2 cores
+    the first time (a tuned lens is trained per checkpoint for the phases), 9 once those are cached.
+    """
 
     n_texts: int = 32
     max_length: int = 128
