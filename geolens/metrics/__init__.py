@@ -2,10 +2,15 @@
 
 Every function takes ``[N, d]`` (or batched) float tensors on any device.
 
+See docs/methods.md §A-§F (every definition and choice).
+
 Example:
     >>> import torch
     >>> from geolens.metrics import readout_basis, subspace_pga
+    >>> _ = torch.manual_seed(0)
     >>> score = subspace_pga(torch.randn(100, 16), readout_basis(torch.randn(16, 64), 4), n_null=10)
+    >>> score.n_null, score.k, score.d
+    (10, 4, 16)
 """
 
 from geolens.metrics.distances import (

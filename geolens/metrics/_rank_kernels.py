@@ -16,6 +16,8 @@ Two kernels give the same numbers:
   and the tie groups without an argsort; the gather and dot follow while the row
   is still in cache. On 2 cores the whole PGA is about 4x faster this way than
   with ``torch.sort`` (see bench/pga.py for the ratio against scipy).
+
+See docs/methods.md §A.4.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def ranked_dots(
     ``matrices`` is ``[B, N, N]`` (e.g. negated cosines), ``flat_index`` ``[M]``
     picks the condensed pairs; the pick happens inside the kernel, where the
     CPU kernel does it per row, in parallel, while the row is in cache.
+
+    See docs/methods.md §A.4.
     """
     flat = matrices.flatten(-2)
     if _uses_numpy_kernel(flat.device, flat.dtype, flat_index.numel()):

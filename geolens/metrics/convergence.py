@@ -6,7 +6,11 @@ vectors, computed in full space, in each side's readout subspace, and in pairs
 of Haar-random subspaces (the null). The paper's finding is
 readout > full > random.
 
+See docs/methods.md §E.2-§E.3.
+
 Example:
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> a = torch.randn(60, 16, dtype=torch.float64)
     >>> q = torch.linalg.qr(torch.randn(16, 16, dtype=torch.float64))[0]
     >>> out = distance_convergence(a, a @ q, n_null=0, ccr=0)        # a rotation of itself
@@ -34,6 +38,8 @@ def centred_unit_ranks(
 
     The Spearman correlation of two such rows is their dot product, so a whole
     grid of correlations is one matrix product.
+
+    See docs/methods.md §E.3.
     """
     n = states.shape[-2]
     if flat_index is None:
@@ -49,7 +55,10 @@ def centred_unit_ranks(
 def rank_correlation_matrix(
     units_a: Float[torch.Tensor, "A M"], units_b: Float[torch.Tensor, "B M"]
 ) -> Float[torch.Tensor, "A B"]:
-    """Spearman correlations between every row of ``units_a`` and of ``units_b`` (from :func:`centred_unit_ranks`)."""
+    """Spearman correlations between every row of ``units_a`` and of ``units_b`` (from :func:`centred_unit_ranks`).
+
+    See docs/methods.md §E.3.
+    """
     return units_a @ units_b.T
 
 
@@ -71,9 +80,13 @@ def distance_convergence(
     ``rho_random_mean``/``rho_random_std`` (each null draw projects each side onto
     its own Haar-random k-dim subspace) and ``z_readout`` (readout vs that null).
 
+    See docs/methods.md §E.2.
+
     Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
         >>> h = torch.randn(50, 8, dtype=torch.float64)
-        >>> distance_convergence(h, h, n_null=0, ccr=0)["rho_full"]
+        >>> round(distance_convergence(h, h, n_null=0, ccr=0)["rho_full"], 6)
         1.0
     """
     states_a, states_b = check_states(states_a, "states_a"), check_states(states_b, "states_b")

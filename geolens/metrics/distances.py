@@ -3,7 +3,11 @@
 The condensed order is the one of ``scipy.spatial.distance.pdist``: pairs
 ``(i, j)`` with ``i < j`` in row-major order, ``M = N (N - 1) / 2`` values.
 
+See docs/methods.md §A.3-§A.4.
+
 Example:
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> x = torch.randn(5, 3, dtype=torch.float64)
     >>> d = pairwise_cosine_distances(x)             # [10]
     >>> bool(torch.allclose(spearman(d, d), torch.tensor(1.0, dtype=torch.float64)))
@@ -36,6 +40,8 @@ _NORM_FLOOR = {torch.float32: 1e-30, torch.float64: 1e-300}
 def condensed_indices(n: int, device: torch.device | str | None = None) -> Int[torch.Tensor, "M"]:
     """Flat indices into an ``[n, n]`` matrix of the pairs ``i < j``, in pdist order.
 
+    See docs/methods.md §A.3.
+
     Example:
         >>> condensed_indices(3).tolist()     # (0,1), (0,2), (1,2) of a 3x3
         [1, 2, 5]
@@ -55,7 +61,10 @@ def pairwise_cosine_distances(
     subspace projections are handled in one matmul. A zero row has no
     direction; it raises rather than returning NaN.
 
+    See docs/methods.md §A.3.
+
     Example:
+        >>> import torch
         >>> pairwise_cosine_distances(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
         tensor([1.0000, 0.2929, 0.2929])
     """
@@ -71,6 +80,8 @@ def negated_cosines(
 
     Ranking ``-cos`` rather than ``1 - cos`` saves a pass over the ``M`` values and
     the rounding of the subtraction (which can merge distinct cosines into ties).
+
+    See docs/methods.md §A.3.
     """
     n = x.shape[-2]
     if flat_index is None:
@@ -79,7 +90,10 @@ def negated_cosines(
 
 
 def negated_cosine_gram(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Tensor, "*batch N N"]:
-    """The full ``[N, N]`` matrix of ``-cos(x_i, x_j)``; raises on a zero row (no direction)."""
+    """The full ``[N, N]`` matrix of ``-cos(x_i, x_j)``; raises on a zero row (no direction).
+
+    See docs/methods.md §A.3.
+    """
     norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     floor = _NORM_FLOOR.get(x.dtype, 1e-30)
     if bool((norms <= floor).any()):
@@ -102,7 +116,10 @@ def tie_rank_offsets(
     are rare in continuous data, so working on the tied entries alone keeps
     the cost of exact tie handling far below that of the sort.
 
+    See docs/methods.md §A.4.
+
     Example:
+        >>> import torch
         >>> tie_rank_offsets(torch.tensor([[1.0, 2.0, 2.0, 3.0]]))
         (tensor([0, 0]), tensor([1, 2]), tensor([ 0.5000, -0.5000], dtype=torch.float64))
     """
@@ -126,7 +143,10 @@ def tie_offsets_from_pairs(
     kernel can call it from worker threads without waking torch's thread pool);
     results are CPU tensors.
 
+    See docs/methods.md §A.4.
+
     Example:
+        >>> import torch
         >>> tie_offsets_from_pairs(torch.tensor([1, 2]), 5)        # row [a, b, b, b, c]
         (tensor([0, 0, 0]), tensor([1, 2, 3]), tensor([ 1.,  0., -1.], dtype=torch.float64))
     """
@@ -155,7 +175,10 @@ def sorted_average_ranks(sorted_values: Float[torch.Tensor, "*batch M"]) -> torc
     Returns float64, in sorted order. A tie group spanning sorted positions
     ``s..e`` gets ``(s + e) / 2 + 1`` for every member.
 
+    See docs/methods.md §A.4.
+
     Example:
+        >>> import torch
         >>> sorted_average_ranks(torch.tensor([1.0, 2.0, 2.0, 3.0]))
         tensor([1.0000, 2.5000, 2.5000, 4.0000], dtype=torch.float64)
     """
@@ -170,7 +193,10 @@ def sorted_average_ranks(sorted_values: Float[torch.Tensor, "*batch M"]) -> torc
 def rank_data(x: Float[torch.Tensor, "*batch M"]) -> Float[torch.Tensor, "*batch M"]:
     """Average ranks (1-based, float64) along the last axis, like ``scipy.stats.rankdata``.
 
+    See docs/methods.md §A.4.
+
     Example:
+        >>> import torch
         >>> rank_data(torch.tensor([30.0, 10.0, 20.0, 10.0]))
         tensor([4.0000, 1.5000, 3.0000, 1.5000], dtype=torch.float64)
     """
@@ -188,8 +214,11 @@ def spearman(
     ``scipy.stats.spearmanr`` for 1-D inputs. A constant input raises, since its
     rank correlation is undefined.
 
+    See docs/methods.md §A.4.
+
     Example:
-        >>> float(spearman(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 5.0, 4.0])))
+        >>> import torch
+        >>> round(float(spearman(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 5.0, 4.0]))), 6)
         0.5
     """
     return ranked_pearson(rank_data(a), rank_data(b))

@@ -3,7 +3,10 @@
 A k-dimensional subspace is held as an orthonormal basis ``Q`` of shape
 ``[d, k]`` (columns orthonormal); coordinates of states in it are ``H @ Q``.
 
+See docs/methods.md §A.5.
+
 Example:
+    >>> import torch
     >>> q = random_subspaces(8, 3, n=2, seed=0)        # [2, 8, 3]
     >>> bool(torch.allclose(q[0].T @ q[0], torch.eye(3, dtype=q.dtype), atol=1e-12))
     True
@@ -37,6 +40,8 @@ def random_subspaces(
     ``seed`` (or ``generator``), so a seed gives the same subspaces on every
     device; then moved to ``dtype``/``device``.
 
+    See docs/methods.md §A.5.
+
     Example:
         >>> random_subspaces(16, 4, n=10, seed=1).shape
         torch.Size([10, 16, 4])
@@ -63,7 +68,10 @@ def orthonormal_basis(
     Already-orthonormal input is returned unchanged; otherwise QR is used.
     Rank-deficient input raises: its span is not k-dimensional.
 
+    See docs/methods.md §A.3.
+
     Example:
+        >>> import torch
         >>> q = orthonormal_basis(torch.tensor([[2.0, 0.0], [0.0, 3.0], [0.0, 0.0]]))
         >>> q.abs().tolist()
         [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]

@@ -18,7 +18,11 @@ and the correlation is a gather-and-dot against the fixed ranks. Ties get
 average ranks, as in scipy. Subspaces are processed in chunks so memory stays
 bounded for large ``N``.
 
+See docs/methods.md §A.
+
 Example:
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> h = torch.randn(200, 16, dtype=torch.float64)
     >>> q = torch.linalg.qr(torch.randn(16, 4, dtype=torch.float64))[0]
     >>> score = subspace_pga(h, q, n_null=20, ccr=0, seed=0)
@@ -54,6 +58,8 @@ _DEFAULT_CHUNK_BYTES = 512 * 2**20
 @dataclass(frozen=True)
 class PGAScore:
     """Subspace PGA of one cloud of states. Floats are plain Python floats.
+
+    See docs/methods.md §A.6-§A.7.
 
     Attributes:
         rho_readout: Spearman between full and readout-projected distances.
@@ -99,6 +105,8 @@ def subspace_pga(
 ) -> PGAScore:
     """Subspace PGA z-score of ``states`` against the readout subspace ``readout``.
 
+    See docs/methods.md §A.1-§A.7.
+
     Args:
         states: ``[N, d]`` float tensor, one row per token position, ``N >= 3``.
         readout: ``[d, k]`` basis of the readout subspace (e.g. from
@@ -115,7 +123,9 @@ def subspace_pga(
         :class:`PGAScore`.
 
     Example:
+        >>> import torch
         >>> from geolens.metrics import readout_basis, subspace_pga
+        >>> _ = torch.manual_seed(0)
         >>> w_u = torch.randn(32, 100)
         >>> h = torch.randn(300, 32)
         >>> s = subspace_pga(h, readout_basis(w_u, 8), n_null=30, ccr=1)
@@ -192,10 +202,14 @@ def rank_alignment(
     ``states`` are used as given (centre/CCR them first); ``subspaces`` are
     orthonormal bases. Returns float64 rhos, one per subspace.
 
+    See docs/methods.md §A.3-§A.4.
+
     Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
         >>> h = torch.randn(50, 6, dtype=torch.float64)
         >>> eye = torch.eye(6, dtype=torch.float64).unsqueeze(0)   # the whole space
-        >>> float(rank_alignment(h, eye)[0])
+        >>> round(float(rank_alignment(h, eye)[0]), 6)
         1.0
     """
     n = states.shape[0]

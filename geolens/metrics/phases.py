@@ -10,7 +10,10 @@ the plateau breaks, ``b2``). Phase I is ``[0, b1)``, II ``[b1, b2)``, III ``[b2,
 A curve with no interior maximum, or a side without a knee, gives an explicit
 "no phases found" with the reason, never invented breakpoints.
 
+See docs/methods.md §C.9.
+
 Example:
+    >>> import torch
     >>> x = torch.arange(20.0)
     >>> curve = torch.minimum(torch.minimum(x / 4, torch.ones(20)), (19 - x) / 4 + 0.2)
     >>> split = detect_phases(curve, smoothing=0.0)
@@ -32,7 +35,10 @@ PHASE_NAMES = ("I seeding multiplexing", "II hoisting overriding", "III focal co
 
 @dataclass(frozen=True)
 class PhaseSplit:
-    """Breakpoints ``b1 < b2`` (indices into the curve) and a phase per index, or why none were found."""
+    """Breakpoints ``b1 < b2`` (indices into the curve) and a phase per index, or why none were found.
+
+    See docs/methods.md §C.9.
+    """
 
     found: bool
     b1: int | None
@@ -44,7 +50,10 @@ class PhaseSplit:
 
 
 def kneedle(x: np.ndarray, y: np.ndarray, *, curve: str, direction: str, sensitivity: float = 1.0) -> int | None:
-    """Index (into ``x``) of the Kneedle knee of ``y(x)``, or ``None`` when there is none."""
+    """Index (into ``x``) of the Kneedle knee of ``y(x)``, or ``None`` when there is none.
+
+    See docs/methods.md §C.9.
+    """
     from kneed import KneeLocator
 
     if len(x) < 3:
@@ -54,7 +63,10 @@ def kneedle(x: np.ndarray, y: np.ndarray, *, curve: str, direction: str, sensiti
 
 
 def smooth_curve(y: np.ndarray, sigma: float) -> np.ndarray:
-    """Gaussian smoothing with ``sigma`` in indices (edges: nearest value); ``sigma = 0`` copies."""
+    """Gaussian smoothing with ``sigma`` in indices (edges: nearest value); ``sigma = 0`` copies.
+
+    See docs/methods.md §C.9.
+    """
     y = np.asarray(y, dtype=np.float64)
     if sigma <= 0:
         return y.copy()
@@ -67,6 +79,8 @@ def detect_phases(
     curve, *, smoothing: float = 1.0, sensitivity: float = 1.0, min_side: int = 3, plateau_tol: float = 0.05
 ) -> PhaseSplit:
     """Split a unimodal curve (one value per layer or layer pair) into three phases.
+
+    See docs/methods.md §C.9.
 
     Args:
         curve: 1-D values (tensor, array or list), e.g. RSS between consecutive layers.

@@ -4,7 +4,11 @@ CCR-m projects the centred states onto the orthogonal complement of their top-m
 principal directions: the anisotropy correction of subspace PGA (a single
 dominant direction can hide an otherwise aligned geometry).
 
+See docs/methods.md §A.2.
+
 Example:
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> h = torch.randn(100, 8, dtype=torch.float64)
     >>> out = remove_common_components(h, m=1)
     >>> bool(out.mean(0).abs().max() < 1e-12)
@@ -22,7 +26,10 @@ __all__ = ["center", "check_ccr", "principal_directions", "remove_common_compone
 
 
 def check_ccr(m: object, n: int, d: int) -> int:
-    """``m`` as an int that leaves ``n`` states in ``R^d`` at least one direction with variance."""
+    """``m`` as an int that leaves ``n`` states in ``R^d`` at least one direction with variance.
+
+    See docs/methods.md §A.2.
+    """
     m = check_int(m, "ccr", low=0)
     if m >= min(n - 1, d):
         raise ValueError(f"ccr = {m} removes every direction of {n} states in d = {d}; need ccr < {min(n - 1, d)}")
@@ -30,12 +37,18 @@ def check_ccr(m: object, n: int, d: int) -> int:
 
 
 def center(states: Float[torch.Tensor, "N d"]) -> Float[torch.Tensor, "N d"]:
-    """Subtract the mean over tokens (rows)."""
+    """Subtract the mean over tokens (rows).
+
+    See docs/methods.md §A.2.
+    """
     return states - states.mean(dim=0, keepdim=True)
 
 
 def principal_directions(centred: Float[torch.Tensor, "N d"], m: int) -> Float[torch.Tensor, "d m"]:
-    """Top-``m`` principal directions (columns, unit norm) of already-centred states."""
+    """Top-``m`` principal directions (columns, unit norm) of already-centred states.
+
+    See docs/methods.md §A.2.
+    """
     if m == 0:
         return centred.new_zeros(centred.shape[1], 0)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
@@ -48,7 +61,10 @@ def remove_common_components(states: Float[torch.Tensor, "N d"], m: int) -> Floa
     ``m = 0`` only centres. ``m`` must leave at least one direction with
     variance: ``m < min(N - 1, d)``.
 
+    See docs/methods.md §A.2.
+
     Example:
+        >>> import torch
         >>> h = torch.tensor([[3.0, 0.1], [-3.0, -0.1], [0.0, 0.2]])
         >>> remove_common_components(h, 1).shape
         torch.Size([3, 2])

@@ -4,7 +4,11 @@ scikit-learn does the fitting (``StandardScaler`` + ``LogisticRegression``, lbfg
 multinomial); folds are stratified and seeded (``StratifiedKFold``), so every fold
 keeps the class proportions and a seed gives the same splits.
 
+See docs/methods.md §E.5.
+
 Example:
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> x = torch.cat([torch.randn(20, 4) + 3, torch.randn(20, 4) - 3])
     >>> y = [0] * 20 + [1] * 20
     >>> probe_accuracy(x, y, folds=4)["accuracy_mean"]
@@ -26,6 +30,8 @@ __all__ = ["probe_accuracy", "probe_folds"]
 
 def probe_folds(labels: Sequence, folds: int = 5, seed: int | None = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Stratified, shuffled, seeded ``(train_index, test_index)`` splits.
+
+    See docs/methods.md §E.5.
 
     Example:
         >>> [len(test) for _, test in probe_folds([0, 0, 1, 1, 0, 1], folds=3)]
@@ -57,6 +63,8 @@ def probe_accuracy(
 
     Returns ``accuracy_mean``, ``accuracy_std`` (over folds, ddof=0), the per-fold
     ``accuracies`` and ``chance`` (the majority-class rate).
+
+    See docs/methods.md §E.5.
     """
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline

@@ -4,7 +4,11 @@ TransformerLens stores the unembedding as ``W_U`` with shape ``[d_model, d_vocab
 the k directions of hidden space it reads most strongly are its top-k *left*
 singular vectors (the "right singular vectors" of HF's ``[V, d]`` ``lm_head.weight``).
 
+See docs/methods.md §A.1.
+
 Example:
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> w_u = torch.randn(16, 50)
     >>> readout_basis(w_u, 4).shape
     torch.Size([16, 4])
@@ -28,6 +32,8 @@ def readout_spectrum(
     Uses the eigen-decomposition of the ``d x d`` Gram matrix ``W_U W_U^T`` in
     float64: the vocabulary is large and the hidden size small, so this is far
     cheaper than an SVD of ``[d, V]`` and exact to float64 rounding.
+
+    See docs/methods.md §A.1.
     """
     w_u = check_float_matrix(w_u, "W_U")
     d, v = w_u.shape
@@ -50,7 +56,10 @@ def readout_basis(w_u: Float[torch.Tensor, "d V"], k: int) -> Float[torch.Tensor
     trivially 1). Returned in ``W_U``'s dtype (float32 at least) and device.
     Directions tied in singular value at the cut make ``V_k`` ill-defined: raise.
 
+    See docs/methods.md §A.1.
+
     Example:
+        >>> import torch
         >>> w_u = torch.zeros(4, 10); w_u[0, 0] = 3.0; w_u[1, 1] = 2.0; w_u[2, 2] = 1.0
         >>> readout_basis(w_u, 2).abs().argmax(dim=0).tolist()
         [0, 1]

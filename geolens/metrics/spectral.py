@@ -42,8 +42,11 @@ Invariances: all are invariant under rotations ``X -> X Q`` (``Q`` orthogonal);
 effective rank, RankMe, alpha, condition number and the cosines are also
 invariant under scaling ``X -> cX`` (``c != 0``); isotropy is not.
 
+See docs/methods.md §B.
+
 Example:
     >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> x = torch.randn(500, 8, dtype=torch.float64)
     >>> 7.5 < effective_rank(x) <= 8
     True
@@ -88,6 +91,8 @@ class Spectrum:
 
     ``s`` holds the ``min(N, d)`` singular values, descending; ``u`` the left
     singular vectors ``[N, min(N, d)]`` (only when computed with ``vectors=True``).
+
+    See docs/methods.md §B.1.
     """
 
     s: Float[torch.Tensor, "k"]
@@ -109,7 +114,10 @@ def spectrum_of(
 ) -> Spectrum:
     """Validate ``x``, centre it if asked, and take its SVD once (values, and left vectors if ``vectors``).
 
+    See docs/methods.md §B.1.
+
     Example:
+        >>> import torch
         >>> spectrum_of(torch.eye(3)).s.tolist()
         [1.0, 1.0, 1.0]
     """
@@ -220,7 +228,10 @@ def effective_rank(x: Float[torch.Tensor, "N d"], *, centre: bool = False) -> fl
 
     Lies in ``[1, rank]``; ``r`` equal non-zero singular values give exactly ``r``.
 
+    See docs/methods.md §B.2.
+
     Example:
+        >>> import torch
         >>> round(effective_rank(torch.diag(torch.tensor([1.0, 1.0, 0.0]))), 6)
         2.0
     """
@@ -233,7 +244,10 @@ def rankme(x: Float[torch.Tensor, "N d"], *, centre: bool = False, eps: float = 
     Convention: singular values of the matrix itself (not covariance
     eigenvalues), uncentred by default as in the paper, all ``min(N, d)`` values.
 
+    See docs/methods.md §B.3.
+
     Example:
+        >>> import torch
         >>> abs(rankme(torch.eye(4)) - 4) < 1e-4
         True
     """
@@ -256,7 +270,10 @@ def alpha_req(
     Raises if the matrix has fewer eigenvalues than the range needs, or if the
     range reaches past its numerical rank (``rtol`` as in :func:`condition_number`).
 
+    See docs/methods.md §B.4.
+
     Example:
+        >>> import torch
         >>> lam = torch.arange(1, 9, dtype=torch.float64) ** -1.5
         >>> alpha, r2 = alpha_req(torch.diag(lam.sqrt()), fit_range=(0, 8), centre=False)
         >>> round(alpha, 6), round(r2, 6)
@@ -272,7 +289,10 @@ def isotropy(x: Float[torch.Tensor, "N d"], *, centre: bool = False, log: bool =
     when ``I`` underflows: residual states with large norms give ``I ~ 0``).
     Not scale invariant.
 
+    See docs/methods.md §B.5.
+
     Example:
+        >>> import torch
         >>> g = torch.Generator().manual_seed(0)
         >>> isotropy(torch.randn(20000, 3, generator=g, dtype=torch.float64)) > 0.9
         True
@@ -287,7 +307,10 @@ def cosine_stats(x: Float[torch.Tensor, "N d"], *, centre: bool = False) -> tupl
     Exact, in ``O(N d^2)`` time and ``O(d^2)`` memory (no ``N x N`` matrix);
     computed in float64. Rows of zero norm raise.
 
+    See docs/methods.md §B.6.
+
     Example:
+        >>> import torch
         >>> m, sd = cosine_stats(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
         >>> round(m, 6), round(sd, 6)
         (0.471405, 0.333333)
@@ -311,7 +334,10 @@ def cosine_stats(x: Float[torch.Tensor, "N d"], *, centre: bool = False) -> tupl
 def mean_cosine(x: Float[torch.Tensor, "N d"], *, centre: bool = False) -> float:
     """Mean pairwise cosine similarity over pairs ``i < j`` (see :func:`cosine_stats` for its spread).
 
+    See docs/methods.md §B.6.
+
     Example:
+        >>> import torch
         >>> round(mean_cosine(torch.tensor([[1.0, 0.0], [1.0, 0.0]])), 6)
         1.0
     """
@@ -321,7 +347,10 @@ def mean_cosine(x: Float[torch.Tensor, "N d"], *, centre: bool = False) -> float
 def numerical_rank(x: Float[torch.Tensor, "N d"], *, centre: bool = False, rtol: float | None = None) -> int:
     """Number of singular values ``> rtol * s_max`` (default ``rtol = max(N, d) * eps(dtype)``).
 
+    See docs/methods.md §B.7.
+
     Example:
+        >>> import torch
         >>> numerical_rank(torch.diag(torch.tensor([2.0, 1.0, 0.0])))
         2
     """
@@ -335,8 +364,11 @@ def condition_number(x: Float[torch.Tensor, "N d"], *, centre: bool = False, rto
     tolerance), so exact zeros and round-off are left out and a rank-deficient
     matrix reports the conditioning of its range. An all-zero matrix raises.
 
+    See docs/methods.md §B.7.
+
     Example:
-        >>> condition_number(torch.diag(torch.tensor([4.0, 2.0, 0.0])))
+        >>> import torch
+        >>> round(condition_number(torch.diag(torch.tensor([4.0, 2.0, 0.0]))), 6)
         2.0
     """
     return _condition_number(spectrum_of(x, centre=centre), rtol)
@@ -359,7 +391,11 @@ def spectral_summary(
     uncentred convention). ``alpha_fit_range`` must fit inside the spectrum
     (``stop <= min(N, d)``); pass a smaller one for small ``d``.
 
+    See docs/methods.md §B.1 and §B.8.
+
     Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
         >>> out = spectral_summary(torch.randn(300, 16), alpha_fit_range=(2, 12))
         >>> 10 < out["effective_rank"] <= 16
         True

@@ -3,7 +3,10 @@
 A k-dim subspace of ``R^d`` is an orthonormal basis ``[d, k]``. For two of them
 the cosines of the principal angles are the singular values of ``Q1^T Q2``.
 
+See docs/methods.md §C.6-§C.8.
+
 Example:
+    >>> import torch
     >>> q1 = torch.eye(4, dtype=torch.float64)[:, :2]
     >>> q2 = torch.eye(4, dtype=torch.float64)[:, 1:3]
     >>> principal_cosines(q1, q2).tolist()            # one shared axis, one orthogonal
@@ -38,7 +41,10 @@ def _bases(q1: torch.Tensor, q2: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def principal_cosines(q1: Float[torch.Tensor, "d k1"], q2: Float[torch.Tensor, "d k2"]) -> Float[torch.Tensor, "k"]:
-    """Cosines of the ``min(k1, k2)`` principal angles, descending (largest cosine = smallest angle)."""
+    """Cosines of the ``min(k1, k2)`` principal angles, descending (largest cosine = smallest angle).
+
+    See docs/methods.md §C.7.
+    """
     q1, q2 = _bases(q1, q2)
     return torch.linalg.svdvals(q1.T @ q2).clamp(0.0, 1.0)
 
@@ -48,6 +54,8 @@ def principal_angles(q1: Float[torch.Tensor, "d k1"], q2: Float[torch.Tensor, "d
 
     Small angles are computed from the sines (``||(I - Q1 Q1^T) Q2 v||``) where the
     arccos of a cosine near 1 loses precision.
+
+    See docs/methods.md §C.7.
     """
     q1, q2 = _bases(q1, q2)
     u, s, vh = torch.linalg.svd(q1.T @ q2, full_matrices=False)
@@ -61,7 +69,10 @@ def principal_angles(q1: Float[torch.Tensor, "d k1"], q2: Float[torch.Tensor, "d
 
 
 def grassmann_distance(q1: Float[torch.Tensor, "d k"], q2: Float[torch.Tensor, "d k"]) -> float:
-    """Geodesic (arc-length) distance on ``Gr(k, d)``: the 2-norm of the principal angles."""
+    """Geodesic (arc-length) distance on ``Gr(k, d)``: the 2-norm of the principal angles.
+
+    See docs/methods.md §C.7.
+    """
     if q1.shape[1] != q2.shape[1]:
         raise ValueError(f"the geodesic distance needs equal dimensions, got k = {q1.shape[1]} and {q2.shape[1]}")
     return float(torch.linalg.vector_norm(principal_angles(q1, q2)))
@@ -70,7 +81,10 @@ def grassmann_distance(q1: Float[torch.Tensor, "d k"], q2: Float[torch.Tensor, "
 def readout_subspace_similarity(bases: Float[torch.Tensor, "L d k"]) -> Float[torch.Tensor, "L-1"]:
     """RSS between consecutive subspaces: the mean principal cosine of ``bases[l]`` and ``bases[l + 1]``.
 
+    See docs/methods.md §C.7.
+
     Example:
+        >>> import torch
         >>> eye = torch.eye(3, dtype=torch.float64)
         >>> readout_subspace_similarity(torch.stack([eye[:, :1], eye[:, :1], eye[:, 1:2]])).tolist()
         [1.0, 0.0]
@@ -89,7 +103,10 @@ def top_right_singular_subspace(
     Energy = the fraction of the map's squared singular values (its squared
     Frobenius norm) carried by the top ``k``.
 
+    See docs/methods.md §C.6.
+
     Example:
+        >>> import torch
         >>> basis, energy = top_right_singular_subspace(torch.diag(torch.tensor([3.0, 1.0, 0.0])), 1)
         >>> basis.abs().flatten().tolist(), round(energy, 3)
         ([1.0, 0.0, 0.0], 0.9)
@@ -116,7 +133,11 @@ def resolution_sweep(linear_maps: Float[torch.Tensor, "L d d"], fractions) -> li
     (at ``k = d`` all coincide), so the two pull against each other
     (:func:`choose_resolution`).
 
+    See docs/methods.md §C.8.
+
     Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
         >>> maps = torch.eye(6, dtype=torch.float64).expand(4, 6, 6) + 0.1 * torch.randn(4, 6, 6, dtype=torch.float64)
         >>> [row["k"] for row in resolution_sweep(maps, [0.2, 0.5])]
         [1, 3]
@@ -153,6 +174,8 @@ def choose_resolution(sweep: list[dict[str, object]], *, tolerance: float = 0.05
     lost; past it, energy is bought with distinguishability. The choice is the
     smallest ``k`` whose visibility is within ``tolerance`` (relative) of the
     sweep's best.
+
+    See docs/methods.md §C.8.
 
     Example:
         >>> sweep = [{"k": 1, "visibility": 0.10, "energy": 0.1}, {"k": 5, "visibility": 0.158, "energy": 0.5},

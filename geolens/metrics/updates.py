@@ -12,8 +12,11 @@ and works along the last axis; norms are Euclidean. Zero-norm rows, where a
 cosine or a ratio is undefined, raise ``ValueError`` instead of returning a
 silent number.
 
+See docs/methods.md §C.1.
+
 Example:
     >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> prev, nxt = torch.randn(100, 16), torch.randn(100, 16)
     >>> update_orthogonality(prev, nxt).shape
     torch.Size([100])
@@ -59,7 +62,10 @@ def _nonzero(norms: Tensor, name: str) -> None:
 
 
 def update(prev: Float[Tensor, "... N d"], nxt: Float[Tensor, "... N d"]) -> Float[Tensor, "... N d"]:
-    """The update ``Delta = nxt - prev`` of each row (validated, in float32 at least)."""
+    """The update ``Delta = nxt - prev`` of each row (validated, in float32 at least).
+
+    See docs/methods.md §C.1.
+    """
     _check_pair(prev, nxt, ("prev", "nxt"))
     dtype = working_dtype(prev)
     return nxt.to(dtype) - prev.to(dtype)
@@ -70,7 +76,10 @@ def update_orthogonality(prev: Float[Tensor, "... N d"], nxt: Float[Tensor, "...
 
     Raises ``ValueError`` if a row of ``prev`` or of ``Delta`` is zero (no angle).
 
+    See docs/methods.md §C.1.
+
     Example:
+        >>> import torch
         >>> prev = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
         >>> update_orthogonality(prev, prev + torch.tensor([[0.0, 2.0], [3.0, 0.0]]))
         tensor([0., 1.])
@@ -91,7 +100,10 @@ def update_norms(
 
     Raises ``ValueError`` if a row of ``prev`` is zero (no relative norm).
 
+    See docs/methods.md §C.1.
+
     Example:
+        >>> import torch
         >>> absolute, relative = update_norms(torch.tensor([[2.0, 0.0]]), torch.tensor([[2.0, 1.0]]))
         >>> absolute.item(), relative.item()
         (1.0, 0.5)
@@ -108,7 +120,10 @@ def norm_ratio(a: Float[Tensor, "... N d"], b: Float[Tensor, "... N d"]) -> Floa
 
     Raises ``ValueError`` if a row of ``b`` is zero.
 
+    See docs/methods.md §C.1.
+
     Example:
+        >>> import torch
         >>> norm_ratio(torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 1.0]]))
         tensor([5.])
     """
@@ -132,7 +147,11 @@ def update_summary(
     and the effective ranks (Roy & Vetterli, :func:`geolens.metrics.spectral.effective_rank`,
     uncentred) of ``H_l`` and of the ``Delta_l`` matrix.
 
+    See docs/methods.md §C.1.
+
     Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
         >>> rows = update_summary(torch.randn(3, 50, 8))
         >>> len(rows), rows[0]["layer"]
         (2, 1)
