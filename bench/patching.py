@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import geolens  # noqa: E402
 from geolens.analyses.patching import logit_diff, patch  # noqa: E402
-from geolens.interventions import hook_name_for  # noqa: E402
+from geolens.interventions import edit_hook_name  # noqa: E402
 
 CLEAN = "The Eiffel Tower is in the city of"
 CORRUPTED = "The Colosseum is in the city of"
@@ -52,7 +52,7 @@ class ForwardCounter:
 
 def naive_patch(adapter, clean, corrupted, site, layers, n_pos, good, bad):
     """One forward per (layer, position): copy the clean activation into the corrupted run."""
-    names = {layer: hook_name_for(adapter, site, layer) for layer in layers}
+    names = {layer: edit_hook_name(adapter, site, layer) for layer in layers}
     cache = {}
 
     def saver(name):
@@ -99,7 +99,7 @@ def main() -> None:
 
     with ForwardCounter(model) as counter:
         start = time.perf_counter()
-        res = patch(model, clean, corrupted, logit_diff(good, bad), sites=args.site, layers=layers,
+        res = patch(model, clean, corrupted, metric=logit_diff(good, bad), sites=args.site, layers=layers,
                     batch_size=args.batch_size, progress=False)
         t_geolens = time.perf_counter() - start
     f_geolens = counter.count

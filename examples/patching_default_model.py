@@ -46,7 +46,7 @@ def main(small: bool = False) -> dict:
     batch_size = 48
     metric = logit_diff(ANSWER, FOIL)
 
-    full = patch(model, clean_ids, corrupted_ids, metric, sites=sites, layers=layers, batch_size=batch_size,
+    full = patch(model, clean_ids, corrupted_ids, metric=metric, sites=sites, layers=layers, batch_size=batch_size,
                  progress=not small)
     print(f"clean logit diff {full.params['clean_value']:.3f}, corrupted {full.params['corrupted_value']:.3f}, "
           f"{full.params['n_forward']} forward passes")
@@ -63,7 +63,7 @@ def main(small: bool = False) -> dict:
     basis = readout_basis(adapter.unembed_matrix("raw"), k)
     summary = {}
     for name, complement in (("readout V_k", False), ("complement", True)):
-        res = patch(model, clean_ids, corrupted_ids, metric, sites=("resid_pre",), layers=sub_layers, batch_size=batch_size,
+        res = patch(model, clean_ids, corrupted_ids, metric=metric, sites=("resid_pre",), layers=sub_layers, batch_size=batch_size,
                     subspace=basis, complement=complement, progress=not small).normalized()
         table = res.to_pandas()
         best = table.loc[table["value"].idxmax()]

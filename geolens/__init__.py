@@ -18,11 +18,12 @@ from geolens.analyses.phases import PhasesResult, phases
 from geolens.analyses.probes import ProbeResult, probes
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
 from geolens.analyses.updates import UpdatesResult, updates
-from geolens.capture import SITES, States, capture
+from geolens.capture import States, capture
+from geolens.sites import SITES
 from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import PGAResult, Result
-from geolens.zoo import default_texts, load_default_model
+from geolens.data import default_texts, load_default_model
 
 __version__ = "0.1.0"
 

@@ -7,6 +7,8 @@ finite, floating-point tensors.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -54,11 +56,14 @@ def check_finite(x: torch.Tensor, name: str) -> None:
 def check_int(value: object, name: str, *, low: int | None = None, high: int | None = None) -> int:
     """Return ``value`` as an int within ``[low, high]`` (inclusive), else raise.
 
+    Any integral number is accepted (Python and NumPy integers, 0-d integer
+    tensors); ``bool`` and floats are not, even when whole.
+
     Example:
         >>> check_int(3, "k", low=1)
         3
     """
-    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) and not (
         isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point()
     ):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")

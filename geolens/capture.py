@@ -1,19 +1,14 @@
 """Hook-based capture of hidden states at sampled token positions.
 
-Layer convention (DESIGN.md): the residual stream has ``L + 1`` layers,
-``0`` = embeddings (``blocks.0.hook_resid_pre``) and ``l >= 1`` =
-``blocks.{l-1}.hook_resid_post``. Sites inside a block are indexed by the layer
-that block *produces*: ``attn_out``, ``mlp_out``, ``resid_mid`` and
-``resid_pre`` at layer ``l`` (``1..L``) belong to ``blocks.{l-1}``, so the
-update of layer ``l`` is ``resid_post[l] - resid_pre[l]``. ``final`` is the
-state the unembedding reads (after ``ln_final``), a single layer numbered ``L``.
+Sites and layers follow :mod:`geolens.sites` (``0`` = embeddings, ``final`` =
+the state the unembedding reads).
 
 Only the sampled rows are copied out of each hook, so memory is
 ``O(n_tokens x layers x d)`` plus one forward batch, never a full cache.
 
 Example:
-    >>> states = capture(model, ["The cat sat on the mat."], n_tokens=4)   # doctest: +SKIP
-    >>> states["resid_post"].shape                                          # doctest: +SKIP
+    >>> states = capture(model, ["The cat sat on the mat."], n_tokens=4, progress=False)
+    >>> states["resid_post"].shape
     torch.Size([3, 4, 64])
 """
 
@@ -28,14 +23,9 @@ from tqdm.auto import tqdm
 
 from geolens._validation import check_int
 from geolens.model import ModelAdapter, as_adapter
+from geolens.sites import check_layers, check_site, hook_name
 
-__all__ = ["SITES", "States", "TokenBatch", "capture", "prepare_tokens", "sample_positions", "site_hook_name",
-           "site_layers"]
-
-RESIDUAL_SITE = "resid_post"
-BLOCK_SITES = ("resid_pre", "resid_mid", "attn_out", "mlp_out")
-FINAL_SITE = "final"
-SITES = (RESIDUAL_SITE, *BLOCK_SITES, FINAL_SITE)
+__all__ = ["States", "TokenBatch", "capture", "prepare_tokens", "sample_positions"]
 
 
 @dataclass(frozen=True)
@@ -128,31 +118,6 @@ class States:
     def __repr__(self) -> str:
         parts = ", ".join(f"{s}: {tuple(t.shape)}" for s, t in self.tensors.items())
         return f"States(N={self.n_tokens}, d={self.d_model}, {parts})"
-
-
-def site_layers(site: str, n_layers: int) -> tuple[int, ...]:
-    """Valid layer indices of a site for a model with ``n_layers`` blocks.
-
-    Example:
-        >>> site_layers("resid_post", 2), site_layers("attn_out", 2), site_layers("final", 2)
-        ((0, 1, 2), (1, 2), (2,))
-    """
-    if site == RESIDUAL_SITE:
-        return tuple(range(n_layers + 1))
-    if site in BLOCK_SITES:
-        return tuple(range(1, n_layers + 1))
-    if site == FINAL_SITE:
-        return (n_layers,)
-    raise ValueError(f"unknown site {site!r}; choose from {SITES}")
-
-
-def site_hook_name(adapter: ModelAdapter, site: str, layer: int) -> str:
-    """TransformerLens hook name of ``(site, layer)`` in geolens's layer convention (layer not validated)."""
-    if site == FINAL_SITE:
-        return adapter.final_hook_name
-    if site == RESIDUAL_SITE:
-        return adapter.hook_name("resid_pre", 0) if layer == 0 else adapter.hook_name("resid_post", layer - 1)
-    return adapter.hook_name(site, layer - 1)
 
 
 def prepare_tokens(
@@ -251,19 +216,19 @@ def sample_positions(
 def capture(
     model: object,
     tokens: str | Sequence[str] | torch.Tensor,
+    *,
     sites: str | Sequence[str] = ("resid_post",),
     layers: Sequence[int] | None = None,
-    n_tokens: int | None = None,
-    seed: int | None = 0,
-    batch_size: int = 8,
     skip_first: bool = True,
-    progress: bool = True,
-    *,
-    attention_mask: torch.Tensor | None = None,
-    max_length: int | None = None,
     dtype: torch.dtype = torch.float32,
     positions: tuple[torch.Tensor, torch.Tensor] | None = None,
     min_tokens: int = 3,
+    n_tokens: int | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    progress: bool = True,
 ) -> States:
     """Capture hidden states of ``model`` at sampled token positions.
 
@@ -292,7 +257,9 @@ def capture(
         :class:`States` with ``[n_layers, N, d]`` per site.
 
     Example:
-        >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=512)  # doctest: +SKIP
+        >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=8, progress=False)
+        >>> states
+        States(N=8, d=64, resid_post: (3, 8, 64), final: (1, 8, 64))
     """
     adapter = as_adapter(model)
     if isinstance(sites, str):
@@ -301,11 +268,11 @@ def capture(
     if not sites:
         raise ValueError("no sites given")
     for site in sites:
-        site_layers(site, adapter.n_layers)  # raises on unknown sites
+        check_site(site, name="sites entry")
     if "resid_mid" in sites and not adapter.has_resid_mid:
         raise ValueError("this model has no resid_mid (parallel attention and MLP); drop that site")
     batch_size = check_int(batch_size, "batch_size", low=1)
-    plan = _plan_layers(sites, layers, adapter.n_layers)
+    plan = {site: check_layers(site, layers, n_layers=adapter.n_layers) for site in sites}
     batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
     if positions is None:
         rows_batch, rows_pos = sample_positions(batch.attention_mask, n_tokens, seed=seed, skip_first=skip_first,
@@ -316,7 +283,7 @@ def capture(
     device = adapter.device
 
     out = {site: torch.empty(len(ls), n, adapter.d_model, dtype=dtype, device=device) for site, ls in plan.items()}
-    names = {site: tuple(site_hook_name(adapter, site, l) for l in ls) for site, ls in plan.items()}
+    names = {site: tuple(hook_name(adapter, site, l) for l in ls) for site, ls in plan.items()}
     # hook name -> list of (site, slot) it fills; one hook can serve two sites.
     targets: dict[str, list[tuple[str, int]]] = {}
     for site, hook_names in names.items():
@@ -367,25 +334,6 @@ def _check_positions(positions, attention_mask) -> tuple[torch.Tensor, torch.Ten
     if not bool((attention_mask.cpu()[rows_batch, rows_pos] != 0).all()):
         raise ValueError("positions include padding")
     return rows_batch, rows_pos
-
-
-def _plan_layers(sites: Sequence[str], layers: Sequence[int] | None, n_layers: int) -> dict[str, list[int]]:
-    plan = {}
-    for site in sites:
-        valid = site_layers(site, n_layers)
-        if layers is None:
-            plan[site] = list(valid)
-            continue
-        wanted = [check_int(l, "layer", low=-(n_layers + 1), high=n_layers) for l in layers]
-        wanted = [l + n_layers + 1 if l < 0 else l for l in wanted]  # -1 = last layer, as in Python
-        if site == FINAL_SITE:
-            plan[site] = list(valid)
-            continue
-        invalid = [l for l in wanted if l not in valid]
-        if invalid:
-            raise ValueError(f"layers {invalid} are not valid for site {site!r}; valid layers: {valid[0]}..{valid[-1]}")
-        plan[site] = list(dict.fromkeys(wanted))
-    return plan
 
 
 class _AllCaptured(Exception):

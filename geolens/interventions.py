@@ -1,4 +1,4 @@
-"""Hooks that *edit* activations: subspace / principal-component ablation.
+"""Hooks that *edit* activations: subspace / principal-component ablation and activation patching.
 
 Two pure edits of a batch of states ``h`` (``[..., d]``) against an orthonormal
 basis ``Q`` (``[d, m]``, projector ``P = Q Q^T``):
@@ -15,13 +15,13 @@ and the hook machinery that applies them during a forward pass:
   the model's own ``hooks`` context manager, so they are removed on exit, also
   when the block raises);
 * :func:`ablate_pcs` — the same for the top-``m`` principal directions of the
-  layer's centred states on reference tokens.
+  layer's centred states on reference tokens;
+* :func:`patch_subspace`, :func:`patching_hook`, :func:`record_activations` —
+  the edits behind :func:`geolens.patch` (a clean activation copied into a
+  corrupted run, whole or inside a subspace).
 
-Layer convention (as in :func:`geolens.capture`): site ``resid_post`` has layers
-``0..L`` (``0`` = embeddings = ``blocks.0.hook_resid_pre``, ``l`` =
-``blocks.{l-1}.hook_resid_post``); block sites ``resid_pre``, ``resid_mid``,
-``attn_out``, ``mlp_out`` have layers ``1..L`` (the block ``blocks.{l-1}`` that
-produces layer ``l``).
+Sites and layers follow :mod:`geolens.sites`; every site but ``final`` (the
+unembedding's input, after ``ln_final``) can be edited: :data:`EDIT_SITES`.
 
 By default the first position of every sequence (BOS / attention sink) is left
 unedited (``skip_first=True``): principal directions are estimated without it
@@ -29,8 +29,10 @@ unedited (``skip_first=True``): principal directions are estimated without it
 effect of an ablation.
 
 Example:
-    >>> with geolens.ablate_pcs(model, layer=20, m=1, reference_tokens=texts):   # doctest: +SKIP
+    >>> with ablate_pcs(model, layer=1, m=1, reference_tokens=texts):
     ...     logits = model(tokens)
+    >>> logits.shape
+    torch.Size([1, 6, 200])
 """
 
 from __future__ import annotations
@@ -43,17 +45,22 @@ import torch
 from jaxtyping import Float
 
 from geolens._validation import check_finite, check_float_matrix, check_int
-from geolens.capture import FINAL_SITE, RESIDUAL_SITE, capture, site_hook_name, site_layers
+from geolens.capture import capture
 from geolens.metrics.grassmann import orthonormal_basis
 from geolens.metrics.preprocess import center, principal_directions
 from geolens.model import ModelAdapter, as_adapter
+from geolens.sites import BLOCK_SITES, RESIDUAL_SITE, check_site, hook_name
 
 __all__ = [
     "ABLATION_MODES",
     "ablate",
     "ablate_pcs",
     "ablation_hooks",
-    "hook_name_for",
+    "EDIT_SITES",
+    "edit_hook_name",
+    "patch_subspace",
+    "patching_hook",
+    "record_activations",
     "reference_pcs",
     "remove_subspace",
     "replace_subspace",
@@ -61,6 +68,8 @@ __all__ = [
 ]
 
 ABLATION_MODES: tuple[str, ...] = ("project", "mean")
+# Every site but "final": the unembedding's input is read, not edited (edit resid_post layer L instead).
+EDIT_SITES: tuple[str, ...] = (RESIDUAL_SITE, *BLOCK_SITES)
 HookFn = Callable[..., Any]
 
 
@@ -107,15 +116,11 @@ def subspace_basis(basis: torch.Tensor, d_model: int, name: str = "basis") -> Fl
 
 
 # ---------------------------------------------------------------- hooks
-def hook_name_for(adapter: ModelAdapter, site: str, layer: int) -> str:
-    """TransformerLens hook name of ``(site, layer)`` in geolens's layer convention."""
-    if site == FINAL_SITE:
+def edit_hook_name(adapter: ModelAdapter, site: str, layer: int) -> str:
+    """Hook name of an editable ``(site, layer)`` (:data:`EDIT_SITES`; site and layer checked)."""
+    if site == "final":
         raise ValueError("site 'final' (after ln_final) cannot be edited here; use resid_post layer L instead")
-    valid = site_layers(site, adapter.n_layers)
-    layer = check_int(layer, "layer")
-    if layer not in valid:
-        raise ValueError(f"layer {layer} is not valid for site {site!r}; valid layers: {valid[0]}..{valid[-1]}")
-    return site_hook_name(adapter, site, layer)
+    return hook_name(adapter, check_site(site, allowed=EDIT_SITES), layer)
 
 
 def _reference_mean(
@@ -171,7 +176,7 @@ def ablation_hooks(
     adapter = as_adapter(model)
     if mode not in ABLATION_MODES:
         raise ValueError(f"mode must be one of {ABLATION_MODES}, got {mode!r}")
-    name = hook_name_for(adapter, site, layer)
+    name = edit_hook_name(adapter, site, layer)
     q = subspace_basis(basis, adapter.d_model)
     if mode == "mean":
         if reference is None:
@@ -247,7 +252,7 @@ def reference_pcs(
         >>> pcs, states = reference_pcs(model, 20, 1, texts, n_tokens=512)   # doctest: +SKIP
     """
     adapter = as_adapter(model)
-    hook_name_for(adapter, site, layer)  # validates site and layer
+    edit_hook_name(adapter, site, layer)  # validates site and layer
     m = check_int(m, "m", low=0, high=adapter.d_model)
     states = capture(adapter, reference_tokens, sites=(site,), layers=[layer], n_tokens=n_tokens, seed=seed,
                      progress=progress, attention_mask=attention_mask).layer(site, layer)
@@ -289,3 +294,51 @@ def ablate_pcs(
     with ablate(model, layer, basis, site, mode, reference, skip_first=skip_first):
         yield basis
 
+
+# ---------------------------------------------------------------- patching edits
+def patch_subspace(
+    corrupted: Float[torch.Tensor, "... d"],
+    clean: Float[torch.Tensor, "... d"],
+    basis: Float[torch.Tensor, "d m"] | None = None,
+    complement: bool = False,
+) -> Float[torch.Tensor, "... d"]:
+    """The patched activation: ``clean`` (no basis), ``corr + P (clean - corr)``, or with
+    ``complement`` ``corr + (I - P)(clean - corr)``; ``basis`` must be orthonormal.
+
+    Example:
+        >>> q = torch.tensor([[1.0], [0.0]])
+        >>> patch_subspace(torch.zeros(1, 2), torch.tensor([[3.0, 4.0]]), q).tolist()
+        [[3.0, 0.0]]
+    """
+    if basis is None:
+        return clean if not complement else corrupted  # complement of the whole space is {0}
+    basis = basis.to(device=corrupted.device, dtype=corrupted.dtype)
+    diff = clean - corrupted
+    inside = (diff @ basis) @ basis.T
+    return corrupted + (diff - inside if complement else inside)
+
+
+def record_activations(adapter: ModelAdapter, tokens: torch.Tensor, names: set[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One forward pass of ``tokens``: ``({hook name: activation}, logits)`` (the clean run of patching)."""
+    cache: dict[str, torch.Tensor] = {}
+
+    def saver(name: str):
+        def hook(activation: torch.Tensor, hook: Any = None) -> None:
+            cache[name] = activation.detach().clone()
+        return hook
+
+    logits = adapter.run_with_hooks(tokens, fwd_hooks=[(n, saver(n)) for n in sorted(names)])
+    return cache, logits
+
+
+def patching_hook(rows: torch.Tensor, pos: torch.Tensor, pairs: torch.Tensor, clean: torch.Tensor,
+                  basis: torch.Tensor | None, complement: bool) -> HookFn:
+    """A hook that replaces ``act[rows[i], pos[i]]`` by the patch from ``clean[pairs[i], pos[i]]``."""
+
+    def hook(activation: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        edited = activation.clone()
+        target = clean[pairs, pos].to(activation.dtype)
+        edited[rows, pos] = patch_subspace(activation[rows, pos], target, basis, complement)
+        return edited
+
+    return hook

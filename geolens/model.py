@@ -73,9 +73,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["SITES", "READOUTS", "ModelAdapter", "as_adapter", "boot_bridge", "supported_kinds"]
+__all__ = ["READOUTS", "ModelAdapter", "as_adapter", "boot_bridge", "supported_kinds"]
 
-SITES: tuple[str, ...] = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 READOUTS: tuple[str, ...] = ("raw", "folded")
 
 HookFn = Callable[..., Any]
@@ -258,7 +257,7 @@ class ModelAdapter:
         'blocks.3.hook_resid_post'
         """
         if site not in _SITE_HOOKS:
-            raise ValueError(f"unknown site {site!r}; choose from {SITES}")
+            raise ValueError(f"unknown site {site!r}; choose from {tuple(_SITE_HOOKS)}")
         if isinstance(block, bool) or not isinstance(block, numbers.Integral) or not 0 <= block < self.n_layers:
             raise ValueError(f"block must be an int in [0, {self.n_layers}), got {block!r}")
         block = int(block)  # numpy / torch integer scalars format like ints from here on
@@ -428,6 +427,48 @@ class ModelAdapter:
         if weight is None:
             return w_u
         return weight.to(w_u.dtype).unsqueeze(-1) * w_u  # == diag(weight) @ W_U without the d x d matrix
+
+    def embedding_matrix(self) -> Tensor:
+        """The token embedding ``W_E`` as a detached ``[d_vocab_in, d_model]`` tensor (one row per token).
+
+        HookedTransformer and TransformerBridge (TransformerLens 3.9 and 4.x) expose
+        ``model.W_E``; ``model.embed.W_E`` and the HF input embeddings are fallbacks.
+
+        >>> adapter.embedding_matrix().shape   # doctest: +SKIP
+        torch.Size([200, 64])
+        """
+        m = self.model
+        candidates: list[Callable[[], Any]] = [
+            lambda: m.W_E,
+            lambda: m.embed.W_E,
+            lambda: m.embed.weight,
+            lambda: m.original_model.get_input_embeddings().weight,
+        ]
+        for get in candidates:
+            try:
+                w_e = get()
+            except (AttributeError, RuntimeError, TypeError, NotImplementedError):
+                continue
+            if isinstance(w_e, Tensor) and w_e.ndim == 2:
+                w_e = w_e.detach()
+                if w_e.shape[-1] != self.d_model and w_e.shape[0] == self.d_model:
+                    w_e = w_e.T
+                if w_e.shape[-1] == self.d_model:
+                    return w_e
+        raise ValueError(f"cannot find the embedding matrix W_E of {self.name!r}")
+
+    def final_norm(self, h: Tensor) -> Tensor:
+        """``ln_final(h)`` for states ``[..., d_model]`` in the model's dtype (``h`` itself without a final norm).
+
+        The model's own module runs (no copy of its weights), so gradients flow to
+        ``h`` and the result is exactly what the unembedding reads.
+        """
+        ln_final = getattr(self.model, "ln_final", None)
+        if ln_final is None:
+            return h
+        shape = h.shape
+        x = h.reshape(1, -1, shape[-1]).to(self.dtype)  # [1, N, d]: every norm module accepts [batch, pos, d]
+        return ln_final(x).reshape(shape)
 
     def unembed_bias(self) -> Tensor | None:
         """``b_U`` as a detached [d_vocab] tensor, or ``None`` if the model has none."""
@@ -610,24 +651,28 @@ def as_adapter(model_or_adapter: Any) -> ModelAdapter:
 
 
 def boot_bridge(
-    name_or_path: str,
+    name_or_path: Any,
     *,
+    revision: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Any:
     """Boot a Hugging Face model (a local folder, or a hub name where the hub is reachable) as a ``TransformerBridge``.
 
     The weights are left unprocessed (no ``enable_compatibility_mode``), so the
-    raw ``W_U`` is the model's own unembedding.
+    raw ``W_U`` is the model's own unembedding. ``revision`` picks a hub
+    revision (e.g. Pythia's ``"step64000"``).
 
     Example:
-        >>> model = boot_bridge("EleutherAI/pythia-410m")          # doctest: +SKIP
-        >>> model = boot_bridge("/data/checkpoints/my-neox")       # doctest: +SKIP
+        >>> model = boot_bridge("EleutherAI/pythia-410m", revision="step64000")   # doctest: +SKIP
+        >>> model = boot_bridge("/data/checkpoints/my-neox")                      # doctest: +SKIP
     """
     _, bridge = _tl_classes()
     if bridge is None:
         raise ImportError("TransformerBridge is not importable: install transformer-lens >= 3.0")
     kwargs: dict[str, Any] = {"dtype": dtype}
+    if revision is not None:
+        kwargs["revision"] = str(revision)
     if device is not None:
         kwargs["device"] = str(device)
     return bridge.boot_transformers(str(name_or_path), **kwargs)

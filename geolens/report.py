@@ -15,13 +15,11 @@ Example:
 from __future__ import annotations
 
 import copy
-import html
-import platform
+import random
 import time
 import traceback
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -30,26 +28,23 @@ from tqdm.auto import tqdm
 from geolens.analyses.compare import compare
 from geolens.analyses.convergence import convergence
 from geolens.analyses.pga import pga
+from geolens.analyses.phases import phases
 from geolens.analyses.probes import probes
-from geolens.analyses.spectrum import spectrum_of_states, weight_geometry
+from geolens.analyses.spectrum import spectrum, weight_geometry
 from geolens.analyses.updates import updates
-from geolens.capture import FINAL_SITE, RESIDUAL_SITE, States, capture
+from geolens.capture import States, capture
+from geolens.data import default_texts, load_default_model
+from geolens.lens import SMALL_BUDGET, TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
+from geolens.pages import versions, write_html
 from geolens.results import Result, json_text
+from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 
-__all__ = ["DEFAULT_SECTIONS", "QUICK", "SECTIONS", "ReportSettings", "report", "versions", "write_html"]
+__all__ = ["DEFAULT_SECTIONS", "QUICK", "REPORT_LENS_BUDGET", "SECTIONS", "ReportSettings", "report"]
 
-
-def versions() -> dict[str, str]:
-    """Versions of the packages that shape the numbers."""
-    out = {"python": platform.python_version()}
-    for name in ("geolens", "transformer-lens", "torch", "transformers", "numpy", "scipy", "scikit-learn"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+# The tuned lens of the lens and phases sections: the small CPU budget, on 200 default texts.
+REPORT_LENS_BUDGET: dict[str, int] = {**SMALL_BUDGET, "n_train_texts": 200}
 
 
 # Small budgets for every section: a whole report of the default model (30 layers, d = 576) in
@@ -137,10 +132,8 @@ class ReportSettings:
             >>> ReportSettings().as_dict()["lens_budget"]["steps"]
             25
         """
-        from geolens.lens.evaluate import REPORT_BUDGET
-
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _STATE_FIELDS}
-        out["lens_budget"] = {**{k: v for k, v in REPORT_BUDGET.items() if k != "seed"}, **(self.lens_budget or {})}
+        out["lens_budget"] = {**REPORT_LENS_BUDGET, **(self.lens_budget or {})}
         return out
 
 
@@ -153,8 +146,8 @@ def _states(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> State
 
 def _pga_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     ccr = s.ccr if isinstance(s.ccr, int) else list(s.ccr)
-    result = pga(adapter, None, k=s.k, n_null=s.n_null, ccr=ccr, seed=s.seed, progress=s.progress,
-                 states=_states(adapter, texts, s))
+    result = pga(adapter, _states(adapter, texts, s), k=s.k, n_null=s.n_null, ccr=ccr, seed=s.seed,
+                 progress=s.progress)
     return result, [result.plot()]
 
 
@@ -165,9 +158,8 @@ def _fit_range(s: ReportSettings, n_values: int) -> tuple[int, int]:
 
 def _spectrum_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     states = _states(adapter, texts, s)
-    result = spectrum_of_states(states, site=RESIDUAL_SITE, progress=s.progress,
-                                alpha_fit_range=_fit_range(s, min(states.n_tokens, adapter.d_model)))
-    result.params.update(model=adapter.name, seed=s.seed)
+    result = spectrum(adapter, states, site=RESIDUAL_SITE, seed=s.seed, progress=s.progress,
+                      alpha_fit_range=_fit_range(s, min(states.n_tokens, adapter.d_model)))
     figures = [result.plot()]
     if "pga" in s.results:
         comparison = compare(s.results["pga"], result, ccr=1 if 1 in s.results["pga"].to_pandas().ccr.values else None)
@@ -180,24 +172,31 @@ def _updates_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings)
     return result, [result.plot()]
 
 
-def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
-    from geolens.lens import cached_tuned_lens, evaluate
+def _report_lens(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> TunedLens:
+    """The tuned lens of the lens and phases sections: trained once on default texts the report does not score."""
+    budget = dict(s.as_dict()["lens_budget"])
+    n_train_texts = budget.pop("n_train_texts")
+    held_out = set(texts)
+    pool = [t for t in default_texts(n=None) if t not in held_out]
+    random.Random(s.seed).shuffle(pool)
+    return cached_tuned_lens(adapter, pool[:n_train_texts], seed=s.seed, progress=s.progress, **budget)
 
-    # The same cached lens as the phases section (same budget, same held-out texts), evaluated on
-    # the report's texts cut to max_length like every other section.
-    lens = cached_tuned_lens(adapter, texts, seed=s.seed, progress=s.progress, **(s.lens_budget or {}))
-    result = evaluate(lens, adapter, texts, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress,
+
+def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
+    # The same cached lens as the phases section, evaluated on the report's texts cut to
+    # max_length like every other section.
+    lens = _report_lens(adapter, texts, s)
+    result = evaluate(adapter, texts, lens=lens, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress,
                       max_length=s.max_length)
     result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
     return result, [result.plot()]
 
 
 def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
-    from geolens.analyses.phases import phases
-
-    result = phases(adapter, texts, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress, max_length=s.max_length,
-                    **(s.lens_budget or {}))
-    result.params["lens_budget"] = s.as_dict()["lens_budget"]
+    lens = _report_lens(adapter, texts, s)
+    result = phases(adapter, texts, lens=lens, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress,
+                    max_length=s.max_length)
+    result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
     return result, [result.plot()]
 
 
@@ -207,8 +206,6 @@ def _weights_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings)
 
 
 def _probe_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
-    from geolens.zoo import default_texts
-
     probe_texts, labels = default_texts(n=s.probe_texts, seed=s.seed, with_labels=True)
     result = probes(adapter, probe_texts, labels, folds=s.probe_folds, seed=s.seed, max_length=s.probe_max_length,
                     progress=s.progress)
@@ -219,7 +216,7 @@ def _probe_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
 def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     # One offline model: compare it with itself across depths (layer x layer grid). Where two
     # layers' distance structures agree, the representation has not been reorganised between them.
-    result = convergence(adapter, adapter, texts, k=s.k, ccr=1, grid=True, n_positions=s.convergence_positions,
+    result = convergence(adapter, texts, k=s.k, ccr=1, grid=True, n_positions=s.convergence_positions,
                          max_length=s.max_length, seed=s.seed, progress=s.progress)
     result.params["comparison"] = "the model with itself, every layer against every layer"
     return result, [result.plot("rho_full"), result.plot("rho_readout")]
@@ -269,8 +266,6 @@ def report(
         >>> report(sections=["pga"], n_tokens=512, ccr=[0, 1])      # doctest: +SKIP
         >>> report(quick=True, n_tokens=400)                         # doctest: +SKIP
     """
-    from geolens.zoo import default_texts, load_default_model
-
     started, date = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     if settings is not None and quick:
         raise TypeError("give either settings= or quick=True; ReportSettings.quick_preset(...) makes quick settings")
@@ -320,50 +315,3 @@ def report(
     (out_dir / "meta.json").write_text(json_text(meta))
     paths["meta.json"] = out_dir / "meta.json"
     return paths
-
-
-def write_html(path: Path, *, title: str, sections: Sequence[tuple], meta: dict) -> Path:
-    """One self-contained HTML5 page: the run (``meta``), then per section (heading, result, figures, error).
-
-    plotly.js is inlined once, with the first figure, so the page opens offline.
-
-    Example:
-        >>> write_html(Path("r.html"), title="t", sections=[], meta={"run_time_s": 1.0})   # doctest: +SKIP
-    """
-    parts = ["<!DOCTYPE html>", f"<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             "<style>body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;"
-             "font-size:12px} td,th{border:1px solid #ccc;padding:2px 6px} .error{color:#a00;white-space:pre-wrap}"
-             "</style></head><body>", f"<h1>{html.escape(title)}</h1>", "<h2>Run</h2>", _dict_table(meta)]
-    plotly_included = False
-    for heading, result, figures, error in sections:
-        parts.append(f"<h2>{html.escape(heading)}</h2>")
-        if error is not None:
-            parts.append(f"<p class='error'>This section failed: {html.escape(error)}</p>")
-            continue
-        parts.append("<h3>Parameters</h3>" + _dict_table(result.params))
-        for figure in figures:
-            parts.append(figure.to_html(full_html=False, include_plotlyjs=not plotly_included))
-            plotly_included = True
-        parts.append(result.to_pandas().to_html(index=False, float_format=lambda x: f"{x:.4g}"))
-    parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
-
-
-def _dict_table(values: dict) -> str:
-    """A two-column table of ``values``; a dict value (settings, versions, times) becomes a nested table.
-
-    Example:
-        >>> _dict_table({"k": 4, "versions": {"torch": "2.13.0"}})
-        '<table><tr><th>k</th><td>4</td></tr><tr><th>versions</th><td><table><tr><th>torch</th><td>2.13.0</td></tr></table></td></tr></table>'
-    """
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_cell(v)}</td></tr>" for k, v in values.items())
-    return f"<table>{rows}</table>"
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, dict) and value:
-        return _dict_table(value)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
-        return html.escape(", ".join(map(str, value)))  # sections, ccr: "pga, spectrum", not "['pga', 'spectrum']"
-    return html.escape(str(value))

@@ -28,6 +28,8 @@ __all__ = ["Result", "PGAResult", "json_text"]
 # such as JavaScript's ``JSON.parse`` or ``jq`` then reject the whole file). Non-finite floats are
 # written as these strings instead, the spellings ``json.dumps`` would use, and read back as floats
 # by :meth:`Result.load`, so tables keep their NaNs across a save/load round trip.
+# Columns that identify a row rather than measure something (see Result.long_rows).
+_ID_COLUMNS = ("layer", "site", "ccr", "matrix", "rows", "cols")
 NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 
@@ -113,6 +115,32 @@ class Result:
         if payload.get("type") != cls.__name__:
             raise ValueError(f"{path} holds a {payload.get('type')}, not a {cls.__name__}")
         return cls(**{f.name: _restore_non_finite(payload[f.name]) for f in fields(cls) if f.name in payload})
+
+    def long_rows(self, analysis: str) -> list[dict[str, Any]]:
+        """The numbers in long format: one ``{analysis, site, layer, ccr, metric, value}`` per numeric cell.
+
+        Identifier columns (``layer, site, ccr, matrix, rows, cols``) and booleans
+        are not metrics; a weight table's ``matrix`` becomes the ``site``. Metrics
+        are named ``"<analysis>.<column>"``.
+
+        Example:
+            >>> Result(rows=[{"layer": 0, "site": "resid_post", "z": 1.5}]).long_rows("pga")
+            [{'analysis': 'pga', 'site': 'resid_post', 'layer': 0, 'ccr': None, 'metric': 'pga.z', 'value': 1.5}]
+        """
+        table = self.to_pandas()
+        if "matrix" in table.columns:
+            table = table.assign(site=table["matrix"], layer=None)
+        metric_columns = [c for c in table.columns
+                          if c not in _ID_COLUMNS and pd.api.types.is_numeric_dtype(table[c])
+                          and not pd.api.types.is_bool_dtype(table[c])]
+        rows = []
+        for record in table.to_dict("records"):
+            layer, ccr = record.get("layer"), record.get("ccr")
+            base = {"analysis": analysis, "site": record.get("site"),
+                    "layer": None if layer is None or pd.isna(layer) else int(layer),
+                    "ccr": None if ccr is None or pd.isna(ccr) else int(ccr)}
+            rows.extend({**base, "metric": f"{analysis}.{c}", "value": float(record[c])} for c in metric_columns)
+        return rows
 
     def _summary(self) -> str:
         keys = ("model", "site", "k", "n_null", "ccr", "n_tokens", "readout", "seed")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import geolens
-from geolens.capture import sample_positions, site_layers
+from geolens.capture import sample_positions
+from geolens.sites import site_layers
 from geolens.model import as_adapter
 from tests.helpers import hook_count, padded_tokens, same_weights, weights
 

@@ -9,7 +9,7 @@ from geolens.interventions import (
     ablate,
     ablate_pcs,
     ablation_hooks,
-    hook_name_for,
+    edit_hook_name,
     reference_pcs,
     remove_subspace,
     replace_subspace,
@@ -76,13 +76,13 @@ def test_project_mode_removes_the_component_exactly(any_model, site, layer):
 
 def test_hook_names_follow_the_layer_convention(native_bridge):
     adapter = as_adapter(native_bridge)
-    assert hook_name_for(adapter, "resid_post", 0) == "blocks.0.hook_resid_pre"
-    assert hook_name_for(adapter, "resid_post", 2) == "blocks.1.hook_resid_post"
-    assert hook_name_for(adapter, "mlp_out", 1) == "blocks.0.hook_mlp_out"
+    assert edit_hook_name(adapter, "resid_post", 0) == "blocks.0.hook_resid_pre"
+    assert edit_hook_name(adapter, "resid_post", 2) == "blocks.1.hook_resid_post"
+    assert edit_hook_name(adapter, "mlp_out", 1) == "blocks.0.hook_mlp_out"
     with pytest.raises(ValueError, match="valid layers: 1..2"):
-        hook_name_for(adapter, "attn_out", 0)
+        edit_hook_name(adapter, "attn_out", 0)
     with pytest.raises(ValueError, match="final"):
-        hook_name_for(adapter, "final", 2)
+        edit_hook_name(adapter, "final", 2)
 
 
 def test_mean_ablation_of_a_direction_without_variance_is_a_no_op(any_model):
@@ -129,7 +129,7 @@ def test_first_position_is_left_alone_by_default(native_bridge):
     def grab(act, hook=None):
         seen["act"] = act.clone()
 
-    name = hook_name_for(adapter, "resid_post", 1)
+    name = edit_hook_name(adapter, "resid_post", 1)
     adapter.run_with_hooks(tokens, fwd_hooks=[(name, grab)])
     clean = seen["act"]
     for skip_first in (True, False):
@@ -178,7 +178,7 @@ def test_hooks_removed_on_exception_and_weights_unchanged(any_model):
 
     with pytest.raises(KeyError):
         with ablate(any_model, 1, basis):
-            adapter.run_with_hooks(_tokens(adapter), fwd_hooks=[(hook_name_for(adapter, "resid_post", 2), bad_hook)])
+            adapter.run_with_hooks(_tokens(adapter), fwd_hooks=[(edit_hook_name(adapter, "resid_post", 2), bad_hook)])
     with pytest.raises(ValueError):
         with ablate_pcs(any_model, 1, 40, _tokens(adapter)):  # m > N states: raises before adding hooks
             pass

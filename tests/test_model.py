@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from geolens.model import SITES, ModelAdapter, as_adapter, supported_kinds
+from geolens.model import ModelAdapter, as_adapter, supported_kinds
+from geolens.sites import FINAL_SITE, SITES as _ALL_SITES
+
+SITES = tuple(s for s in _ALL_SITES if s != FINAL_SITE)  # the sites every block has a hook for
 
 from tests.conftest import D_MODEL, D_VOCAB, N_LAYERS, NEOX_VOCAB, make_hooked_model, make_native_bridge
 

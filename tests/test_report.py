@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from geolens.cli import _model_arg, main
+from geolens.cli import main
+from geolens.cli.args import model_arg as _model_arg
 from geolens.report import DEFAULT_SECTIONS, QUICK, ReportSettings, report, versions
 from geolens.results import Result
 

@@ -24,9 +24,10 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens._validation import check_int
-from geolens.analyses.pga import default_k, pga_of_states
-from geolens.capture import FINAL_SITE, RESIDUAL_SITE, TokenBatch, capture, prepare_tokens
-from geolens.interventions import ABLATION_MODES, ablation_hooks, hook_name_for, reference_pcs
+from geolens.analyses.pga import _score_states, default_k
+from geolens.capture import TokenBatch, capture, prepare_tokens
+from geolens.sites import FINAL_SITE, RESIDUAL_SITE
+from geolens.interventions import ABLATION_MODES, ablation_hooks, edit_hook_name, reference_pcs
 from geolens.metrics.readout import readout_basis
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
@@ -104,22 +105,23 @@ def next_token_effect(
 def ablation_effect(
     model: object,
     tokens: Any,
+    *,
     layer: int,
     m: int = 1,
     reference_tokens: Any = None,
-    k: int | None = None,
-    n_null: int = 100,
-    n_tokens: int | None = 256,
-    seed: int | None = 0,
-    progress: bool = True,
-    *,
     mode: str = "project",
     site: str = RESIDUAL_SITE,
+    k: int | None = None,
+    n_null: int = 100,
     ccr: int = 0,
     readout: str = "raw",
     skip_first: bool = True,
+    n_tokens: int | None = 256,
+    seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    progress: bool = True,
 ) -> AblationResult:
     """Effect of ablating the top-``m`` principal directions of ``(site, layer)`` on loss, KL and downstream PGA.
 
@@ -141,7 +143,7 @@ def ablation_effect(
             removes nothing and the ablation is the only intervention.
         readout: ``"raw"`` or ``"folded"`` readout subspace.
         skip_first: leave position 0 (BOS) unedited.
-        batch_size, max_length: forward batching and truncation.
+        batch_size, max_length, attention_mask: forward batching, truncation, mask of an id tensor.
 
     Returns:
         :class:`AblationResult`: one row per downstream layer (``layer..L`` of ``resid_post``,
@@ -154,12 +156,12 @@ def ablation_effect(
     adapter = as_adapter(model)
     if mode not in ABLATION_MODES:
         raise ValueError(f"mode must be one of {ABLATION_MODES}, got {mode!r}")
-    hook_name_for(adapter, site, layer)  # validates site and layer
+    edit_hook_name(adapter, site, layer)  # validates site and layer
     m = check_int(m, "m", low=1)
     k = default_k(adapter.d_model) if k is None else check_int(k, "k", low=1)
     n_null = check_int(n_null, "n_null", low=2)
     ccr = check_int(ccr, "ccr", low=0)
-    batch = prepare_tokens(adapter, tokens, max_length=max_length)
+    batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
     if reference_tokens is None:
         reference_tokens, reference_mask = batch.tokens, batch.attention_mask
     else:
@@ -182,8 +184,8 @@ def ablation_effect(
         ablated_states = capture(adapter, batch.tokens, **capture_kw)
     bar.update()
     readout_q = readout_basis(adapter.unembed_matrix(readout), k)
-    clean_pga = pga_of_states(clean_states, readout_q, n_null=n_null, ccr=ccr, seed=seed, progress=False)
-    ablated_pga = pga_of_states(ablated_states, readout_q, n_null=n_null, ccr=ccr, seed=seed, progress=False)
+    clean_pga = _score_states(clean_states, readout_q, n_null=n_null, ccr=ccr, seed=seed, progress=False)
+    ablated_pga = _score_states(ablated_states, readout_q, n_null=n_null, ccr=ccr, seed=seed, progress=False)
     bar.update()
     bar.close()
 

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from geolens.analyses.pga import pga
 from geolens.analyses.spectrum import spectrum, weight_geometry
+from geolens.model import boot_bridge
 from geolens.results import Result
 
 __all__ = ["ANALYSES", "CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
@@ -30,8 +31,7 @@ ANALYSES: dict[str, tuple[Callable[..., Result], bool]] = {
     "spectrum": (spectrum, True),
     "weights": (weight_geometry, False),
 }
-# Columns that identify a row of an analysis' table; every other numeric column is a metric.
-_ID_COLUMNS = ("layer", "site", "ccr", "matrix", "rows", "cols")
+
 
 
 @dataclass(repr=False)
@@ -149,23 +149,7 @@ def _route_kwargs(jobs, kwargs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _long_rows(label: Any, order: int, analysis: str, result: Result) -> list[dict[str, Any]]:
-    table = result.to_pandas()
-    if "matrix" in table.columns:
-        table = table.assign(site=table["matrix"], layer=None)
-    metric_columns = [c for c in table.columns
-                      if c not in _ID_COLUMNS and pd.api.types.is_numeric_dtype(table[c])
-                      and not pd.api.types.is_bool_dtype(table[c])]
-    rows = []
-    for record in table.to_dict("records"):
-        layer = record.get("layer")
-        ccr = record.get("ccr")
-        base = {
-            "checkpoint": label, "order": order, "analysis": analysis, "site": record.get("site"),
-            "layer": None if layer is None or pd.isna(layer) else int(layer),
-            "ccr": None if ccr is None or pd.isna(ccr) else int(ccr),
-        }
-        rows.extend({**base, "metric": f"{analysis}.{c}", "value": float(record[c])} for c in metric_columns)
-    return rows
+    return [{"checkpoint": label, "order": order, **row} for row in result.long_rows(analysis)]
 
 
 def _free_memory() -> None:
@@ -258,8 +242,8 @@ def pythia_checkpoint_loader(
     """A ``load(label)`` for :func:`over_checkpoints` over Pythia's training revisions (needs the Hugging Face hub).
 
     ``label`` is a hub revision such as ``"step143000"`` (an int ``n`` means
-    ``"step{n}"``); each call boots ``TransformerBridge.boot_transformers(name,
-    revision=label)`` with unprocessed weights. Pythia publishes steps 0, 1, 2,
+    ``"step{n}"``); each call boots :func:`geolens.model.boot_bridge` (``name,
+    revision=label``) with unprocessed weights. Pythia publishes steps 0, 1, 2,
     4, ..., 512 and every 1000 up to 143000.
 
     Example:
@@ -270,13 +254,8 @@ def pythia_checkpoint_loader(
         raise TypeError(f"name must be a model name such as 'EleutherAI/pythia-70m', got {name!r}")
 
     def load(label: str | int) -> Any:
-        from transformer_lens.model_bridge import TransformerBridge
-
         revision = f"step{label}" if isinstance(label, int) and not isinstance(label, bool) else str(label)
-        kwargs: dict[str, Any] = {"revision": revision, "dtype": dtype}
-        if device is not None:
-            kwargs["device"] = str(device)
-        return TransformerBridge.boot_transformers(name, **kwargs)
+        return boot_bridge(name, revision=revision, device=device, dtype=dtype)
 
     load.__name__ = f"load_{name.rsplit('/', 1)[-1]}"
     return load

@@ -12,6 +12,8 @@ that a tokenizer merges with the following punctuation are dropped for both.
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -19,7 +21,8 @@ import torch
 
 from geolens._validation import check_int
 from geolens.analyses.pga import default_k
-from geolens.capture import RESIDUAL_SITE, capture
+from geolens.capture import capture
+from geolens.sites import RESIDUAL_SITE
 from geolens.metrics.convergence import centred_unit_ranks, distance_convergence, rank_correlation_matrix
 from geolens.metrics.distances import condensed_indices
 from geolens.metrics.preprocess import remove_common_components
@@ -133,21 +136,22 @@ class ConvergenceResult(Result):
 
 
 def convergence(
-    model_a: object,
-    model_b: object,
-    texts: Sequence[str],
+    model: object,
+    tokens: Sequence[str],
+    other: object | None = None,
+    *,
     layer_a: int | None = None,
     layer_b: int | None = None,
-    *,
     k: int | None = None,
     n_null: int = 100,
     ccr: int = 1,
-    n_positions: int | None = 1024,
     grid: bool = False,
     readout: str = "raw",
-    max_length: int | None = 128,
-    seed: int | None = 0,
+    n_positions: int | None = 1024,
+    seed: int = 0,
     batch_size: int = 8,
+    max_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
     progress: bool = True,
 ) -> ConvergenceResult:
     """Spearman between the pairwise-distance structures of two models over the same text positions.
@@ -161,20 +165,37 @@ def convergence(
     readout only; one matrix product once the ranks are known).
 
     Args:
-        model_a, model_b: TransformerLens models with fast tokenizers (may be the same model).
-        texts: list of strings.
+        model: model A, a TransformerLens model with a fast tokenizer.
+        tokens: a list of texts (positions are aligned on the texts' characters across
+            the two tokenizers, so token ids are refused).
+        other: model B (default: ``model`` itself, e.g. with ``grid=True`` to compare depths).
+        layer_a, layer_b: the compared layers without ``grid`` (default ``L // 2`` of each).
         k: readout dimension for both (default ``min(100, min(d_a, d_b) - 1)``).
+        n_positions: aligned positions sampled (seeded); ``None`` = all.
+        attention_mask: must be ``None`` (texts carry no mask).
 
     Returns:
         :class:`ConvergenceResult`.
 
     Example:
-        >>> res = geolens.convergence(model, model, texts, layer_a=5, layer_b=20)   # doctest: +SKIP
-        >>> geolens.convergence(model, other, texts, grid=True).plot()              # doctest: +SKIP
+        >>> res = convergence(model, texts * 4, layer_a=1, layer_b=2, k=4, n_null=5, n_positions=None,
+        ...                   progress=False)
+        >>> res.to_pandas()[["layer_a", "layer_b"]].values.tolist()
+        [[1, 2]]
     """
-    a, b = as_adapter(model_a), as_adapter(model_b)
-    if isinstance(texts, str) or not texts:
-        raise ValueError("texts must be a non-empty list of strings")
+    if _is_model(tokens) and not _is_model(other):
+        # geolens < 0.2 took convergence(model_a, model_b, texts, layer_a, layer_b)
+        warnings.warn("convergence(model_a, model_b, texts) is deprecated; call convergence(model_a, texts, model_b)",
+                      DeprecationWarning, stacklevel=2)
+        tokens, other = other, tokens
+    a = as_adapter(model)
+    b = a if other is None else as_adapter(other)
+    texts = tokens
+    if isinstance(texts, torch.Tensor) or attention_mask is not None:
+        raise TypeError("convergence aligns positions on the texts' characters across two tokenizers: "
+                        "pass tokens as a list of str (token ids and attention_mask are not accepted)")
+    if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
+        raise ValueError("tokens must be a non-empty list of strings")
     k = default_k(min(a.d_model, b.d_model)) if k is None else check_int(k, "k", low=1)
     if k >= min(a.d_model, b.d_model):
         raise ValueError(f"k must be < min(d_model) = {min(a.d_model, b.d_model)}, got {k}")
@@ -201,7 +222,8 @@ def convergence(
     readout_a = readout_basis(a.unembed_matrix(readout), k)
     readout_b = readout_basis(b.unembed_matrix(readout), k)
     params = {"model_a": a.name, "model_b": b.name, "k": k, "ccr": ccr, "n_positions": int(pos_a.shape[0]),
-              "n_null": n_null, "grid": grid, "readout": readout, "seed": seed, "alignment": "word ends"}
+              "n_null": n_null, "grid": grid, "readout": readout, "seed": seed, "alignment": "word ends",
+              "max_length": max_length}
     if not grid:
         scores = distance_convergence(states_a.layer(RESIDUAL_SITE, layers_a[0]), states_b.layer(RESIDUAL_SITE, layers_b[0]),
                                       readout_a, readout_b, n_null=n_null, ccr=ccr, seed=seed)
@@ -230,3 +252,7 @@ def _layer_units(stack: torch.Tensor, readout: torch.Tensor, ccr: int) -> tuple[
         full.append(centred_unit_ranks(processed, flat_index))
         proj.append(centred_unit_ranks(processed @ readout.to(processed), flat_index))
     return torch.stack(full), torch.stack(proj)
+
+
+def _is_model(value: object) -> bool:
+    return isinstance(value, ModelAdapter) or hasattr(value, "cfg") and hasattr(value, "hook_dict")

@@ -23,7 +23,7 @@ edits applied one after the other give ``h_clean``.
 
 Example:
     >>> res = geolens.patch(model, "The Eiffel Tower is in the city of", "The Colosseum is in the city of",
-    ...                     logit_diff(" Paris", " Rome"))                                # doctest: +SKIP
+    ...                     metric=logit_diff(" Paris", " Rome"))                                # doctest: +SKIP
     >>> res.to_pandas().head(); res.plot()                                               # doctest: +SKIP
 """
 
@@ -37,10 +37,11 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from geolens._validation import check_int
-from geolens.capture import BLOCK_SITES, RESIDUAL_SITE, TokenBatch, prepare_tokens, site_layers
-from geolens.interventions import hook_name_for, subspace_basis
+from geolens.capture import TokenBatch, prepare_tokens
+from geolens.interventions import EDIT_SITES, edit_hook_name, patching_hook, record_activations, subspace_basis
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
+from geolens.sites import check_layers, check_site
 
 __all__ = [
     "PATCH_SITES",
@@ -49,35 +50,11 @@ __all__ = [
     "kl",
     "logit_diff",
     "patch",
-    "patch_subspace",
     "prob",
 ]
 
-PATCH_SITES: tuple[str, ...] = (RESIDUAL_SITE, *BLOCK_SITES)
+PATCH_SITES: tuple[str, ...] = EDIT_SITES
 MetricFn = Callable[[torch.Tensor], torch.Tensor]
-
-
-# ---------------------------------------------------------------- the pure edit
-def patch_subspace(
-    corrupted: Float[torch.Tensor, "... d"],
-    clean: Float[torch.Tensor, "... d"],
-    basis: Float[torch.Tensor, "d m"] | None = None,
-    complement: bool = False,
-) -> Float[torch.Tensor, "... d"]:
-    """The patched activation: ``clean`` (no basis), ``corr + P (clean - corr)``, or with
-    ``complement`` ``corr + (I - P)(clean - corr)``; ``basis`` must be orthonormal.
-
-    Example:
-        >>> q = torch.tensor([[1.0], [0.0]])
-        >>> patch_subspace(torch.zeros(1, 2), torch.tensor([[3.0, 4.0]]), q).tolist()
-        [[3.0, 0.0]]
-    """
-    if basis is None:
-        return clean if not complement else corrupted  # complement of the whole space is {0}
-    basis = basis.to(device=corrupted.device, dtype=corrupted.dtype)
-    diff = clean - corrupted
-    inside = (diff @ basis) @ basis.T
-    return corrupted + (diff - inside if complement else inside)
 
 
 # ---------------------------------------------------------------- metrics
@@ -185,7 +162,7 @@ def logit_diff(correct_token: Any, wrong_token: Any) -> PatchMetric:
     Higher = more like the clean answer.
 
     Example:
-        >>> res = geolens.patch(model, clean, corrupted, logit_diff(" Paris", " Rome"))   # doctest: +SKIP
+        >>> res = geolens.patch(model, clean, corrupted, metric=logit_diff(" Paris", " Rome"))   # doctest: +SKIP
     """
     return _LogitDiff(correct_token, wrong_token)
 
@@ -291,8 +268,7 @@ def _plan(adapter: ModelAdapter, sites: str | Sequence[str], layers: Sequence[in
     if not sites:
         raise ValueError("no sites given")
     for site in sites:
-        if site not in PATCH_SITES:
-            raise ValueError(f"unknown site {site!r}; choose from {PATCH_SITES}")
+        check_site(site, allowed=PATCH_SITES)
     if positions is None:
         pos_list = list(range(n_pos))
     else:
@@ -302,47 +278,17 @@ def _plan(adapter: ModelAdapter, sites: str | Sequence[str], layers: Sequence[in
             raise ValueError("positions is empty")
     cells = []
     for site in sites:
-        valid = site_layers(site, adapter.n_layers)
-        wanted = list(valid) if layers is None else [check_int(l, "layer") for l in layers]
-        bad = [l for l in wanted if l not in valid]
-        if bad:
-            raise ValueError(f"layers {bad} are not valid for site {site!r}; valid layers: {valid[0]}..{valid[-1]} "
-                             "(block sites: layer l = blocks.{l-1}, so 1..L)")
-        for layer in dict.fromkeys(wanted):
-            name = hook_name_for(adapter, site, layer)
+        for layer in check_layers(site, layers, n_layers=adapter.n_layers):
+            name = edit_hook_name(adapter, site, layer)
             cells.extend((site, layer, p, name) for p in pos_list)
     return cells
-
-
-def _cache_clean(adapter: ModelAdapter, tokens: torch.Tensor, names: set[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    cache: dict[str, torch.Tensor] = {}
-
-    def saver(name: str):
-        def hook(activation: torch.Tensor, hook: Any = None) -> None:
-            cache[name] = activation.detach().clone()
-        return hook
-
-    logits = adapter.run_with_hooks(tokens, fwd_hooks=[(n, saver(n)) for n in sorted(names)])
-    return cache, logits
-
-
-def _editor(rows: torch.Tensor, pos: torch.Tensor, pairs: torch.Tensor, clean: torch.Tensor,
-            basis: torch.Tensor | None, complement: bool):
-    """A hook that replaces ``act[rows[i], pos[i]]`` by the patch from ``clean[pairs[i], pos[i]]``."""
-
-    def hook(activation: torch.Tensor, hook: Any = None) -> torch.Tensor:
-        edited = activation.clone()
-        target = clean[pairs, pos].to(activation.dtype)
-        edited[rows, pos] = patch_subspace(activation[rows, pos], target, basis, complement)
-        return edited
-
-    return hook
 
 
 def patch(
     model: object,
     clean: Any,
     corrupted: Any,
+    *,
     metric: Any,
     sites: str | Sequence[str] = ("resid_pre", "attn_out", "mlp_out"),
     layers: Sequence[int] | None = None,
@@ -376,7 +322,7 @@ def patch(
         ``corrupted_value``, ``n_forward``.
 
     Example:
-        >>> res = patch(model, clean_ids, corrupted_ids, logit_diff(1234, 5678), sites="resid_pre")   # doctest: +SKIP
+        >>> res = patch(model, clean_ids, corrupted_ids, metric=logit_diff(1234, 5678), sites="resid_pre")   # doctest: +SKIP
         >>> res.values("resid_pre").shape        # [layers, positions]                                # doctest: +SKIP
     """
     adapter = as_adapter(model)
@@ -390,7 +336,7 @@ def patch(
 
     device = adapter.device
     clean_ids, corr_ids = clean_batch.tokens.to(device), corr_batch.tokens.to(device)
-    cache, clean_logits = _cache_clean(adapter, clean_ids, {c[3] for c in cells})
+    cache, clean_logits = record_activations(adapter, clean_ids, {c[3] for c in cells})
     metric_fn, metric_name = _resolve_metric(metric, adapter, clean_logits)
     clean_value = float(_score(metric_fn, clean_logits, 1, n_pairs)[0])
 
@@ -406,7 +352,7 @@ def patch(
             rows = torch.tensor([i * n_pairs + p for i, _ in members for p in range(n_pairs)], device=device)
             pos = torch.tensor([q for _, q in members for _ in range(n_pairs)], device=device)
             pairs = torch.arange(n_pairs, device=device).repeat(len(members))
-            hooks.append((name, _editor(rows, pos, pairs, cache[name], basis, complement)))
+            hooks.append((name, patching_hook(rows, pos, pairs, cache[name], basis, complement)))
         logits = adapter.run_with_hooks(corr_ids.repeat(len(chunk), 1), fwd_hooks=hooks)
         values.extend(_score(metric_fn, logits, len(chunk), n_pairs).tolist())
 

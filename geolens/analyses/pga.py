@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import numbers
+import warnings
 from typing import Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 from geolens._validation import check_int
-from geolens.capture import FINAL_SITE, RESIDUAL_SITE, States, capture
+from geolens.capture import States, capture
+from geolens.interventions import subspace_basis
 from geolens.metrics.grassmann import random_subspaces
 from geolens.metrics.pga import subspace_pga
 from geolens.metrics.readout import readout_basis
-from geolens.model import as_adapter
+from geolens.model import READOUTS, as_adapter
 from geolens.results import PGAResult
+from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
 
-__all__ = ["pga", "pga_of_states", "default_k"]
+__all__ = ["pga", "default_k"]
 
 DEFAULT_K = 100
 
@@ -27,22 +31,21 @@ def default_k(d_model: int) -> int:
 
 def pga(
     model: object,
-    tokens,
+    tokens: str | Sequence[str] | torch.Tensor | States,
+    *,
     k: int | None = None,
     n_null: int = 100,
     ccr: int | Sequence[int] = 1,
     site: str = RESIDUAL_SITE,
     layers: Sequence[int] | None = None,
-    n_tokens: int | None = 1024,
-    readout: str = "raw",
-    seed: int | None = 0,
-    progress: bool = True,
-    *,
+    readout: str | torch.Tensor = "raw",
     include_final: bool = True,
+    n_tokens: int | None = 1024,
+    seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
-    states: States | None = None,
+    progress: bool = True,
 ) -> PGAResult:
     """Subspace PGA z-score of every layer of ``model`` on ``tokens``.
 
@@ -51,23 +54,27 @@ def pga(
     the unembedding reads (``include_final``), then scores each layer's states
     against the top-``k`` readout subspace of ``W_U`` with ``n_null``
     Haar-random subspaces (the same ones for every layer and CCR value).
+    See docs/methods.md §A.
 
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge``.
-        tokens: text, list of texts, or ``[B, T]`` token ids.
+        tokens: text, list of texts, ``[B, T]`` token ids, or :class:`~geolens.capture.States`
+            captured before from this model (scored as they are: every captured layer
+            of ``site``, and ``final`` if captured; ``layers`` and the sampling
+            options are then not used).
         k: readout dimension; default ``min(100, d_model - 1)``. ``k >= d_model`` raises.
         n_null: number of random subspaces (>= 2).
         ccr: components removed after centring; a list (e.g. ``[0, 1, 5, 10]``)
             gives one row per (layer, ccr), the paper's masking sweep.
         site: which states (``resid_post`` = the residual stream; also ``attn_out``, ...).
         layers: layer indices (default all).
-        n_tokens: positions sampled (seeded, the same for every layer).
-        readout: ``"raw"`` (the model's ``W_U``) or ``"folded"`` (``diag(ln_final.w) @ W_U``).
+        readout: ``"raw"`` (the model's ``W_U``), ``"folded"`` (``diag(ln_final.w) @ W_U``),
+            or a ``[d_model, k]`` basis of your own (orthonormalised; ``k`` is then its width).
+        include_final: also score the post-``ln_final`` state (the row with ``site == "final"``).
+        n_tokens: positions sampled (seeded, the same for every layer); an upper bound.
         seed: seed for positions and null subspaces.
+        batch_size, max_length, attention_mask: forward batching, truncation, mask of an id tensor.
         progress: show progress bars.
-        states: already-captured :class:`~geolens.capture.States` of this model to
-            score instead of capturing (``tokens`` is then ignored; every captured
-            layer of ``site``, and ``final`` if captured, is scored).
 
     Returns:
         :class:`~geolens.results.PGAResult`; ``.to_pandas()`` has one row per
@@ -75,51 +82,67 @@ def pga(
         z, p_value, pc1_readout_energy, random_energy``.
 
     Example:
-        >>> res = geolens.pga(model, texts, k=100, n_null=100, ccr=[0, 1, 5])   # doctest: +SKIP
-        >>> res.plot()                                                          # doctest: +SKIP
+        >>> res = pga(model, texts, k=8, n_null=10, ccr=[0, 1], n_tokens=32, progress=False)
+        >>> res.to_pandas().shape
+        (8, 10)
+        >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=32, progress=False)
+        >>> pga(model, states, k=8, n_null=10, progress=False).to_pandas().site.tolist()
+        ['resid_post', 'resid_post', 'resid_post', 'final']
     """
     adapter = as_adapter(model)
-    k = default_k(adapter.d_model) if k is None else check_int(k, "k", low=1)
-    if k >= adapter.d_model:
-        raise ValueError(f"k must be < d_model = {adapter.d_model}, got k = {k}")
     ccrs = _ccr_list(ccr)
     n_null = check_int(n_null, "n_null", low=2)
-    if states is None:
+    check_site(site)
+    if isinstance(readout, torch.Tensor):
+        basis = subspace_basis(readout, adapter.d_model, "readout")
+        k = basis.shape[1]
+        if not 1 <= k < adapter.d_model:
+            raise ValueError(f"readout must have 1 to d_model - 1 = {adapter.d_model - 1} columns, got {k}")
+    else:
+        if readout not in READOUTS:
+            raise ValueError(f"readout must be one of {READOUTS} or a [d_model, k] tensor, got {readout!r}")
+        k = default_k(adapter.d_model) if k is None else check_int(k, "k", low=1)
+        if k >= adapter.d_model:
+            raise ValueError(f"k must be < d_model = {adapter.d_model}, got k = {k}")
+        basis = readout_basis(adapter.unembed_matrix(readout), k)
+    if isinstance(tokens, States):
+        states = tokens
+        if site not in states.sites:
+            raise ValueError(f"the states hold sites {list(states.sites)}, not {site!r}")
+        if states.d_model != adapter.d_model:
+            raise ValueError(f"the states have d = {states.d_model} but the model has d_model = {adapter.d_model}")
+        states = states.select([s for s in (site, FINAL_SITE) if s in states.sites and (s == site or include_final)])
+    else:
         sites = (site, FINAL_SITE) if include_final and site != FINAL_SITE else (site,)
         states = capture(
             adapter, tokens, sites=sites, layers=layers, n_tokens=n_tokens, seed=seed, batch_size=batch_size,
             progress=progress, attention_mask=attention_mask, max_length=max_length,
         )
-    else:
-        wanted = [s for s in (site, FINAL_SITE) if s in states.sites and (s == site or include_final)]
-        if site not in states.sites:
-            raise ValueError(f"states hold sites {list(states.sites)}, not {site!r}")
-        if states.d_model != adapter.d_model:
-            raise ValueError(f"states have d = {states.d_model} but the model has d_model = {adapter.d_model}")
-        states = states.select(wanted)
-    basis = readout_basis(adapter.unembed_matrix(readout), k)
-    result = pga_of_states(states, basis, n_null=n_null, ccr=ccrs, seed=seed, progress=progress)
+    result = _score_states(states, basis, n_null=n_null, ccr=ccrs, seed=seed, progress=progress)
     result.params.update(
-        model=adapter.name, readout=readout, site=site, processing=dict(adapter.processing),
-        n_layers=adapter.n_layers, d_model=adapter.d_model,
+        model=adapter.name, readout=readout if isinstance(readout, str) else "custom", site=site,
+        processing=dict(adapter.processing), n_layers=adapter.n_layers, d_model=adapter.d_model,
     )
     return result
 
 
-def pga_of_states(
+def pga_of_states(states: States, readout: torch.Tensor, **kwargs) -> PGAResult:
+    """Deprecated: use ``geolens.pga(model, states, readout=basis)``."""
+    warnings.warn("pga_of_states is deprecated; use geolens.pga(model, states, readout=basis)", DeprecationWarning,
+                  stacklevel=2)
+    return _score_states(states, readout, **kwargs)
+
+
+def _score_states(
     states: States,
     readout: torch.Tensor,
     *,
     n_null: int = 100,
     ccr: int | Sequence[int] = 1,
-    seed: int | None = 0,
+    seed: int = 0,
     progress: bool = True,
 ) -> PGAResult:
-    """Subspace PGA of already-captured :class:`~geolens.capture.States` against a ``[d, k]`` readout basis.
-
-    Use this to score states captured once with several readouts or CCR
-    values, or states from your own hooks packed into a ``States``.
-    """
+    """Subspace PGA of captured :class:`~geolens.capture.States` against a ``[d, k]`` orthonormal readout basis."""
     ccrs = _ccr_list(ccr)
     any_site = states.sites[0]
     reference = states[any_site]
@@ -153,7 +176,12 @@ def pga_of_states(
 
 
 def _ccr_list(ccr: int | Sequence[int]) -> list[int]:
-    values = [ccr] if isinstance(ccr, int) or (isinstance(ccr, torch.Tensor) and ccr.ndim == 0) else list(ccr)
+    if isinstance(ccr, (numbers.Number, torch.Tensor)) and not (isinstance(ccr, torch.Tensor) and ccr.ndim > 0):
+        values = [ccr]
+    elif isinstance(ccr, (str, bytes)) or not hasattr(ccr, "__iter__"):
+        raise TypeError(f"ccr must be an int or a list of ints, got {type(ccr).__name__}")
+    else:
+        values = list(ccr)
     if not values:
         raise ValueError("ccr is an empty list")
     return [check_int(m, "ccr", low=0) for m in values]

@@ -17,6 +17,8 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from geolens.analyses.updates import updates
+from geolens.lens import TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.phases import PHASE_NAMES, PhaseSplit, detect_phases
 from geolens.metrics.subspaces import choose_resolution, resolution_sweep
 from geolens.model import as_adapter
@@ -64,18 +66,21 @@ class PhasesResult(Result):
 def phases(
     model: object,
     tokens,
-    lens=None,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
     *,
+    lens: TunedLens | None = None,
+    lens_texts: Sequence[str] | None = None,
+    lens_budget: dict[str, int] | None = None,
+    cache_dir=None,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
     k_fraction: float | None = None,
     smoothing: float = 1.0,
     sensitivity: float = 1.0,
     n_tokens: int | None = 1024,
     seed: int = 0,
-    cache_dir=None,
-    progress: bool = True,
+    batch_size: int = 8,
     max_length: int | None = None,
-    **budget,
+    attention_mask: torch.Tensor | None = None,
+    progress: bool = True,
 ) -> PhasesResult:
     """Three-phase analysis of ``model``: RSS of the tuned lens's readout subspaces, phases, diagnostics.
 
@@ -83,29 +88,36 @@ def phases(
         model: ``HookedTransformer`` or ``TransformerBridge``.
         tokens: text(s) or token ids for the per-layer diagnostics (updates, Hit@k).
         lens: a trained :class:`~geolens.lens.TunedLens`; ``None`` trains a
-            small-budget one once and caches it (:func:`geolens.lens.cached_tuned_lens`,
-            ``budget`` keywords go there).
+            small-budget one once and caches it (:func:`geolens.lens.cached_tuned_lens`)
+            on ``lens_texts``, else on ``tokens`` (then the Hit@k diagnostics are
+            in-sample), with ``lens_budget`` (``steps``, ``tokens_per_step``, ``seq_len``)
+            under ``cache_dir``.
         fractions: ``k`` as fractions of ``d`` for the resolution sweep.
         k_fraction: use this fraction instead of the visibility/energy choice.
         smoothing, sensitivity: Gaussian sigma (layers) and Kneedle ``S``.
         n_tokens, seed: positions sampled (seeded) for the diagnostics.
-        max_length: cut each text to this many tokens for the diagnostics (default: whole texts).
+        batch_size, max_length, attention_mask: forward batching, truncation (default: whole
+            texts) and mask of an id tensor, for the diagnostics.
 
     Returns:
         :class:`PhasesResult`; ``params`` has ``k``, ``b1``, ``b2``, ``found``, ``reason``
         and the sweep.
 
     Example:
-        >>> res = geolens.phases(model, geolens.default_texts(n=16))     # doctest: +SKIP
-        >>> res.params["b1"], res.params["b2"]; res.plot()               # doctest: +SKIP
+        >>> res = phases(model, texts, lens=TunedLens(model), n_tokens=16, progress=False)
+        >>> res.params["found"], res.params["reason"][:20]
+        (False, 'need at least 5 poin')
     """
-    from geolens.analyses.updates import updates
-    from geolens.lens import cached_tuned_lens, evaluate
-
     adapter = as_adapter(model)
     if lens is None:
-        lens = cached_tuned_lens(adapter, tokens if isinstance(tokens, (list, tuple)) else None, cache_dir,
-                                 seed=seed, progress=progress, **budget)
+        train_texts = lens_texts if lens_texts is not None else tokens
+        if isinstance(train_texts, str):
+            train_texts = [train_texts]
+        if not isinstance(train_texts, (list, tuple)):
+            raise TypeError("phases: without lens= it trains a tuned lens on text; pass lens_texts= (a list of str) "
+                            "or tokens as texts")
+        lens = cached_tuned_lens(adapter, train_texts, cache_dir=cache_dir, seed=seed, progress=progress,
+                                 **(lens_budget or {}))
     if getattr(lens, "n_layers", None) != adapter.n_layers or getattr(lens, "d_model", None) != adapter.d_model:
         raise ValueError("the lens was made for a model of another shape")
     fractions = list(fractions) + ([k_fraction] if k_fraction is not None and k_fraction not in fractions else [])
@@ -121,10 +133,10 @@ def phases(
         n = chosen["rss"].numel()
         split = PhaseSplit(False, None, None, int(chosen["rss"].argmax()), [None] * n, chosen["rss"].tolist(), str(err))
 
-    upd = updates(adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress,
-                  max_length=max_length).to_pandas().set_index("layer")
-    quality = evaluate(lens, adapter, tokens, n_tokens=n_tokens, seed=seed, progress=progress,
-                       max_length=max_length).to_pandas()
+    common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
+                  attention_mask=attention_mask, progress=progress)
+    upd = updates(adapter, tokens, **common).to_pandas().set_index("layer")
+    quality = evaluate(adapter, tokens, lens=lens, **common).to_pandas()
     hits = {kind: part.set_index("layer") for kind, part in quality.groupby("lens")}
 
     n_points = chosen["rss"].numel()
@@ -145,7 +157,7 @@ def phases(
         "model": adapter.name, "k": chosen["k"], "k_fraction": chosen["fraction"], "b1": split.b1, "b2": split.b2,
         "found": split.found, "reason": split.reason, "smoothing": smoothing, "sensitivity": sensitivity,
         "sweep": [{key: entry[key] for key in ("fraction", "k", "energy", "visibility")} for entry in sweep],
-        "lens_training": getattr(lens, "training_info", {}).get("budget", None), "seed": seed,
+        "lens_training": {k: v for k, v in getattr(lens, "training_info", {}).items() if k != "losses"}, "seed": seed,
         "n_tokens": n_tokens, "max_length": max_length,
     }
     if split.found:

@@ -15,7 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens._validation import check_int
-from geolens.capture import RESIDUAL_SITE, capture, site_layers
+from geolens.capture import capture, prepare_tokens
+from geolens.sites import RESIDUAL_SITE, check_layers
 from geolens.metrics.probes import probe_accuracy
 from geolens.model import as_adapter
 from geolens.results import Result
@@ -27,48 +28,51 @@ POOLINGS = ("mean", "last")
 
 def pooled_states(
     model: object,
-    texts: Sequence[str],
-    layers: Sequence[int] | None = None,
+    tokens,
     *,
+    layers: Sequence[int] | None = None,
     pooling: str = "mean",
     batch_size: int = 8,
-    max_length: int | None = 128,
+    max_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
     progress: bool = True,
 ) -> tuple[list[int], torch.Tensor]:
-    """One residual-stream vector per text and layer: ``(layers, [n_layers, n_texts, d])``.
+    """One residual-stream vector per sequence and layer: ``(layers, [n_layers, n_sequences, d])``.
 
     ``mean`` averages the real tokens after the first (BOS / sink excluded);
-    ``last`` takes the last real token.
+    ``last`` takes the last real token. ``tokens``: texts, or ``[B, T]`` ids (with
+    ``attention_mask`` for padded rows).
     """
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     adapter = as_adapter(model)
-    if isinstance(texts, str) or len(texts) == 0:
-        raise ValueError("texts must be a non-empty list of strings")
     batch_size = check_int(batch_size, "batch_size", low=1)
-    chosen = list(site_layers(RESIDUAL_SITE, adapter.n_layers)) if layers is None else list(layers)
+    chosen = check_layers(RESIDUAL_SITE, layers, n_layers=adapter.n_layers)
+    batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
+    n_seqs = batch.tokens.shape[0]
     out = None
-    starts = range(0, len(texts), batch_size)
+    starts = range(0, n_seqs, batch_size)
     for start in tqdm(starts, desc="probe features", disable=not progress, leave=False):
-        chunk = list(texts[start : start + batch_size])
-        states = capture(adapter, chunk, layers=chosen, max_length=max_length, batch_size=batch_size, progress=False,
-                         min_tokens=1)
+        chunk = slice(start, start + batch_size)
+        n_chunk = batch.tokens[chunk].shape[0]
+        states = capture(adapter, batch.tokens[chunk], attention_mask=batch.attention_mask[chunk], layers=chosen,
+                         batch_size=batch_size, progress=False, min_tokens=1)
         stack = states[RESIDUAL_SITE]  # [layers, rows, d]
         if out is None:
-            out = torch.zeros(stack.shape[0], len(texts), stack.shape[-1], dtype=stack.dtype, device=stack.device)
+            out = torch.zeros(stack.shape[0], n_seqs, stack.shape[-1], dtype=stack.dtype, device=stack.device)
         rows = states.batch_index.to(stack.device)
-        counts = torch.bincount(rows, minlength=len(chunk))
+        counts = torch.bincount(rows, minlength=n_chunk)
         if bool((counts == 0).any()):
             empty = start + int((counts == 0).nonzero()[0])
             raise ValueError(f"text {empty} has no token after the first one; cannot pool it")
         if pooling == "mean":
-            sums = torch.zeros(stack.shape[0], len(chunk), stack.shape[-1], dtype=stack.dtype, device=stack.device)
+            sums = torch.zeros(stack.shape[0], n_chunk, stack.shape[-1], dtype=stack.dtype, device=stack.device)
             sums.index_add_(1, rows, stack)
-            out[:, start : start + len(chunk)] = sums / counts.to(stack.dtype)[None, :, None]
+            out[:, start : start + n_chunk] = sums / counts.to(stack.dtype)[None, :, None]
         else:
             # Rows are sorted by (text, position): the last row of each text is its last token.
             last = torch.cumsum(counts, 0) - 1
-            out[:, start : start + len(chunk)] = stack[:, last]
+            out[:, start : start + n_chunk] = stack[:, last]
     return list(states.layers[RESIDUAL_SITE]), out
 
 
@@ -106,23 +110,24 @@ class ProbeResult(Result):
 
 def probes(
     model: object,
-    texts: Sequence[str],
+    tokens,
     labels: Sequence,
+    *,
     layers: Sequence[int] | None = None,
     pooling: str = "mean",
     folds: int = 5,
-    seed: int | None = 0,
-    *,
-    max_length: int | None = 128,
-    batch_size: int = 8,
     C: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
     progress: bool = True,
 ) -> ProbeResult:
     """Held-out accuracy of a per-layer logistic-regression probe predicting ``labels`` from ``texts``.
 
     Args:
         model: a TransformerLens model with a tokenizer.
-        texts, labels: one label per text (e.g. ``geolens.default_texts(n=500, with_labels=True)``,
+        tokens, labels: texts (or ``[B, T]`` ids) and one label per text (e.g. ``geolens.default_texts(n=500, with_labels=True)``,
             five BBC News topics).
         layers: residual-stream layers (default all, 0 = embeddings).
         pooling: ``"mean"`` over real tokens after the first, or ``"last"`` real token.
@@ -135,19 +140,19 @@ def probes(
         >>> texts, labels = geolens.default_texts(n=250, with_labels=True)     # doctest: +SKIP
         >>> geolens.probes(model, texts, labels).plot(pga_result=res)          # doctest: +SKIP
     """
-    if isinstance(texts, str) or len(texts) == 0:
-        raise ValueError("texts must be a non-empty list of strings")
-    if len(labels) != len(texts):
-        raise ValueError(f"{len(labels)} labels for {len(texts)} texts")
-    layer_ids, features = pooled_states(model, texts, layers, pooling=pooling, batch_size=batch_size,
-                                        max_length=max_length, progress=progress)
+    if isinstance(tokens, str):
+        raise ValueError("tokens must hold several texts (a list of str) or [B, T] ids, one per label")
+    layer_ids, features = pooled_states(model, tokens, layers=layers, pooling=pooling, batch_size=batch_size,
+                                        max_length=max_length, attention_mask=attention_mask, progress=progress)
+    if len(labels) != features.shape[1]:
+        raise ValueError(f"{len(labels)} labels for {features.shape[1]} texts")
     rows = []
     for layer, layer_features in tqdm(list(zip(layer_ids, features)), desc="probes", disable=not progress, leave=False):
         score = probe_accuracy(layer_features, labels, folds=folds, seed=seed, C=C)
         rows.append({"layer": layer, "accuracy_mean": score["accuracy_mean"], "accuracy_std": score["accuracy_std"],
                      "chance": score["chance"]})
     params = {"model": as_adapter(model).name, "pooling": pooling, "folds": folds, "seed": seed,
-              "n_texts": len(texts), "n_classes": len(set(labels)), "max_length": max_length, "C": C}
+              "n_texts": int(features.shape[1]), "n_classes": len(set(labels)), "max_length": max_length, "C": C}
     return ProbeResult(rows=rows, params=params)
 
 

@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
@@ -17,7 +19,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from geolens.capture import RESIDUAL_SITE, States, capture
+from geolens.capture import States, capture
+from geolens.sites import RESIDUAL_SITE
 from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
@@ -108,18 +111,18 @@ def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str =
 def spectrum(
     model: object,
     tokens,
+    *,
     site: str = RESIDUAL_SITE,
     layers: Sequence[int] | None = None,
-    n_tokens: int | None = 1024,
     centre: bool = True,
-    seed: int | None = 0,
-    progress: bool = True,
-    *,
     alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
     rtol: float | None = None,
+    n_tokens: int | None = 1024,
+    seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
+    progress: bool = True,
 ) -> SpectrumResult:
     """Spectral metrics of the ``[n_tokens, d]`` states of every layer of ``model`` on ``tokens``.
 
@@ -131,7 +134,8 @@ def spectrum(
 
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge``.
-        tokens: text, list of texts, or ``[B, T]`` token ids.
+        tokens: text, list of texts, ``[B, T]`` token ids, or :class:`~geolens.capture.States`
+            captured before (every captured layer of ``site`` is measured as it is).
         site: ``resid_post`` (layers 0..L), ``attn_out``, ``mlp_out``, ... (see :func:`geolens.capture`).
         layers: layer indices (default all).
         n_tokens: positions sampled (seeded).
@@ -146,19 +150,33 @@ def spectrum(
         :class:`SpectrumResult`, one row per layer: ``layer, site`` and every metric.
 
     Example:
-        >>> res = geolens.spectrum(model, geolens.default_texts(n=16), n_tokens=1024)   # doctest: +SKIP
-        >>> res.to_pandas()[["layer", "effective_rank", "alpha_req"]]                   # doctest: +SKIP
+        >>> res = spectrum(model, texts, n_tokens=32, alpha_fit_range=(1, 20), progress=False)
+        >>> res.to_pandas()[["layer", "site"]].values.tolist()
+        [[0, 'resid_post'], [1, 'resid_post'], [2, 'resid_post']]
     """
     adapter = as_adapter(model)
-    states = capture(adapter, tokens, sites=(site,), layers=layers, n_tokens=n_tokens, seed=seed,
-                     batch_size=batch_size, progress=progress, attention_mask=attention_mask, max_length=max_length)
-    result = spectrum_of_states(states, site=site, centre=centre, alpha_fit_range=alpha_fit_range, rtol=rtol,
+    if isinstance(tokens, States):
+        states = tokens
+        if states.d_model != adapter.d_model:
+            raise ValueError(f"the states have d = {states.d_model} but the model has d_model = {adapter.d_model}")
+    else:
+        states = capture(adapter, tokens, sites=(site,), layers=layers, n_tokens=n_tokens, seed=seed,
+                         batch_size=batch_size, progress=progress, attention_mask=attention_mask,
+                         max_length=max_length)
+    result = _spectrum_of_states(states, site=site, centre=centre, alpha_fit_range=alpha_fit_range, rtol=rtol,
                                 progress=progress)
     result.params.update(model=adapter.name, seed=seed, n_layers=adapter.n_layers, d_model=adapter.d_model)
     return result
 
 
-def spectrum_of_states(
+def spectrum_of_states(states: States, site: str | None = None, **kwargs) -> SpectrumResult:
+    """Deprecated: use ``geolens.spectrum(model, states)``."""
+    warnings.warn("spectrum_of_states is deprecated; use geolens.spectrum(model, states)", DeprecationWarning,
+                  stacklevel=2)
+    return _spectrum_of_states(states, site, **kwargs)
+
+
+def _spectrum_of_states(
     states: States,
     site: str | None = None,
     *,
@@ -185,39 +203,11 @@ def spectrum_of_states(
 
 
 # ---------------------------------------------------------------- weights
-def embedding_matrix(model: object) -> torch.Tensor:
-    """The token embedding ``W_E`` as a detached ``[d_vocab, d_model]`` tensor (one row per token).
-
-    HookedTransformer and TransformerBridge (TransformerLens 3.9 and 4.x) expose
-    ``model.W_E``; ``model.embed.W_E`` and the HF input embeddings are fallbacks.
-    """
-    adapter = as_adapter(model)
-    m = adapter.model
-    candidates = (
-        lambda: m.W_E,
-        lambda: m.embed.W_E,
-        lambda: m.embed.weight,
-        lambda: m.original_model.get_input_embeddings().weight,
-    )
-    for get in candidates:
-        try:
-            w_e = get()
-        except (AttributeError, RuntimeError, TypeError, NotImplementedError):
-            continue
-        if isinstance(w_e, torch.Tensor) and w_e.ndim == 2:
-            w_e = w_e.detach()
-            if w_e.shape[-1] != adapter.d_model and w_e.shape[0] == adapter.d_model:
-                w_e = w_e.T
-            if w_e.shape[-1] == adapter.d_model:
-                return w_e
-    raise ValueError(f"cannot find the embedding matrix W_E of {adapter.name!r}")
-
-
 def _weight_matrices(adapter: ModelAdapter) -> dict[str, torch.Tensor]:
     return {
         "W_U raw": adapter.unembed_matrix("raw").T,        # [V, d]: row v = the readout vector of token v
         "W_U folded": adapter.unembed_matrix("folded").T,
-        "W_E": embedding_matrix(adapter),
+        "W_E": adapter.embedding_matrix(),
     }
 
 

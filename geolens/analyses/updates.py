@@ -47,13 +47,13 @@ class UpdatesResult(Result):
 def updates(
     model: object,
     tokens,
-    n_tokens: int | None = 1024,
-    seed: int | None = 0,
-    progress: bool = True,
     *,
+    n_tokens: int | None = 1024,
+    seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
+    progress: bool = True,
 ) -> UpdatesResult:
     """Update orthogonality, norms, FFN/MHA ratio and effective ranks of every layer.
 

@@ -4,16 +4,18 @@
 * :class:`TunedLens` — an affine translator per layer first (``nn.Module``,
   ``save`` / ``load``), trained by :func:`train_tuned_lens` (KL distillation).
 * :func:`evaluate` — KL, cross-entropy, Hit@k per layer for both lenses.
-* :func:`lens_report_sections` — the update-geometry and lens results for a
-  report, with a cached small-budget tuned lens.
+* :func:`cached_tuned_lens` — a small-budget tuned lens trained once per
+  (model, texts, budget) and cached.
 
 Example:
-    >>> from geolens.lens import TunedLens, train_tuned_lens, evaluate      # doctest: +SKIP
-    >>> lens = train_tuned_lens(model, geolens.default_texts(n=400))         # doctest: +SKIP
-    >>> evaluate(lens, model, geolens.default_texts(n=16, seed=1)).plot()   # doctest: +SKIP
+    >>> from geolens.lens import TunedLens, evaluate, train_tuned_lens
+    >>> lens = train_tuned_lens(model, texts, steps=2, tokens_per_step=16, seq_len=8, progress=False)
+    >>> evaluate(model, texts, lens=lens, n_tokens=16, progress=False).to_pandas().shape
+    (6, 7)
 """
 
-from geolens.lens.evaluate import REPORT_BUDGET, LensResult, cached_tuned_lens, evaluate, hit_at_k, lens_figure, lens_report_sections
+from geolens.lens.cache import SMALL_BUDGET, cached_tuned_lens
+from geolens.lens.evaluate import LensResult, evaluate, hit_at_k
 from geolens.lens.logit_lens import LogitLens, layer_logits, residual_stream, unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, DEFAULT_STEPS, DEFAULT_TOKENS_PER_STEP, fast_matmul_dtype, kl_rows, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
@@ -24,7 +26,7 @@ __all__ = [
     "DEFAULT_TOKENS_PER_STEP",
     "LensResult",
     "LogitLens",
-    "REPORT_BUDGET",
+    "SMALL_BUDGET",
     "TunedLens",
     "cached_tuned_lens",
     "evaluate",
@@ -32,8 +34,6 @@ __all__ = [
     "hit_at_k",
     "kl_rows",
     "layer_logits",
-    "lens_figure",
-    "lens_report_sections",
     "residual_stream",
     "train_tuned_lens",
     "unembed",

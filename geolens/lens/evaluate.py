@@ -11,17 +11,14 @@ At sampled token positions (BOS and padding excluded), for every layer
   ``hit@5/hit@1`` their ratio (NaN where ``hit@1`` is 0).
 
 Example:
-    >>> res = evaluate(lens, model, geolens.default_texts(n=16), n_tokens=512)   # doctest: +SKIP
-    >>> res.plot()                                                               # doctest: +SKIP
+    >>> res = evaluate(model, texts, lens=TunedLens(model), n_tokens=32, progress=False)
+    >>> res.to_pandas().groupby("lens").size().to_dict()
+    {'logit': 3, 'tuned': 3}
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar, Sequence
 
 import torch
@@ -32,15 +29,14 @@ from tqdm.auto import tqdm
 from geolens._validation import check_int
 from geolens.capture import capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
-from geolens.lens.train import DEFAULT_SEQ_LEN, kl_rows
+from geolens.lens.train import kl_rows
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import as_adapter
 from geolens.results import Result
 
-__all__ = ["LensResult", "evaluate", "hit_at_k", "lens_figure", "lens_report_sections", "REPORT_BUDGET"]
+__all__ = ["LensResult", "evaluate", "hit_at_k"]
 
 _ROW_CHUNK = 256
-REPORT_BUDGET = {"steps": 25, "tokens_per_step": 128, "seq_len": DEFAULT_SEQ_LEN, "n_train_texts": 200, "seed": 0}
 
 
 def hit_at_k(logits: Float[Tensor, "N V"], target: Int[Tensor, "N"], k: int) -> Float[Tensor, "N"]:
@@ -71,36 +67,44 @@ class LensResult(Result):
 
 
 def evaluate(
-    lens: TunedLens | None,
     model: object,
     tokens,
+    *,
+    lens: TunedLens | None = None,
     ks: Sequence[int] = (1, 5),
     n_tokens: int | None = 1024,
-    seed: int | None = 0,
-    progress: bool = True,
-    *,
+    seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
     attention_mask: Tensor | None = None,
+    progress: bool = True,
 ) -> LensResult:
-    """KL, cross-entropy and Hit@k of the tuned lens and the logit lens at every layer ``0..L``.
+    """KL, cross-entropy and Hit@k of the logit lens (and a tuned lens) at every layer ``0..L``.
 
     Args:
-        lens: a :class:`TunedLens` for ``model``, or ``None`` for the logit lens only.
         model: ``HookedTransformer`` or ``TransformerBridge``.
         tokens: text, list of texts, or ``[B, T]`` token ids.
+        lens: a :class:`TunedLens` for ``model`` to score next to the logit lens;
+            ``None`` scores the logit lens only.
         ks: the ``k`` of Hit@k (must include 1 and 5 for the ``hit@5/hit@1`` column).
-        n_tokens: positions sampled (seeded, BOS and padding excluded); ``None`` = all.
+        n_tokens: positions sampled (seeded, BOS and padding excluded); an upper
+            bound, ``None`` = all.
         seed: seed of the sample.
+        batch_size, max_length, attention_mask: forward batching, truncation,
+            mask of a token-id tensor.
         progress: show a progress bar.
 
     Returns:
         :class:`LensResult`, rows ``lens, layer, kl, ce, hit@1, hit@5, hit@5/hit@1``
-        (``"tuned"`` rows first when a lens is given).
+        (``"tuned"`` rows first when a lens is given). See docs/methods.md §C.
 
     Example:
-        >>> evaluate(None, model, texts, n_tokens=256).to_pandas()   # doctest: +SKIP
+        >>> evaluate(model, texts, n_tokens=16, progress=False).to_pandas().columns.tolist()
+        ['lens', 'layer', 'kl', 'ce', 'hit@1', 'hit@5', 'hit@5/hit@1']
     """
+    if isinstance(model, LogitLens):
+        raise TypeError("evaluate(model, tokens, lens=lens): the model comes first and the lens is a keyword "
+                        "(the order evaluate(lens, model, tokens) was removed in geolens 0.2)")
     adapter = as_adapter(model)
     ks = sorted({check_int(k, "k", low=1, high=adapter.d_vocab) for k in ks})
     if not ks:
@@ -188,105 +192,3 @@ def lens_figure(table, *, title: str = ""):
     fig.update_layout(title=f"Logit lens vs tuned lens — {title}" if title else "Logit lens vs tuned lens",
                       template="plotly_white")
     return fig
-
-
-# ---------------------------------------------------------------------- report
-def _default_cache_dir() -> Path:
-    from geolens.zoo.default import cache_root
-
-    return cache_root() / "tuned_lens"
-
-
-def _cache_key(adapter, budget: dict) -> str:
-    shape = {"model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model,
-             "d_vocab": adapter.d_vocab, **budget}
-    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
-    base = Path(adapter.name).name or adapter.name  # a local path names the model by its folder
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base)
-    return f"{safe}-L{adapter.n_layers}-d{adapter.d_model}-V{adapter.d_vocab}-{digest}"
-
-
-def cached_tuned_lens(
-    model: object,
-    held_out_texts=None,
-    cache_dir: str | Path | None = None,
-    *,
-    train_texts: Sequence[str] | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    **budget,
-) -> TunedLens:
-    """A small-budget tuned lens for ``model``: loaded from the cache, else trained once and saved.
-
-    Trained on ``train_texts`` (default: default-corpus articles not in
-    ``held_out_texts``, shuffled) with :data:`REPORT_BUDGET` (override with
-    ``steps=``, ``tokens_per_step=``, ``seq_len=``, ``n_train_texts=``), saved under
-    ``cache_dir`` (default ``$GEOLENS_CACHE/tuned_lens`` or
-    ``~/.cache/geolens/tuned_lens``) in a folder keyed by model name, shape and
-    budget; ``lens.cache_dir`` says where.
-
-    Example:
-        >>> lens = cached_tuned_lens(model, steps=10)      # doctest: +SKIP
-    """
-    from geolens.lens.train import train_tuned_lens
-
-    adapter = as_adapter(model)
-    unknown = set(budget) - set(REPORT_BUDGET)
-    if unknown:
-        raise TypeError(f"unknown budget keys {sorted(unknown)}; choose from {sorted(REPORT_BUDGET)}")
-    plan = {**REPORT_BUDGET, **budget, "seed": seed}
-    if train_texts is not None:
-        train_texts = list(train_texts)
-        plan["train_texts_sha"] = hashlib.sha256("\x00".join(train_texts).encode()).hexdigest()[:12]
-    folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    folder = folder / _cache_key(adapter, plan)
-    try:
-        lens = TunedLens.load(folder, adapter)
-    except FileNotFoundError:
-        if train_texts is None:
-            from geolens.zoo import default_texts
-
-            held_out = set(held_out_texts) if isinstance(held_out_texts, (list, tuple)) else set()
-            pool = [t for t in default_texts(n=None) if t not in held_out]
-            random.Random(seed).shuffle(pool)
-            train_texts = pool[: plan["n_train_texts"]]
-        lens = train_tuned_lens(adapter, train_texts, steps=plan["steps"], tokens_per_step=plan["tokens_per_step"],
-                                seq_len=plan["seq_len"], progress=progress)
-        lens.save(folder)
-    lens.cache_dir = str(folder)
-    return lens
-
-
-def lens_report_sections(
-    model: object,
-    texts,
-    cache_dir: str | Path | None = None,
-    *,
-    train_texts: Sequence[str] | None = None,
-    n_tokens: int | None = 1024,
-    seed: int = 0,
-    progress: bool = True,
-    **budget,
-):
-    """The updates and lens-quality results for a report, with a small tuned lens trained once and cached.
-
-    The lens comes from :func:`cached_tuned_lens` (trained on default-corpus
-    articles not in ``texts`` unless ``train_texts`` is given); a later call
-    loads it instead of training.
-
-    Returns:
-        ``(updates_result, lens_result)``: an
-        :class:`~geolens.analyses.updates.UpdatesResult` and a :class:`LensResult`.
-
-    Example:
-        >>> upd, lens_res = lens_report_sections(model, geolens.default_texts(n=32))   # doctest: +SKIP
-    """
-    from geolens.analyses.updates import updates
-
-    adapter = as_adapter(model)
-    lens = cached_tuned_lens(adapter, texts, cache_dir, train_texts=train_texts, seed=seed, progress=progress,
-                             **budget)
-    upd = updates(adapter, texts, n_tokens=n_tokens, seed=seed, progress=progress)
-    quality = evaluate(lens, adapter, texts, n_tokens=n_tokens, seed=seed, progress=progress)
-    quality.params["lens_dir"] = lens.cache_dir
-    return upd, quality

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from geolens.capture import prepare_tokens
 from geolens.model import ModelAdapter, as_adapter
+from geolens.sites import RESIDUAL_SITE, check_layer, check_layers
 
 __all__ = ["LogitLens", "unembed", "residual_stream", "layer_logits"]
 
@@ -41,12 +42,8 @@ def unembed(
     ``[.., d] @ [d, V]`` product in bfloat16 (several times faster on CPUs with
     bf16 units; used for training, never for evaluation).
     """
-    ln_final = getattr(adapter.model, "ln_final", None)
     shape = h.shape
-    x = h.reshape(1, -1, shape[-1])  # [1, N, d]: every norm module accepts [batch, pos, d]
-    if ln_final is not None:
-        x = ln_final(x.to(adapter.dtype))
-    x = x.to(torch.float32)
+    x = adapter.final_norm(h).to(torch.float32).reshape(-1, shape[-1])
     w_u = adapter.unembed_matrix("raw") if w_u is None else w_u
     if matmul_dtype is not None and matmul_dtype != torch.float32:
         logits = (x.to(matmul_dtype) @ w_u.to(matmul_dtype)).to(torch.float32)
@@ -56,12 +53,6 @@ def unembed(
     if b_u is not None:
         logits = logits + b_u.to(torch.float32)
     return logits.reshape(*shape[:-1], logits.shape[-1])
-
-
-def _check_layer(layer: object, n_layers: int) -> int:
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers:
-        raise ValueError(f"layer must be an int in [0, {n_layers}] (0 = embeddings), got {layer!r}")
-    return layer
 
 
 class LogitLens(nn.Module):
@@ -92,7 +83,7 @@ class LogitLens(nn.Module):
 
     def transform(self, h: Float[Tensor, "... d"], layer: int) -> Float[Tensor, "... d"]:
         """The state handed to ``ln_final``: ``h`` itself for the logit lens."""
-        _check_layer(layer, self.n_layers)
+        check_layer(RESIDUAL_SITE, layer, n_layers=self.n_layers)
         return h
 
     def forward(
@@ -108,6 +99,7 @@ class LogitLens(nn.Module):
 def residual_stream(
     model: object,
     tokens,
+    *,
     attention_mask: Tensor | None = None,
 ) -> tuple[Float[Tensor, "Lp1 B T d"], Float[Tensor, "B T V"]]:
     """The full residual stream ``h_0..h_L`` ``[L + 1, B, T, d]`` of one batch and the model's logits.
@@ -138,9 +130,9 @@ def residual_stream(
 def layer_logits(
     model: object,
     tokens,
+    *,
     lens: nn.Module | None = None,
     layers: Sequence[int] | None = None,
-    *,
     attention_mask: Tensor | None = None,
 ) -> Float[Tensor, "layers B T V"]:
     """Lens logits of every position of a (small) batch at each layer (default ``0..L``).
@@ -154,6 +146,6 @@ def layer_logits(
     """
     adapter = as_adapter(model)
     lens = LogitLens(adapter) if lens is None else lens
-    layers = list(range(adapter.n_layers + 1)) if layers is None else [_check_layer(l, adapter.n_layers) for l in layers]
-    resid, _ = residual_stream(adapter, tokens, attention_mask)
+    layers = list(range(adapter.n_layers + 1)) if layers is None else check_layers(RESIDUAL_SITE, layers, n_layers=adapter.n_layers)
+    resid, _ = residual_stream(adapter, tokens, attention_mask=attention_mask)
     return torch.stack([lens(resid[l].to(torch.float32), l) for l in layers])

@@ -149,8 +149,8 @@ def fast_matmul_dtype(device: torch.device | str) -> torch.dtype | None:
 def train_tuned_lens(
     model: object,
     texts,
-    lens: TunedLens | None = None,
     *,
+    lens: TunedLens | None = None,
     steps: int = DEFAULT_STEPS,
     tokens_per_step: int = DEFAULT_TOKENS_PER_STEP,
     seq_len: int = DEFAULT_SEQ_LEN,
@@ -235,7 +235,7 @@ def train_tuned_lens(
                 restarts += 1
                 batches = _micro_batches(adapter, texts, seq_len, batch_size, attention_mask)
                 continue
-            resid, final_logits = residual_stream(adapter, tokens, mask)
+            resid, final_logits = residual_stream(adapter, tokens, attention_mask=mask)
             keep = _eligible(mask.to(resid.device))
             b_idx, p_idx = keep.nonzero(as_tuple=True)
             b_idx, p_idx = b_idx[: tokens_per_step - taken], p_idx[: tokens_per_step - taken]

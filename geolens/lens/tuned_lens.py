@@ -27,7 +27,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from geolens.lens.logit_lens import LogitLens, _check_layer
+from geolens.lens.logit_lens import LogitLens
+from geolens.sites import RESIDUAL_SITE, check_layer
 
 __all__ = ["TunedLens", "CONFIG_FILE", "WEIGHTS_FILE"]
 
@@ -69,7 +70,7 @@ class TunedLens(LogitLens):
 
     def transform(self, h: Float[Tensor, "... d"], layer: int) -> Float[Tensor, "... d"]:
         """``T_l(h) = h + A_l h + b_l`` (float32); the identity at the last layer ``L``."""
-        layer = _check_layer(layer, self.n_layers)
+        layer = check_layer(RESIDUAL_SITE, layer, n_layers=self.n_layers)
         if layer == self.n_layers:
             return h
         h = h.to(torch.float32)
@@ -80,7 +81,7 @@ class TunedLens(LogitLens):
 
         Acts on column vectors: ``T_l(h) = (I + A_l) h + b_l``.
         """
-        layer = _check_layer(layer, self.n_layers)
+        layer = check_layer(RESIDUAL_SITE, layer, n_layers=self.n_layers)
         eye = torch.eye(self.d_model, device=self.translators[0].weight.device)
         if layer == self.n_layers:
             return eye

@@ -1,33 +1,43 @@
-"""Offline models and texts: the default model and text (:mod:`geolens.zoo.default`), and the width zoo.
+"""The width zoo: a family of small GPT-NeoX models that differ only in width, trained offline.
 
-The width zoo (:mod:`geolens.zoo.train`, :mod:`geolens.zoo.report`) trains a
-family of small GPT-NeoX models that differ only in width on the offline corpus
-(:mod:`geolens.zoo.corpus`) and studies PGA, spectra and phases across widths
-and checkpoints.
+:mod:`geolens.zoo.train` trains the family on the offline corpus
+(:mod:`geolens.zoo.corpus`, a split of :func:`geolens.data.default_texts`) with
+deterministic, resumable checkpoints; :mod:`geolens.zoo.report` studies PGA,
+spectra and phases across widths and checkpoints. The offline default model and
+texts live in :mod:`geolens.data`.
 
 Example:
     >>> zoo = geolens.zoo.train_zoo(geolens.zoo.ZooConfig(widths=(64, 128), steps=200))   # doctest: +SKIP
-    >>> geolens.zoo.zoo_report(zoo).plot()                                                # doctest: +SKIP
+    >>> geolens.zoo.zoo_report(zoo, "out/zoo").plot()                                     # doctest: +SKIP
 """
 
+import warnings as _warnings
+
 from geolens.zoo.corpus import token_windows, train_tokenizer, zoo_split
-from geolens.zoo.default import TOPICS, default_model_path, default_texts, load_default_model
 from geolens.zoo.report import ZooReportSettings, ZooResult, zoo_report
 from geolens.zoo.train import Zoo, ZooConfig, default_checkpoints, train_zoo
 
 __all__ = [
-    "TOPICS",
     "Zoo",
     "ZooConfig",
     "ZooReportSettings",
     "ZooResult",
     "default_checkpoints",
-    "default_model_path",
-    "default_texts",
-    "load_default_model",
     "token_windows",
     "train_tokenizer",
     "train_zoo",
     "zoo_report",
     "zoo_split",
 ]
+
+# Deprecated since 0.2: the offline assets moved to geolens.data.
+_MOVED = ("TOPICS", "default_model_path", "default_texts", "load_default_model")
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import geolens.data
+
+        _warnings.warn(f"geolens.zoo.{name} moved to geolens.data.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(geolens.data, name)
+    raise AttributeError(f"module 'geolens.zoo' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """The zoo's offline corpus: BBC News split into train / held-out texts, a BPE tokenizer trained on it, token windows.
 
 The zoo trains on the same 2,225 BBC News articles as the default text
-(:func:`geolens.zoo.default_texts`), split once by a fixed seeded permutation:
+(:func:`geolens.data.default_texts`), split once by a fixed seeded permutation:
 :data:`HELD_OUT_FRACTION` of the articles are never trained on and serve the
 analyses (and the tuned lenses) of :mod:`geolens.zoo.report`.
 
@@ -29,6 +29,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from geolens.data.texts import default_texts
+
 __all__ = ["EOS", "HELD_OUT_FRACTION", "PAD", "token_windows", "train_tokenizer", "zoo_split"]
 
 EOS = "<|endoftext|>"
@@ -50,8 +52,6 @@ def zoo_split(held_out_fraction: float = HELD_OUT_FRACTION) -> tuple[list[str], 
         >>> set(train) & set(held_out)             # doctest: +SKIP
         set()
     """
-    from geolens.zoo.default import default_texts
-
     if not 0 < held_out_fraction < 1:
         raise ValueError(f"held_out_fraction must lie in (0, 1), got {held_out_fraction!r}")
     texts = list(dict.fromkeys(default_texts(n=None)))  # drop verbatim repeats, keep corpus order

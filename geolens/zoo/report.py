@@ -31,7 +31,17 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from geolens._validation import check_int
-from geolens.results import Result
+from geolens.analyses.pga import pga
+from geolens.analyses.phases import phases
+from geolens.analyses.spectrum import spectrum
+from geolens.capture import capture
+from geolens.lens import cached_tuned_lens
+from geolens.metrics.spectral import ALPHA_FIT_RANGE
+from geolens.model import as_adapter
+from geolens.pages import versions, write_html
+from geolens.results import Result, json_text
+from geolens.sites import FINAL_SITE, RESIDUAL_SITE
+from geolens.zoo.corpus import zoo_split
 
 __all__ = ["ZOO_ANALYSES", "ZooReportSettings", "ZooResult", "zoo_report"]
 
@@ -178,15 +188,6 @@ class ZooResult(Result):
 def _checkpoint_rows(zoo, width: int, step: int, texts, lens_texts, settings: ZooReportSettings,
                      analyses: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every number of one checkpoint, in the long format, and the phase split found."""
-    from geolens.analyses.checkpoints import _long_rows
-    from geolens.analyses.pga import pga
-    from geolens.analyses.phases import phases
-    from geolens.analyses.spectrum import spectrum_of_states
-    from geolens.capture import FINAL_SITE, RESIDUAL_SITE, capture
-    from geolens.lens import cached_tuned_lens
-    from geolens.metrics.spectral import ALPHA_FIT_RANGE
-    from geolens.model import as_adapter
-
     adapter = as_adapter(zoo.load(width, step))
     d, n_layers = adapter.d_model, adapter.n_layers
     results: dict[str, Result] = {}
@@ -194,15 +195,15 @@ def _checkpoint_rows(zoo, width: int, step: int, texts, lens_texts, settings: Zo
         states = capture(adapter, texts, sites=(RESIDUAL_SITE, FINAL_SITE), n_tokens=settings.n_tokens,
                          seed=settings.seed, max_length=settings.max_length, progress=False)
         if "pga" in analyses:
-            results["pga"] = pga(adapter, None, k=settings.k(d), n_null=settings.n_null, ccr=list(settings.ccr),
-                                 seed=settings.seed, progress=False, states=states)
+            results["pga"] = pga(adapter, states, k=settings.k(d), n_null=settings.n_null, ccr=list(settings.ccr),
+                                 seed=settings.seed, progress=False)
         if "spectrum" in analyses:
             stop = min(ALPHA_FIT_RANGE[1], states.n_tokens, d)
-            results["spectrum"] = spectrum_of_states(states, site=RESIDUAL_SITE, progress=False,
-                                                     alpha_fit_range=(min(ALPHA_FIT_RANGE[0], stop - 2), stop))
+            results["spectrum"] = spectrum(adapter, states, site=RESIDUAL_SITE, seed=settings.seed, progress=False,
+                                           alpha_fit_range=(min(ALPHA_FIT_RANGE[0], stop - 2), stop))
     split: dict[str, Any] = {}
     if "phases" in analyses:
-        lens = cached_tuned_lens(adapter, None, zoo.member_dir(width) / "lenses", train_texts=lens_texts,
+        lens = cached_tuned_lens(adapter, lens_texts, cache_dir=zoo.member_dir(width) / "lenses",
                                  seed=settings.seed, progress=False, steps=settings.lens_steps,
                                  tokens_per_step=settings.lens_tokens_per_step)
         results["phases"] = phases(adapter, texts, lens=lens, n_tokens=settings.n_tokens, seed=settings.seed,
@@ -213,8 +214,7 @@ def _checkpoint_rows(zoo, width: int, step: int, texts, lens_texts, settings: Zo
     rows: list[dict[str, Any]] = []
     tokens = step * zoo.config.batch_size * zoo.config.seq_len
     for name, result in results.items():
-        for row in _long_rows(step, 0, name, result):
-            row.pop("checkpoint"), row.pop("order")
+        for row in result.long_rows(name):
             layer = row["layer"]
             rows.append({"width": width, "step": step, "tokens": tokens, "n_layers": n_layers, **row,
                          "relative_depth": None if layer is None else layer / n_layers})
@@ -271,8 +271,6 @@ def zoo_report(
         >>> res = zoo_report(Zoo.open(path), checkpoints="final", n_null=50)   # doctest: +SKIP
         >>> res.summary()                                                    # doctest: +SKIP
     """
-    from geolens.zoo.corpus import zoo_split
-
     started = time.perf_counter()
     settings = replace(settings or ZooReportSettings(), **overrides) if overrides else (settings or ZooReportSettings())
     unknown = [a for a in analyses if a not in ZOO_ANALYSES]
@@ -320,9 +318,6 @@ def zoo_report(
 
 def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     """``zoo.html`` (figures, the per-width summary, parameters, versions), ``zoo.csv`` and ``zoo.json``."""
-    from geolens.report import versions, write_html
-    from geolens.results import json_text
-
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"zoo.csv": out_dir / "zoo.csv", "zoo.json": out_dir / "zoo.json", "zoo.html": out_dir / "zoo.html"}
     result.to_pandas().to_csv(paths["zoo.csv"], index=False)

@@ -43,7 +43,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from geolens._cache import cache_root
 from geolens._validation import check_int
+from geolens.data.models import transformers_progress
+from geolens.model import boot_bridge
 from geolens.zoo.corpus import EOS, PAD, token_windows, train_tokenizer, zoo_split
 
 __all__ = ["FAMILY_FILE", "Zoo", "ZooConfig", "default_checkpoints", "train_zoo", "zoo_root"]
@@ -267,16 +270,13 @@ class Zoo:
     def load(self, width: int, step: int | None = None, *, device: str | torch.device | None = None,
              progress: bool = False):
         """Member ``width`` at checkpoint ``step`` (default: the last) as a ``TransformerBridge``."""
-        from geolens.model import boot_bridge
-        from geolens.zoo.default import _transformers_progress
-
         if width not in self.config.widths:
             raise ValueError(f"width {width} is not in this zoo; widths are {list(self.config.widths)}")
         step = self.config.steps if step is None else step
         if step not in self.steps(width):
             raise FileNotFoundError(f"no checkpoint at step {step} for width {width} in {self.root} "
                                     f"(saved: {self.steps(width)}); train it with `geolens zoo train`")
-        with _transformers_progress(progress):
+        with transformers_progress(progress):
             model = boot_bridge(str(self.checkpoint_dir(width, step)), device=device)
         model.cfg.model_name = f"zoo d={width} step {step}"
         return model.eval()
@@ -301,7 +301,6 @@ class Zoo:
 
 def zoo_root(config: ZooConfig, root: str | Path | None = None) -> Path:
     """``root``, else ``<geolens cache>/zoo/<family key>``."""
-    from geolens.zoo.default import cache_root
 
     return Path(root).expanduser() if root is not None else cache_root() / "zoo" / config.family_key()
 
@@ -366,11 +365,10 @@ def train_zoo(
     windows = token_windows(tokenizer, train_texts, config.seq_len)
     eval_windows = token_windows(tokenizer, held_out, config.seq_len)[:_EVAL_WINDOWS]
     zoo = Zoo(config, root)
-    from geolens.zoo.default import _transformers_progress
 
     for width in config.widths:
         started = time.perf_counter()
-        with _transformers_progress(False):  # no bar per saved shard
+        with transformers_progress(False):  # no bar per saved shard
             _train_member(zoo, width, tokenizer, windows, eval_windows, stop_at, progress, on_step)
         zoo.train_time_s[width] = round(time.perf_counter() - started, 1)
     return zoo

@@ -27,7 +27,7 @@ def test_loss_kl_and_pga_match_independent_computations(native_bridge, tokens):
     adapter = as_adapter(native_bridge)
     ids, layer = tokens, 1
     before_hooks, before_weights = hook_count(native_bridge), weights(native_bridge)
-    res = ablation_effect(native_bridge, ids, layer, m=1, batch_size=3, **KW)
+    res = ablation_effect(native_bridge, ids, layer=layer, m=1, batch_size=3, **KW)
     assert isinstance(res, AblationResult)
     # Independent loss: the same PCs ablated by hand, cross-entropy with torch.
     basis, _ = reference_pcs(native_bridge, layer, 1, ids, n_tokens=KW["n_tokens"])
@@ -51,13 +51,13 @@ def test_loss_kl_and_pga_match_independent_computations(native_bridge, tokens):
 def test_padding_is_excluded_from_the_loss(neox_bridge):
     adapter = as_adapter(neox_bridge)
     texts = ["the cat sat on the mat", "a dog ran", "the bird sang a song"]
-    res = ablation_effect(neox_bridge, texts, 2, m=1, **dict(KW, n_tokens=8))
+    res = ablation_effect(neox_bridge, texts, layer=2, m=1, **dict(KW, n_tokens=8))
     lengths = [len(adapter.tokenize([t])[0][0]) for t in texts]
     assert res.params["n_predicted"] == sum(n - 1 for n in lengths)
 
 
 def test_mean_mode_and_result_object(native_bridge, tokens, tmp_path):
-    res = ablation_effect(native_bridge, tokens, 2, m=2, mode="mean", **KW)
+    res = ablation_effect(native_bridge, tokens, layer=2, m=2, mode="mean", **KW)
     assert res.params["mode"] == "mean" and len(res.params["pc_readout_energy"]) == 2
     assert all(0.0 <= e <= 1.0 + 1e-6 for e in res.params["pc_readout_energy"])
     assert res.params["random_energy"] == pytest.approx(6 / 32)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, patch_subspace, prob
-from geolens.interventions import hook_name_for
+from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
+from geolens.interventions import edit_hook_name, patch_subspace
 from geolens.metrics import readout_basis
 from geolens.model import as_adapter
 from tests.helpers import hook_count, same_weights, weights
@@ -45,7 +45,7 @@ def test_equals_transformer_lens_patching(any_model, site):
     # TL scores the whole batch with one scalar; ours is per row, then averaged over pairs.
     expected = reference_fn(any_model, corrupted, cache, lambda logits: _ld(logits).mean(), index_df=index_df,
                             index_axis_names=None)
-    result = patch(any_model, clean, corrupted, _ld, sites=site, layers=[b + 1 for b in blocks],
+    result = patch(any_model, clean, corrupted, metric=_ld, sites=site, layers=[b + 1 for b in blocks],
                    positions=positions, batch_size=5, progress=False)
     got = result.values(site)  # [layers 1..L, positions]
     assert got.shape == (len(blocks), len(positions))
@@ -56,7 +56,7 @@ def test_equals_transformer_lens_patching(any_model, site):
 def test_metric_values_of_the_unpatched_runs(native_bridge):
     adapter = as_adapter(native_bridge)
     clean, corrupted = _pair(adapter)
-    res = patch(native_bridge, clean, corrupted, logit_diff(CORRECT, WRONG), sites="resid_pre", progress=False)
+    res = patch(native_bridge, clean, corrupted, metric=logit_diff(CORRECT, WRONG), sites="resid_pre", progress=False)
     assert res.params["clean_value"] == pytest.approx(float(_ld(adapter.run_with_hooks(clean))[0]), abs=1e-5)
     assert res.params["corrupted_value"] == pytest.approx(float(_ld(adapter.run_with_hooks(corrupted))[0]), abs=1e-5)
     # The BOS position is the same in both prompts: patching it does nothing.
@@ -73,13 +73,13 @@ def test_full_subspace_equals_plain_patching_and_empty_subspace_changes_nothing(
     clean, corrupted = _pair(adapter)
     d = adapter.d_model
     kw = dict(sites=("resid_pre", "mlp_out"), positions=[2, 4, 5], progress=False)
-    plain = patch(any_model, clean, corrupted, _ld, **kw).to_pandas()["value"].to_numpy()
-    full = patch(any_model, clean, corrupted, _ld, subspace=torch.eye(d), **kw).to_pandas()["value"].to_numpy()
+    plain = patch(any_model, clean, corrupted, metric=_ld, **kw).to_pandas()["value"].to_numpy()
+    full = patch(any_model, clean, corrupted, metric=_ld, subspace=torch.eye(d), **kw).to_pandas()["value"].to_numpy()
     np.testing.assert_allclose(full, plain, atol=1e-5)
-    empty = patch(any_model, clean, corrupted, _ld, subspace=torch.zeros(d, 0), **kw)
+    empty = patch(any_model, clean, corrupted, metric=_ld, subspace=torch.zeros(d, 0), **kw)
     np.testing.assert_allclose(empty.to_pandas()["value"].to_numpy(), empty.params["corrupted_value"], atol=1e-5)
     # The complement of the empty subspace is the whole space.
-    whole = patch(any_model, clean, corrupted, _ld, subspace=torch.zeros(d, 0), complement=True, **kw)
+    whole = patch(any_model, clean, corrupted, metric=_ld, subspace=torch.zeros(d, 0), complement=True, **kw)
     np.testing.assert_allclose(whole.to_pandas()["value"].to_numpy(), plain, atol=1e-5)
 
 
@@ -102,7 +102,7 @@ def test_subspace_patch_equals_a_hand_written_hook(neox_bridge):
     clean, corrupted = _pair(adapter, n_pairs=2)
     basis = readout_basis(adapter.unembed_matrix(), 6)
     layer, position = 2, 4
-    name = hook_name_for(adapter, "resid_pre", layer)
+    name = edit_hook_name(adapter, "resid_pre", layer)
     _, cache = neox_bridge.run_with_cache(clean)
     clean_act = cache[name]
     p = (basis @ basis.T).double()
@@ -117,7 +117,7 @@ def test_subspace_patch_equals_a_hand_written_hook(neox_bridge):
         return float(_ld(adapter.run_with_hooks(corrupted, fwd_hooks=[(name, hook)])).mean())
 
     for complement in (False, True):
-        res = patch(neox_bridge, clean, corrupted, _ld, sites="resid_pre", layers=[layer], positions=[position],
+        res = patch(neox_bridge, clean, corrupted, metric=_ld, sites="resid_pre", layers=[layer], positions=[position],
                     subspace=basis, complement=complement, progress=False)
         assert res.rows[0]["value"] == pytest.approx(by_hand(complement), abs=1e-5)
         assert res.params["subspace_dim"] == 6 and res.params["complement"] is complement
@@ -127,8 +127,8 @@ def test_batch_size_does_not_change_values_and_forward_count(native_bridge):
     adapter = as_adapter(native_bridge)
     clean, corrupted = _pair(adapter, n_pairs=3)
     kw = dict(sites="attn_out", positions=[1, 2, 4, 5], progress=False)
-    one = patch(native_bridge, clean, corrupted, _ld, batch_size=1, **kw)
-    many = patch(native_bridge, clean, corrupted, _ld, batch_size=64, **kw)
+    one = patch(native_bridge, clean, corrupted, metric=_ld, batch_size=1, **kw)
+    many = patch(native_bridge, clean, corrupted, metric=_ld, batch_size=64, **kw)
     np.testing.assert_allclose(one.to_pandas()["value"], many.to_pandas()["value"], atol=1e-5)
     n_cells = adapter.n_layers * 4
     assert one.params["n_forward"] == 1 + (n_cells + 1)  # batch below n_pairs: one cell per forward
@@ -140,18 +140,18 @@ def test_builtin_metrics(native_bridge):
     clean, corrupted = _pair(adapter, n_pairs=2)
     logits_clean, logits_corr = adapter.run_with_hooks(clean), adapter.run_with_hooks(corrupted)
     kw = dict(sites="resid_pre", layers=[1], positions=[0], progress=False)  # BOS patch: no effect
-    res = patch(native_bridge, clean, corrupted, prob(CORRECT), **kw)
+    res = patch(native_bridge, clean, corrupted, metric=prob(CORRECT), **kw)
     expected = logits_corr[:, -1].softmax(-1)[:, CORRECT].mean()
     assert res.rows[0]["value"] == pytest.approx(float(expected), abs=1e-6)
     # KL(p_clean || p_patched), computed by hand with scipy-free numpy.
-    res = patch(native_bridge, clean, corrupted, kl, **kw)
+    res = patch(native_bridge, clean, corrupted, metric=kl, **kw)
     pc = logits_clean[:, -1].double().softmax(-1).numpy()
     pp = logits_corr[:, -1].double().softmax(-1).numpy()
     assert res.rows[0]["value"] == pytest.approx(float((pc * np.log(pc / pp)).sum(-1).mean()), abs=1e-6)
     assert res.params["clean_value"] == pytest.approx(0.0, abs=1e-9)
-    assert patch(native_bridge, clean, corrupted, "kl", **kw).rows[0]["value"] == res.rows[0]["value"]
+    assert patch(native_bridge, clean, corrupted, metric="kl", **kw).rows[0]["value"] == res.rows[0]["value"]
     # Per-pair target tokens.
-    res = patch(native_bridge, clean, corrupted, logit_diff([CORRECT, 8], [WRONG, 9]), **kw)
+    res = patch(native_bridge, clean, corrupted, metric=logit_diff([CORRECT, 8], [WRONG, 9]), **kw)
     last = logits_corr[:, -1]
     expected = ((last[0, CORRECT] - last[0, WRONG]) + (last[1, 8] - last[1, 9])) / 2
     assert res.rows[0]["value"] == pytest.approx(float(expected), abs=1e-5)
@@ -160,27 +160,27 @@ def test_builtin_metrics(native_bridge):
 def test_identical_inputs_give_zero_kl_everywhere(native_bridge):
     adapter = as_adapter(native_bridge)
     clean, _ = _pair(adapter)
-    res = patch(native_bridge, clean, clean, kl, progress=False)
+    res = patch(native_bridge, clean, clean, metric=kl, progress=False)
     assert float(res.to_pandas()["value"].abs().max()) < 1e-6
 
 
 def test_text_prompts_and_string_tokens(native_bridge):
-    res = patch(native_bridge, "the cat sat on the mat", "the dog sat on the mat", logit_diff(" cat", " dog"),
+    res = patch(native_bridge, "the cat sat on the mat", "the dog sat on the mat", metric=logit_diff(" cat", " dog"),
                 sites="resid_pre", progress=False)
     assert res.params["n_positions"] == len(res.params["position_labels"])
     assert any("/" in label for label in res.params["position_labels"])  # the differing token is labelled
     with pytest.raises(ValueError, match="not one"):
-        patch(native_bridge, "the cat", "the dog", logit_diff("the cat", " dog"), progress=False)
+        patch(native_bridge, "the cat", "the dog", metric=logit_diff("the cat", " dog"), progress=False)
 
 
 def test_different_lengths_raise_a_clear_error(native_bridge):
     before = hook_count(native_bridge)
     with pytest.raises(ValueError, match="same shape"):
-        patch(native_bridge, "the cat sat on the mat", "the cat sat", kl, progress=False)
+        patch(native_bridge, "the cat sat on the mat", "the cat sat", metric=kl, progress=False)
     with pytest.raises(ValueError, match="same shape"):
-        patch(native_bridge, torch.randint(3, 100, (1, 6)), torch.randint(3, 100, (2, 6)), kl, progress=False)
+        patch(native_bridge, torch.randint(3, 100, (1, 6)), torch.randint(3, 100, (2, 6)), metric=kl, progress=False)
     with pytest.raises(ValueError, match="padding"):
-        patch(native_bridge, ["the cat sat", "a dog ran in the park"], ["the cat sat", "a dog ran in the park"], kl,
+        patch(native_bridge, ["the cat sat", "a dog ran in the park"], ["the cat sat", "a dog ran in the park"], metric=kl,
               progress=False)
     assert hook_count(native_bridge) == before
 
@@ -216,7 +216,7 @@ def test_no_hooks_or_weight_changes_left_also_when_the_metric_raises(any_model):
     adapter = as_adapter(any_model)
     clean, corrupted = _pair(adapter)
     before_hooks, before_weights = hook_count(any_model), weights(any_model)
-    patch(any_model, clean, corrupted, _ld, positions=[2, 5], subspace=torch.randn(adapter.d_model, 3), progress=False)
+    patch(any_model, clean, corrupted, metric=_ld, positions=[2, 5], subspace=torch.randn(adapter.d_model, 3), progress=False)
     assert hook_count(any_model) == before_hooks
     calls = []
 
@@ -227,7 +227,7 @@ def test_no_hooks_or_weight_changes_left_also_when_the_metric_raises(any_model):
         return _ld(logits)
 
     with pytest.raises(RuntimeError, match="metric failed"):
-        patch(any_model, clean, corrupted, flaky, positions=[2, 5], batch_size=2, progress=False)
+        patch(any_model, clean, corrupted, metric=flaky, positions=[2, 5], batch_size=2, progress=False)
     assert hook_count(any_model) == before_hooks
     assert same_weights(before_weights, any_model)
 
@@ -235,7 +235,7 @@ def test_no_hooks_or_weight_changes_left_also_when_the_metric_raises(any_model):
 def test_result_table_plot_and_round_trip(native_bridge, tmp_path):
     adapter = as_adapter(native_bridge)
     clean, corrupted = _pair(adapter)
-    res = patch(native_bridge, clean, corrupted, logit_diff(CORRECT, WRONG), progress=False)
+    res = patch(native_bridge, clean, corrupted, metric=logit_diff(CORRECT, WRONG), progress=False)
     table = res.to_pandas()
     assert list(table.columns) == ["site", "layer", "position", "value"]
     assert len(table) == 3 * adapter.n_layers * clean.shape[1]
@@ -254,7 +254,7 @@ def test_result_table_plot_and_round_trip(native_bridge, tmp_path):
 def test_resid_post_site_uses_the_residual_convention(native_bridge):
     adapter = as_adapter(native_bridge)
     clean, corrupted = _pair(adapter)
-    res = patch(native_bridge, clean, corrupted, _ld, sites=("resid_post", "resid_pre"), progress=False)
+    res = patch(native_bridge, clean, corrupted, metric=_ld, sites=("resid_post", "resid_pre"), progress=False)
     post, pre = res.values("resid_post"), res.values("resid_pre")
     assert post.shape[0] == adapter.n_layers + 1
     # resid_post layer l-1 and resid_pre layer l are the same tensor (the input of block l-1).

@@ -79,7 +79,7 @@ def test_pga_of_given_states_equals_pga_of_tokens(native_bridge):
     direct = geolens.pga(native_bridge, tokens, k=4, n_null=6, n_tokens=20, progress=False)
     states = geolens.capture(native_bridge, tokens, sites=("resid_post", "final", "attn_out"), n_tokens=20,
                              progress=False)
-    reused = geolens.pga(native_bridge, None, k=4, n_null=6, states=states, progress=False)
+    reused = geolens.pga(native_bridge, states, k=4, n_null=6, progress=False)
     pd.testing.assert_frame_equal(direct.to_pandas(), reused.to_pandas())
     with pytest.raises(ValueError, match="not 'mlp_out'"):
-        geolens.pga(native_bridge, None, k=4, site="mlp_out", states=states, progress=False)
+        geolens.pga(native_bridge, states, k=4, site="mlp_out", progress=False)

@@ -5,7 +5,7 @@ import torch
 
 import geolens
 from geolens.analyses.probes import pooled_states
-from geolens.capture import RESIDUAL_SITE
+from geolens.sites import RESIDUAL_SITE
 
 
 def test_mean_and_last_pooling_equal_direct_computation(neox_bridge, texts):

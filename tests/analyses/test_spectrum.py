@@ -10,7 +10,6 @@ from geolens.analyses.spectrum import (
     METRICS,
     SpectrumResult,
     WeightGeometryResult,
-    embedding_matrix,
     spectrum,
     spectrum_of_states,
     weight_geometry,
@@ -102,7 +101,7 @@ def test_weight_geometry(any_model):
     table = res.to_pandas()
     assert table["matrix"].tolist() == ["W_U raw", "W_U folded", "W_E"]
     w_e = _reference_w_e(any_model)
-    assert torch.equal(embedding_matrix(any_model), w_e) and tuple(w_e.shape) == (adapter.d_vocab, adapter.d_model)
+    assert torch.equal(as_adapter(any_model).embedding_matrix(), w_e) and tuple(w_e.shape) == (adapter.d_vocab, adapter.d_model)
     refs = {
         "W_U raw": adapter.unembed_matrix("raw").T,
         "W_U folded": adapter.unembed_matrix("folded").T,

@@ -46,7 +46,7 @@ def test_updates_and_evaluate_on_default_model(default_model):
     upd = updates(default_model, texts, n_tokens=150, max_length=48, progress=False).to_pandas()
     assert len(upd) == 30 and upd.drop(columns="layer").map(math.isfinite).all().all()
     assert ((upd.orthogonality >= 0) & (upd.orthogonality <= 1)).all()
-    res = evaluate(TunedLens(default_model), default_model, texts, n_tokens=100, max_length=48,
+    res = evaluate(default_model, texts, lens=TunedLens(default_model), n_tokens=100, max_length=48,
                    progress=False).to_pandas()
     assert hook_count(default_model) == hooks and same_weights(before, default_model)
     last = res[res.layer == 30]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from geolens.lens import LensResult, TunedLens, evaluate, hit_at_k, lens_report_sections
+from geolens.lens import LensResult, TunedLens, cached_tuned_lens, evaluate, hit_at_k
 from geolens.lens.train import kl_rows
 from tests.helpers import hook_count, same_weights, weights
 
@@ -36,7 +36,7 @@ def test_kl_rows_matches_formula():
 def test_evaluate_table_and_known_layers(any_model, texts):
     hooks, before = hook_count(any_model), weights(any_model)
     lens = TunedLens(any_model)
-    res = evaluate(lens, any_model, texts, n_tokens=None, progress=False)
+    res = evaluate(any_model, texts, lens=lens, n_tokens=None, progress=False)
     assert hook_count(any_model) == hooks and same_weights(before, any_model)
     assert isinstance(res, LensResult)
     table = res.to_pandas()
@@ -56,13 +56,13 @@ def test_evaluate_table_and_known_layers(any_model, texts):
             assert math.isnan(row["hit@5/hit@1"])
     fig = res.plot()
     assert len(fig.data) == 2 * 3  # per lens: hit@1, hit@5, KL
-    only_logit = evaluate(None, any_model, texts, n_tokens=None, progress=False).to_pandas()
+    only_logit = evaluate(any_model, texts, n_tokens=None, progress=False).to_pandas()
     assert set(only_logit.lens) == {"logit"}
 
 
 def test_evaluate_ce_matches_direct_computation(native_bridge):
     tokens = torch.tensor([[0, 3, 4, 5, 6, 7]])
-    res = evaluate(None, native_bridge, tokens, n_tokens=None, progress=False).to_pandas()
+    res = evaluate(native_bridge, tokens, n_tokens=None, progress=False).to_pandas()
     with torch.no_grad():
         logits = native_bridge(tokens)[0]
     # positions 1..4 have a next token; position 5 (the last) does not
@@ -71,27 +71,31 @@ def test_evaluate_ce_matches_direct_computation(native_bridge):
     assert row.ce == pytest.approx(float(ce.detach()), rel=1e-5)
 
 
-def test_report_sections_cache(native_bridge, texts, train_texts, tmp_path):
-    upd, quality = lens_report_sections(native_bridge, texts, tmp_path, train_texts=train_texts, n_tokens=None,
-                                        steps=3, tokens_per_step=16, progress=False)
-    assert len(upd.rows) == native_bridge.cfg.n_layers
+def test_cached_tuned_lens_trains_once(native_bridge, texts, train_texts, tmp_path):
+    lens = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, steps=3, tokens_per_step=16,
+                             progress=False)
+    quality = evaluate(native_bridge, texts, lens=lens, n_tokens=None, progress=False)
     assert {"tuned", "logit"} == set(quality.to_pandas().lens)
     folders = list(tmp_path.iterdir())
     assert len(folders) == 1 and (folders[0] / "config.json").is_file()
-    import geolens.lens.evaluate as ev
+    import geolens.lens.cache as cache
 
     calls = []
-    original = ev.__dict__.get("train_tuned_lens")
-    import geolens.lens.train as tr
-
-    real = tr.train_tuned_lens
-    tr.train_tuned_lens = lambda *a, **k: calls.append(1) or real(*a, **k)
+    real = cache.train_tuned_lens
+    cache.train_tuned_lens = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
-        _, again = lens_report_sections(native_bridge, texts, tmp_path, train_texts=train_texts, n_tokens=None,
-                                        steps=3, tokens_per_step=16, progress=False)
+        again = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, steps=3, tokens_per_step=16,
+                                  progress=False)
     finally:
-        tr.train_tuned_lens = real
-    assert calls == [] and original is None
-    assert again.rows == quality.rows
-    with pytest.raises(TypeError, match="budget"):
-        lens_report_sections(native_bridge, texts, tmp_path, stepz=3)
+        cache.train_tuned_lens = real
+    assert calls == [] and again.cache_dir == lens.cache_dir
+    assert evaluate(native_bridge, texts, lens=again, n_tokens=None, progress=False).rows == quality.rows
+    with pytest.raises(TypeError, match="stepz"):
+        cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, stepz=3)
+    with pytest.raises(ValueError, match="empty"):
+        cached_tuned_lens(native_bridge, [], cache_dir=tmp_path)
+
+
+def test_evaluate_refuses_the_old_argument_order(native_bridge, texts):
+    with pytest.raises(TypeError, match="lens=lens"):
+        evaluate(TunedLens(native_bridge), native_bridge)

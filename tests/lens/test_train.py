@@ -17,7 +17,7 @@ def test_training_lowers_kl_and_leaves_model_unchanged(request, name, train_text
     lens = train_tuned_lens(model, train_texts, steps=15, tokens_per_step=64, batch_size=20, progress=False)
     assert hook_count(model) == hooks and same_weights(before, model)
     assert all(p.grad is None for p in model.parameters()) and all(g is None for g in grads_before)
-    res = evaluate(lens, model, train_texts, n_tokens=None, progress=False).to_pandas()
+    res = evaluate(model, train_texts, lens=lens, n_tokens=None, progress=False).to_pandas()
     inner = res[res.layer < lens.n_layers]
     tuned = inner[inner.lens == "tuned"].kl.mean()
     logit = inner[inner.lens == "logit"].kl.mean()

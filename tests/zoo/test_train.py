@@ -28,7 +28,7 @@ def _assert_same_weights(a: Zoo, b: Zoo, width: int, step: int) -> None:
 
 
 def test_split_is_disjoint_fixed_and_covers_the_corpus():
-    from geolens.zoo.default import default_texts
+    from geolens.data import default_texts
 
     train, held_out = zoo_split()
     distinct = set(default_texts())  # the corpus repeats some articles verbatim

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from geolens.cli import _int_list, _out_dir, _positive
+from geolens.cli.args import int_list, out_dir, positive_float, positive_int
 
 __all__ = ["add_zoo_parser", "run_zoo"]
 
@@ -23,18 +23,8 @@ _FAMILY_FLAGS = {"widths": "widths", "layers": "n_layers", "d_head": "d_head", "
                  "checkpoints": "checkpoints"}
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _at(text: str) -> str | list[int]:
-    return text if text in ("all", "final") else _int_list(text)
+    return text if text in ("all", "final") else int_list(text)
 
 
 def _analyses(text: str) -> list[str]:
@@ -50,16 +40,16 @@ def _analyses(text: str) -> list[str]:
 def _family_parser() -> argparse.ArgumentParser:
     family = argparse.ArgumentParser(add_help=False)
     group = family.add_argument_group("the family (default: widths 64,128,256,512, 6 layers, 400 steps)")
-    group.add_argument("--widths", type=_int_list, default=None, help="d_model of each member, comma-separated")
-    group.add_argument("--layers", type=_positive, default=None, help="blocks per model")
-    group.add_argument("--d-head", type=_positive, default=None, help="head size (heads = width / d_head)")
-    group.add_argument("--vocab-size", type=_positive, default=None, help="BPE vocabulary trained on the corpus")
-    group.add_argument("--seq-len", type=_positive, default=None, help="tokens per training window")
-    group.add_argument("--batch-size", type=_positive, default=None, help="windows per step")
-    group.add_argument("--steps", type=_positive, default=None, help="training steps")
-    group.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate")
+    group.add_argument("--widths", type=int_list, default=None, help="d_model of each member, comma-separated")
+    group.add_argument("--layers", type=positive_int, default=None, help="blocks per model")
+    group.add_argument("--d-head", type=positive_int, default=None, help="head size (heads = width / d_head)")
+    group.add_argument("--vocab-size", type=positive_int, default=None, help="BPE vocabulary trained on the corpus")
+    group.add_argument("--seq-len", type=positive_int, default=None, help="tokens per training window")
+    group.add_argument("--batch-size", type=positive_int, default=None, help="windows per step")
+    group.add_argument("--steps", type=positive_int, default=None, help="training steps")
+    group.add_argument("--lr", type=positive_float, default=None, help="peak learning rate")
     group.add_argument("--seed", type=int, default=None, help="initialisation and data order")
-    group.add_argument("--checkpoints", type=_int_list, default=None,
+    group.add_argument("--checkpoints", type=int_list, default=None,
                        help="steps to save (default 0, powers of two from 16, and the last)")
     group.add_argument("--dir", default=None, help="the family's folder (default: <cache>/zoo/<family key>)")
     family.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -75,18 +65,18 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--stop-at", type=int, default=None, help="train only up to this step (resume later)")
     report = actions.add_parser("report", parents=[family],
                                 help="PGA (CCR sweep), spectra and phases on every member and checkpoint")
-    report.add_argument("--out", type=_out_dir, default=Path("out/zoo"), help="output folder (default out/zoo)")
+    report.add_argument("--out", type=out_dir, default=Path("out/zoo"), help="output folder (default out/zoo)")
     report.add_argument("--train", action="store_true", help="train the members that are missing first")
     report.add_argument("--at", type=_at, default="all",
                         help="checkpoints to analyse: all, final, or comma-separated steps")
     report.add_argument("--analyses", type=_analyses, default=None, help="among pga,spectrum,phases (default all)")
     report.add_argument("--quick", action="store_true", help="small budgets (seconds per checkpoint)")
-    report.add_argument("--n-texts", type=_positive, default=None, help="held-out texts analysed")
-    report.add_argument("--n-tokens", type=_positive, default=None, help="token positions sampled")
-    report.add_argument("--n-null", type=_positive, default=None, help="random subspaces in the PGA null")
-    report.add_argument("--ccr", type=_int_list, default=None, help="CCR values, comma-separated")
-    report.add_argument("--k-fraction", type=_positive_float, default=None, help="readout k as a fraction of d")
-    report.add_argument("--lens-steps", type=_positive, default=None, help="tuned-lens training steps")
+    report.add_argument("--n-texts", type=positive_int, default=None, help="held-out texts analysed")
+    report.add_argument("--n-tokens", type=positive_int, default=None, help="token positions sampled")
+    report.add_argument("--n-null", type=positive_int, default=None, help="random subspaces in the PGA null")
+    report.add_argument("--ccr", type=int_list, default=None, help="CCR values, comma-separated")
+    report.add_argument("--k-fraction", type=positive_float, default=None, help="readout k as a fraction of d")
+    report.add_argument("--lens-steps", type=positive_int, default=None, help="tuned-lens training steps")
 
 
 def _zoo_of(args: argparse.Namespace, parser: argparse.ArgumentParser):

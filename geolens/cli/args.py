@@ -1,0 +1,134 @@
+"""Argument types shared by the ``geolens`` sub-commands: each checks one flag and says what is wrong in one line.
+
+Example:
+    >>> positive_int("3"), int_list("1,5,10")
+    (3, [1, 5, 10])
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["device", "int_list", "looks_like_path", "model_arg", "out_dir", "positive_float", "positive_int",
+           "text_file"]
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def looks_like_path(text: str) -> bool:
+    """Whether ``--model`` names a local folder rather than a hub model (``org/name`` or ``name``).
+
+    Example:
+        >>> looks_like_path("EleutherAI/pythia-70m"), looks_like_path("./pythia-70m"), looks_like_path("a/b/c")
+        (False, True, True)
+    """
+    if text in (".", "..") or text.startswith(("./", "../", "/", "~", ".\\", "..\\")) or "\\" in text:
+        return True
+    return text.count("/") > 1 or Path(text).exists()  # hub names have at most one "/"
+
+
+def model_arg(text: str) -> str:
+    """A hub name, passed through; or a local Hugging Face model folder, which must exist and hold config.json.
+
+    Example:
+        >>> model_arg("EleutherAI/pythia-70m")
+        'EleutherAI/pythia-70m'
+    """
+    if not looks_like_path(text):
+        return text
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"model folder {text!r} does not exist")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a model folder (a folder with config.json)")
+    if not (path / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"model folder {text!r} has no config.json (not a Hugging Face model folder)")
+    return str(path)
+
+
+def text_file(text: str) -> Path:
+    """A readable, non-empty text file.
+
+    Example:
+        >>> text_file("README.md").name        # doctest: +SKIP
+        'README.md'
+    """
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"text file {text!r} does not exist")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+    try:
+        content = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read text file {text!r}: {error.strerror or error}") from None
+    if not content.strip():
+        raise argparse.ArgumentTypeError(f"text file {text!r} is empty")
+    return path
+
+
+def out_dir(text: str) -> Path:
+    """An output folder that exists or can be made: neither it nor a folder above it may be a file.
+
+    Example:
+        >>> out_dir("out/report")
+        PosixPath('out/report')
+    """
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is an existing file, not a folder")
+    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise argparse.ArgumentTypeError(f"cannot make folder {text!r}: {str(blocking)!r} is a file")
+    return path
+
+
+def device(text: str) -> str:
+    """A torch device string (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ...) whose backend this machine has.
+
+    Example:
+        >>> device("cpu")
+        'cpu'
+    """
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid torch device (e.g. cpu, cuda, cuda:1, mps)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"device {text!r}: CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"device {text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"device {text!r}: MPS is not available on this machine")
+    return text
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value

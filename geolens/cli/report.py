@@ -1,0 +1,118 @@
+"""``geolens report`` (the main job): an HTML + CSV geometry report of a model.
+
+Bad arguments (a model folder that does not exist, a missing or empty text
+file, ``--k 0``, an unknown device, ...) stop with exit code 2 and a one-line
+message before any model is loaded.
+
+Example:
+    $ geolens report --out out/report --n-tokens 1024 --ccr 1
+    $ geolens report --quick --out out/quick          # small budgets: about a minute on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from geolens.cli.args import device, int_list, model_arg, out_dir, positive_int, text_file
+from geolens.model import boot_bridge
+from geolens.report import QUICK, SECTIONS, ReportSettings, report
+
+__all__ = ["add_report_parser", "run_report"]
+
+
+def _section_names() -> list[str]:
+    return list(SECTIONS)
+
+
+def _name_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in _section_names()]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown sections {unknown or text!r}; choose from {_section_names()}")
+    return names
+
+
+# Budget flags -> (ReportSettings field, type, help). Their argparse default is None ("not given"), so
+# that --quick's preset fills every flag the user left out and an explicit flag always wins over it.
+_BUDGET_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "--n-texts": ("n_texts", positive_int, "texts taken from the default corpus"),
+    "--max-length": ("max_length", positive_int, "tokens per text"),
+    "--n-tokens": ("n_tokens", positive_int, "token positions sampled"),
+    "--k": ("k", positive_int, "readout dimension"),
+    "--n-null": ("n_null", positive_int, "random subspaces in the null"),
+    "--ccr": ("ccr", int_list, "CCR values (components removed after centring), comma-separated"),
+    "--probe-texts": ("probe_texts", positive_int, "labelled texts for the probe section"),
+    "--probe-folds": ("probe_folds", positive_int, "cross-validation folds of the probes"),
+    "--convergence-positions": ("convergence_positions", positive_int, "word-end positions of the convergence section"),
+    "--seed": ("seed", int, "seed of every sample"),
+}
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def add_report_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``report`` sub-command's arguments; defaults and ``--quick`` values come from :mod:`geolens.report`."""
+    defaults = ReportSettings()
+    rep = sub.add_parser("report", help="geometry report of a model (default: the offline default model)")
+    rep.add_argument("--model", type=model_arg, default=None,
+                     help="a local HF model folder or hub name, booted as a TransformerBridge (default: SmolLM2-135M)")
+    rep.add_argument("--text", type=text_file, action="append", default=None,
+                     help="a text file (repeatable); default: BBC News")
+    rep.add_argument("--out", type=out_dir, default=Path("out/report"), help="output folder (default out/report)")
+    rep.add_argument("--quick", action="store_true",
+                     help="small budgets for every section (about a minute for the default model on 2 CPU cores); "
+                          "flags given explicitly still win")
+    for flag, (name, kind, text) in _BUDGET_FLAGS.items():
+        default = _shown(getattr(defaults, name)) if getattr(defaults, name) is not None else "min(100, d - 1)"
+        quick = f"; --quick: {_shown(QUICK[name])}" if name in QUICK else ""
+        rep.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} (default {default}{quick})")
+    rep.add_argument("--sections", type=_name_list, default=None,
+                     help="comma-separated sections (default all but lens, phases): " + ", ".join(_section_names()))
+    rep.add_argument("--device", type=device, default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
+    rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return rep
+
+
+def _settings_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The budget flags given on the command line, as :class:`~geolens.report.ReportSettings` overrides."""
+    given = {name: getattr(args, name) for name, _, _ in _BUDGET_FLAGS.values() if getattr(args, name) is not None}
+    return {**given, "progress": not args.no_progress}
+
+
+def _fail(message: str) -> NoReturn:
+    """Say what went wrong the way argparse does (one line on stderr) and exit with its code, 2."""
+    print(f"geolens report: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    model = None
+    if args.model is not None:
+        try:
+            model = boot_bridge(args.model, device=args.device)
+        except Exception as error:  # e.g. a hub name with no hub access: no traceback for a bad argument
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            _fail(f"cannot load --model {args.model!r}: {type(error).__name__}: {first_line}")
+    texts = None
+    if args.text:
+        texts = [path.read_text(encoding="utf-8", errors="replace") for path in args.text]
+    paths = report(model, texts, args.out, sections=args.sections, device=args.device, quick=args.quick,
+                   **_settings_given(args))
+    if "pga.csv" in paths:
+        table = pd.read_csv(paths["pga.csv"])
+        with pd.option_context("display.max_rows", 200, "display.width", 160, "display.precision", 4):
+            print(table.to_string(index=False))
+    meta = json.loads(paths["meta.json"].read_text())
+    for name, error in meta["errors"].items():
+        print(f"section {name} failed: {error}", file=sys.stderr)
+    for name, path in paths.items():
+        print(f"wrote {path}")
+    return 1 if meta["errors"] else 0
