@@ -9,7 +9,10 @@ the identity. Logits: ``ln_final(T_l(h)) @ W_U + b_U``. Train with
 
 Saved as a directory: ``config.json`` (model shape, name, training budget) and
 ``translators.safetensors``. :meth:`TunedLens.load` refuses a lens made for a
-model of another shape.
+model of another shape. Lenses of the ``tuned-lens`` package (``config.json`` +
+``params.pt``, same translator convention) are read by
+:meth:`TunedLens.from_tuned_lens` and written by :meth:`TunedLens.save_tuned_lens`
+(see :mod:`geolens.lens.tuned_lens_format`).
 
 Example:
     >>> lens = TunedLens(model)                     # doctest: +SKIP
@@ -27,7 +30,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from geolens.lens import tuned_lens_format as tl_format
 from geolens.lens.logit_lens import LogitLens
+from geolens.model import as_adapter
 from geolens.sites import RESIDUAL_SITE, check_layer
 
 __all__ = ["TunedLens", "CONFIG_FILE", "WEIGHTS_FILE"]
@@ -140,6 +145,56 @@ class TunedLens(LogitLens):
         lens.translators.load_state_dict(state)
         lens.training_info = dict(config.get("training") or {})
         return lens
+
+    # ------------------------------------------------------------------ tuned-lens package format
+    @classmethod
+    def from_tuned_lens(cls, directory: str | Path, model: object) -> "TunedLens":
+        """Load a lens saved by the ``tuned-lens`` package (``config.json`` + ``params.pt``) for ``model``.
+
+        ``layer_translators[i]`` becomes ``translators[i]`` unchanged (both packages
+        map ``h -> h + W h + b`` at layer ``i``, ``0`` = embeddings, no translator at
+        the last layer); weights are cast to float32. Raises ``ValueError`` naming
+        the file if its ``d_model`` or ``num_hidden_layers`` differ from the model's
+        or ``params.pt`` does not match its config; warns if the config's
+        ``unembed_hash`` is not the hash of this model's raw ``W_U`` (the lens was
+        tuned against another unembedding).
+
+        Example:
+            >>> lens = TunedLens.from_tuned_lens("lens/pythia-70m", model)   # doctest: +SKIP
+        """
+        adapter = as_adapter(model)
+        config, state = tl_format.read_tuned_lens_dir(directory, n_layers=adapter.n_layers, d_model=adapter.d_model)
+        lens = cls(adapter, bias=config.get("bias", True))
+        lens.translators.load_state_dict(state)
+        expected_hash = config.get("unembed_hash")
+        if expected_hash and expected_hash != tl_format.unembed_hash(lens.adapter.unembed_matrix("raw")):
+            warnings.warn(
+                f"the tuned lens in {directory} was tuned against another unembedding (unembed_hash differs "
+                f"from {lens.model_name!r}'s W_U); it loads, but the numbers may not mean much", stacklevel=2,
+            )
+        lens.training_info = {
+            "source": "tuned-lens", "path": str(directory),
+            "base_model_name_or_path": config.get("base_model_name_or_path"),
+            "base_model_revision": config.get("base_model_revision"),
+        }
+        return lens
+
+    def save_tuned_lens(self, directory: str | Path) -> Path:
+        """Write this lens in the ``tuned-lens`` package's format (``config.json`` + ``params.pt``, float32).
+
+        ``tuned_lens.TunedLens.from_model_and_pretrained(hf_model, directory)`` reads
+        it. ``unembed_hash`` is that of the model's raw ``W_U``, so tuned-lens's own
+        check passes for the Hugging Face model behind it. A lens without bias is
+        written with zero biases and ``"bias": true`` (the same map; tuned-lens 0.2.0
+        cannot build bias-free translators). ``training_info`` is not written.
+        """
+        d = self.d_model
+        weights = [t.weight for t in self.translators]
+        biases = [t.bias if t.bias is not None else torch.zeros(d) for t in self.translators]
+        return tl_format.write_tuned_lens_dir(
+            directory, weights, biases, d_model=d, base_model_name_or_path=self.model_name,
+            unembed_hash_value=tl_format.unembed_hash(self.adapter.unembed_matrix("raw")),
+        )
 
     def extra_repr(self) -> str:
         trained = self.training_info.get("steps", 0)

@@ -46,6 +46,7 @@ from geolens.metrics.subspaces import (
 )
 from geolens.metrics.phases import PhaseSplit, detect_phases
 from geolens.metrics.convergence import distance_convergence
+from geolens.metrics.similarity import linear_cka, mutual_knn
 from geolens.metrics.probes import probe_accuracy, probe_folds
 from geolens.metrics.updates import norm_ratio, update, update_norms, update_orthogonality, update_summary
 
@@ -61,7 +62,9 @@ __all__ = [
     "effective_rank",
     "grassmann_distance",
     "isotropy",
+    "linear_cka",
     "mean_cosine",
+    "mutual_knn",
     "numerical_rank",
     "principal_angles",
     "principal_cosines",
