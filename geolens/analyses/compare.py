@@ -18,6 +18,7 @@ import pandas as pd
 
 from geolens.analyses.spectrum import METRICS
 from geolens.results import Result
+from geolens import plotting
 
 __all__ = ["CompareResult", "compare", "STANDARDISED_SUFFIX"]
 
@@ -45,24 +46,7 @@ class CompareResult(Result):
 
     def plot(self):
         """Every standardised curve against the layer on one figure (PGA z drawn thicker)."""
-        import plotly.graph_objects as go
-
-        table = self.to_pandas().sort_values("layer")
-        fig = go.Figure()
-        for col in self.columns:
-            raw = table[col]
-            fig.add_trace(go.Scatter(
-                x=table["layer"], y=table[col + STANDARDISED_SUFFIX], mode="lines+markers", name=col,
-                line=dict(width=4 if col == "pga_z" else 1.5), customdata=raw,
-                hovertemplate=f"{col}<br>layer %{{x}}<br>%{{y:.2f}} sd<br>raw %{{customdata:.4g}}<extra></extra>",
-            ))
-        fig.add_hline(y=0, line_dash="dot", line_color="grey")
-        fig.update_layout(
-            title=f"PGA vs spectral metrics, each in sd units across layers — {self._summary()}",
-            xaxis_title="layer (0 = embeddings)", yaxis_title="(x - mean over layers) / std over layers",
-            template="plotly_white",
-        )
-        return fig
+        return plotting.compare_figure(self, suffix=STANDARDISED_SUFFIX)
 
 
 def _table(result: Any, name: str) -> pd.DataFrame:
@@ -76,6 +60,7 @@ def _table(result: Any, name: str) -> pd.DataFrame:
 def compare(
     pga_result: Result | pd.DataFrame,
     spectrum_result: Result | pd.DataFrame,
+    *,
     ccr: int | None = None,
     metrics: Sequence[str] | None = None,
 ) -> CompareResult:

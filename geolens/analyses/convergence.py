@@ -29,6 +29,7 @@ from geolens.metrics.preprocess import remove_common_components
 from geolens.metrics.readout import readout_basis
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
+from geolens import plotting
 
 __all__ = ["ConvergenceResult", "aligned_positions", "convergence", "word_end_offsets"]
 
@@ -115,24 +116,7 @@ class ConvergenceResult(Result):
 
     def plot(self, value: str = "rho_full"):
         """Heatmap of ``value`` over (layer_a, layer_b) for a grid; bars of full/readout/random otherwise."""
-        import plotly.graph_objects as go
-
-        table = self.to_pandas()
-        if self.params.get("grid"):
-            pivot = table.pivot(index="layer_a", columns="layer_b", values=value)
-            fig = go.Figure(go.Heatmap(z=pivot.values, x=pivot.columns, y=pivot.index, colorscale="Viridis",
-                                       colorbar_title="Spearman"))
-            fig.update_layout(title=f"Convergence ({value})", xaxis_title=f"layer of {self.params.get('model_b')}",
-                              yaxis_title=f"layer of {self.params.get('model_a')}", template="plotly_white")
-            return fig
-        row = table.iloc[0]
-        names = ["full space", "readout subspaces", "random subspaces"]
-        values = [row["rho_full"], row.get("rho_readout"), row.get("rho_random_mean")]
-        errors = [0, 0, row.get("rho_random_std", 0)]
-        fig = go.Figure(go.Bar(x=names, y=values, error_y={"type": "data", "array": errors}))
-        fig.update_layout(title=f"Convergence, layer {row['layer_a']} vs {row['layer_b']}",
-                          yaxis_title="Spearman of distance vectors", template="plotly_white")
-        return fig
+        return plotting.convergence_figure(self, value=value)
 
 
 def convergence(

@@ -42,6 +42,7 @@ from geolens.interventions import EDIT_SITES, edit_hook_name, patching_hook, rec
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens.sites import check_layers, check_site
+from geolens import plotting
 
 __all__ = [
     "PATCH_SITES",
@@ -223,25 +224,7 @@ class PatchResult(Result):
 
     def plot(self):
         """Heatmap of the value, layer (y) x position (x), one panel per site."""
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        table = self.to_pandas()
-        sites = list(dict.fromkeys(table["site"]))
-        fig = make_subplots(rows=1, cols=len(sites), subplot_titles=sites, shared_yaxes=False)
-        labels = self.params.get("position_labels")
-        for col, site in enumerate(sites, start=1):
-            grid = table[table["site"] == site].pivot(index="layer", columns="position", values="value")
-            grid = grid.sort_index().sort_index(axis=1)
-            x = [f"{p}: {labels[p]}" if labels else str(p) for p in grid.columns]
-            fig.add_trace(go.Heatmap(z=grid.to_numpy(), x=x, y=list(grid.index), coloraxis="coloraxis",
-                                     hovertemplate="layer %{y}<br>pos %{x}<br>%{z:.4g}<extra>" + site + "</extra>"),
-                          row=1, col=col)
-            fig.update_xaxes(title_text="position", row=1, col=col)
-            fig.update_yaxes(title_text="layer", row=1, col=col)
-        fig.update_layout(title=f"Activation patching — {self.params.get('metric', '')}", template="plotly_white",
-                          coloraxis={"colorscale": "RdBu", "cmid": 0})
-        return fig
+        return plotting.patch_figure(self)
 
 
 # ---------------------------------------------------------------- patching

@@ -23,11 +23,11 @@ from geolens.metrics.phases import PHASE_NAMES, PhaseSplit, detect_phases
 from geolens.metrics.subspaces import choose_resolution, resolution_sweep
 from geolens.model import as_adapter
 from geolens.results import Result
+from geolens import plotting
 
 __all__ = ["DEFAULT_FRACTIONS", "PhasesResult", "phases"]
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.10, 0.15, 0.25, 0.50)
-_PHASE_COLOURS = ("rgba(99,110,250,0.12)", "rgba(0,204,150,0.12)", "rgba(239,85,59,0.12)")
 
 
 @dataclass(repr=False)
@@ -40,27 +40,7 @@ class PhasesResult(Result):
 
     def plot(self):
         """RSS curves by layer, one per k (the chosen k bold), with the three phases as shaded bands."""
-        import plotly.graph_objects as go
-
-        table = self.to_pandas()
-        fig = go.Figure()
-        b1, b2 = self.params.get("b1"), self.params.get("b2")
-        last = int(table.layer.max())
-        if b1 is not None and b2 is not None:
-            for (lo, hi), name, colour in zip(((-0.5, b1 - 0.5), (b1 - 0.5, b2 - 0.5), (b2 - 0.5, last + 0.5)),
-                                              PHASE_NAMES, _PHASE_COLOURS):
-                fig.add_vrect(x0=lo, x1=hi, fillcolor=colour, line_width=0, annotation_text=name,
-                              annotation_position="top left")
-        chosen = self.params.get("k")
-        for column in [c for c in table.columns if c.startswith("rss@k=")]:
-            k = int(column.split("=")[1])
-            fig.add_trace(go.Scatter(x=table.layer, y=table[column], mode="lines+markers", name=f"k = {k}",
-                                     line_width=4 if k == chosen else 1.5))
-        fig.update_layout(title="Readout subspace similarity (consecutive layers) and phases"
-                          + ("" if self.params.get("found") else f" — no phases found: {self.params.get('reason')}"),
-                          xaxis_title="layer l (RSS between l and l + 1)", yaxis_title="RSS (mean principal cosine)",
-                          template="plotly_white")
-        return fig
+        return plotting.phases_figure(self)
 
 
 def phases(

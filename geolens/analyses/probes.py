@@ -20,6 +20,7 @@ from geolens.sites import RESIDUAL_SITE, check_layers
 from geolens.metrics.probes import probe_accuracy
 from geolens.model import as_adapter
 from geolens.results import Result
+from geolens import plotting
 
 __all__ = ["ProbeResult", "ag_news", "pooled_states", "probes"]
 
@@ -84,28 +85,7 @@ class ProbeResult(Result):
 
     def plot(self, pga_result=None, ccr: int | None = None):
         """Accuracy by layer (band = +-1 sd over folds); with a ``PGAResult``, its z on a second axis."""
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        table = self.to_pandas()
-        fig = make_subplots(specs=[[{"secondary_y": pga_result is not None}]])
-        upper, lower = table.accuracy_mean + table.accuracy_std, table.accuracy_mean - table.accuracy_std
-        fig.add_trace(go.Scatter(x=list(table.layer) + list(table.layer)[::-1], y=list(upper) + list(lower)[::-1],
-                                 fill="toself", opacity=0.2, line_width=0, name="±1 sd over folds", hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=table.layer, y=table.accuracy_mean, mode="lines+markers", name="probe accuracy"))
-        fig.add_trace(go.Scatter(x=table.layer, y=table.chance, mode="lines", line_dash="dot", name="chance"))
-        if pga_result is not None:
-            pga = pga_result.to_pandas()
-            pga = pga[pga.site != "final"]
-            ccr = pga.ccr.iloc[0] if ccr is None else ccr
-            pga = pga[pga.ccr == ccr]
-            fig.add_trace(go.Scatter(x=pga.layer, y=pga.z, mode="lines+markers", name=f"PGA z (CCR-{ccr})"),
-                          secondary_y=True)
-            fig.update_yaxes(title_text="PGA z", secondary_y=True)
-        fig.update_yaxes(title_text="held-out accuracy", secondary_y=False)
-        fig.update_layout(title=f"Linear probes ({self.params.get('pooling')} pooling, {self.params.get('folds')} folds)",
-                          xaxis_title="layer (0 = embeddings)", template="plotly_white")
-        return fig
+        return plotting.probe_figure(self, pga_result=pga_result, ccr=ccr)
 
 
 def probes(

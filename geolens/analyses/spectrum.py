@@ -15,7 +15,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -23,13 +22,13 @@ from geolens.capture import States, capture
 from geolens.sites import RESIDUAL_SITE
 from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary
 from geolens.model import ModelAdapter, as_adapter
+from geolens import plotting
 from geolens.results import Result
 
 __all__ = [
     "METRICS",
     "SpectrumResult",
     "WeightGeometryResult",
-    "embedding_matrix",
     "spectrum",
     "spectrum_of_states",
     "weight_geometry",
@@ -59,7 +58,7 @@ class SpectrumResult(Result):
 
     def plot(self, metrics: Sequence[str] | None = None):
         """One subplot per metric (default: the paper's seven), each against the layer."""
-        return metric_grid(self.to_pandas(), "layer", list(metrics or PLOTTED),
+        return plotting.metric_grid(self.to_pandas(), "layer", list(metrics or PLOTTED),
                            title=f"Spectral geometry — {self._summary()}", xaxis_title="layer (0 = embeddings)")
 
 
@@ -75,37 +74,10 @@ class WeightGeometryResult(Result):
 
     def plot(self, metrics: Sequence[str] | None = None):
         """One bar subplot per metric, one bar per matrix."""
-        return metric_grid(self.to_pandas(), "matrix", list(metrics or PLOTTED),
+        return plotting.metric_grid(self.to_pandas(), "matrix", list(metrics or PLOTTED),
                            title=f"Weight geometry — {self._summary()}", kind="bar")
 
 
-def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str = "", xaxis_title: str | None = None,
-                kind: str = "line"):
-    """Plotly figure: a grid of subplots, one per metric column of ``table``, against column ``x``."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    missing = [m for m in metrics if m not in table.columns]
-    if missing:
-        raise ValueError(f"unknown metrics {missing}; available: {[c for c in table.columns if c in METRICS]}")
-    cols = min(3, len(metrics))
-    rows = -(-len(metrics) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=metrics)
-    groups = table.groupby("site", sort=False) if "site" in table.columns and kind == "line" else [(None, table)]
-    for index, metric in enumerate(metrics):
-        r, c = index // cols + 1, index % cols + 1
-        for site, part in groups:
-            if kind == "bar":
-                trace = go.Bar(x=part[x], y=part[metric], name=metric, showlegend=False)
-            else:
-                part = part.sort_values(x)
-                trace = go.Scatter(x=part[x], y=part[metric], mode="lines+markers", name=str(site),
-                                   legendgroup=str(site), showlegend=index == 0)
-            fig.add_trace(trace, row=r, col=c)
-        if xaxis_title:
-            fig.update_xaxes(title_text=xaxis_title, row=r, col=c)
-    fig.update_layout(title=title, template="plotly_white", height=300 * rows)
-    return fig
 
 
 def spectrum(

@@ -15,21 +15,12 @@ from typing import ClassVar
 import torch
 
 from geolens.capture import capture
-from geolens.metrics.updates import UPDATE_SUMMARY_KEYS, update_summary
+from geolens.metrics.updates import update_summary
 from geolens.model import as_adapter
+from geolens import plotting
 from geolens.results import Result
 
-__all__ = ["UpdatesResult", "updates", "updates_figure"]
-
-_LABELS = {
-    "orthogonality": "|cos(Δ_l, h_{l-1})|",
-    "update_norm": "||Δ_l||",
-    "relative_update_norm": "||Δ_l|| / ||h_{l-1}||",
-    "ffn_mha_ratio": "||mlp_out|| / ||attn_out||",
-    "erank_states": "effective rank of H_l",
-    "erank_updates": "effective rank of Δ_l",
-}
-
+__all__ = ["UpdatesResult", "updates"]
 
 @dataclass(repr=False)
 class UpdatesResult(Result):
@@ -41,7 +32,7 @@ class UpdatesResult(Result):
 
     def plot(self):
         """Plotly figure: one panel per metric, by layer."""
-        return updates_figure(self.to_pandas(), title=self._summary())
+        return plotting.updates_figure(self.to_pandas(), title=self._summary())
 
 
 def updates(
@@ -92,18 +83,3 @@ def updates(
     return UpdatesResult(rows=rows, params=params)
 
 
-def updates_figure(table, *, title: str = ""):
-    """Six panels (one per update metric) by layer."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    keys = [k for k in UPDATE_SUMMARY_KEYS if k in table]
-    fig = make_subplots(rows=2, cols=3, subplot_titles=[_LABELS[k] for k in keys])
-    for i, key in enumerate(keys):
-        fig.add_trace(
-            go.Scatter(x=table["layer"], y=table[key], mode="lines+markers", name=_LABELS[key], showlegend=False),
-            row=i // 3 + 1, col=i % 3 + 1,
-        )
-    fig.update_xaxes(title_text="layer")
-    fig.update_layout(title=f"Update geometry — {title}" if title else "Update geometry", template="plotly_white")
-    return fig

@@ -32,6 +32,7 @@ from geolens.lens.logit_lens import LogitLens
 from geolens.lens.train import kl_rows
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import as_adapter
+from geolens import plotting
 from geolens.results import Result
 
 __all__ = ["LensResult", "evaluate", "hit_at_k"]
@@ -63,7 +64,7 @@ class LensResult(Result):
 
     def plot(self):
         """Plotly figure: Hit@k by layer (left) and KL to the final distribution (right), both lenses."""
-        return lens_figure(self.to_pandas(), title=self._summary())
+        return plotting.lens_figure(self.to_pandas(), title=self._summary())
 
 
 def evaluate(
@@ -171,24 +172,3 @@ def evaluate(
     return LensResult(rows=result_rows, params=params)
 
 
-def lens_figure(table, *, title: str = ""):
-    """Hit@k by layer (left) and KL by layer (right), one line per lens (and k)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("Hit@k (final top-1 in lens top-k)", "KL(p_final || p_l)"))
-    hit_cols = [c for c in table.columns if c.startswith("hit@") and "/" not in c]
-    dashes = {"tuned": "solid", "logit": "dot"}
-    for kind, part in table.groupby("lens", sort=False):
-        part = part.sort_values("layer")
-        for col in hit_cols:
-            fig.add_trace(go.Scatter(x=part["layer"], y=part[col], mode="lines+markers", name=f"{kind} {col}",
-                                     line_dash=dashes.get(kind, "solid")), row=1, col=1)
-        fig.add_trace(go.Scatter(x=part["layer"], y=part["kl"], mode="lines+markers", name=f"{kind} KL",
-                                 line_dash=dashes.get(kind, "solid")), row=1, col=2)
-    fig.update_xaxes(title_text="layer (0 = embeddings)")
-    fig.update_yaxes(title_text="fraction", row=1, col=1)
-    fig.update_yaxes(title_text="nats", row=1, col=2)
-    fig.update_layout(title=f"Logit lens vs tuned lens — {title}" if title else "Logit lens vs tuned lens",
-                      template="plotly_white")
-    return fig

@@ -42,6 +42,7 @@ from geolens.pages import versions, write_html
 from geolens.results import Result, json_text
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 from geolens.zoo.corpus import zoo_split
+from geolens import plotting
 
 __all__ = ["ZOO_ANALYSES", "ZooReportSettings", "ZooResult", "zoo_report"]
 
@@ -116,48 +117,11 @@ class ZooResult(Result):
 
     def plot(self, metric: str = "pga.z", *, ccr: int | None = None, step: int | None = None):
         """``metric`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest CCR)."""
-        import plotly.graph_objects as go
-
-        part = self.select(metric, ccr=ccr, step=step)
-        fig = go.Figure()
-        if metric == "pga.z":
-            fig.add_hrect(y0=-1.96, y1=1.96, fillcolor="grey", opacity=0.15, line_width=0)
-        for width, line in part.groupby("width", sort=True):
-            line = line.sort_values("relative_depth")
-            fig.add_trace(go.Scatter(x=line["relative_depth"], y=line["value"], mode="lines+markers",
-                                     name=f"d = {width}", customdata=line[["layer", "step"]],
-                                     hovertemplate="layer %{customdata[0]} (step %{customdata[1]})"
-                                                   "<br>%{y:.3f}<extra></extra>"))
-        which = f", CCR-{int(part['ccr'].iloc[0])}" if metric.startswith("pga.") else ""
-        when = "final step" if step is None else f"step {step}"
-        fig.update_layout(title=f"{metric} by relative depth, one line per width ({when}{which})",
-                          xaxis_title="relative depth (layer / n_layers)", yaxis_title=metric,
-                          template="plotly_white", legend_title="width")
-        return fig
+        return plotting.zoo_depth_figure(self, metric=metric, ccr=ccr, step=step)
 
     def plot_training(self, metric: str = "pga.z", *, ccr: int | None = None, site: str = "resid_post"):
         """``metric`` against training step, one line per width (averaged over layers 1..L-1 for per-layer metrics)."""
-        import plotly.graph_objects as go
-
-        table = self.to_pandas()
-        steps = sorted(set(table["step"]))
-        parts = [self.select(metric, ccr=ccr, step=s, site=site) for s in steps
-                 if not table[(table["metric"] == metric) & (table["step"] == s)].empty]
-        part = pd.concat(parts)
-        if part["layer"].notna().any():
-            inner = part[(part["layer"] >= 1) & (part["layer"] < part["n_layers"])]
-            part = inner if not inner.empty else part
-        curve = part.groupby(["width", "step", "tokens"], as_index=False)["value"].mean()
-        fig = go.Figure()
-        for width, line in curve.groupby("width", sort=True):
-            fig.add_trace(go.Scatter(x=line["tokens"], y=line["value"], mode="lines+markers", name=f"d = {width}",
-                                     customdata=line[["step"]], hovertemplate="step %{customdata[0]}<br>%{y:.3f}"
-                                                                              "<extra></extra>"))
-        averaged = " (mean over layers 1..L-1)" if part["layer"].notna().any() else ""
-        fig.update_layout(title=f"{metric}{averaged} over training, one line per width",
-                          xaxis_title="training tokens", yaxis_title=metric, template="plotly_white",
-                          legend_title="width")
-        return fig
+        return plotting.zoo_training_figure(self, metric=metric, ccr=ccr, site=site)
 
     def summary(self) -> pd.DataFrame:
         """One row per width at its last step: held-out loss, PGA z (mean, min, final state) per CCR, phases."""
