@@ -75,6 +75,31 @@ def check_int(value: object, name: str, *, low: int | None = None, high: int | N
     return value
 
 
+class DegenerateError(ValueError):
+    """The input has no geometry to measure (numerically constant states, a null without spread, ...)."""
+
+
+class UpperBound(int):
+    """A default sample size that is an upper bound: with less input, what there is is used (and said).
+
+    An explicit ``int`` that the input cannot honour raises; this subclass marks
+    the defaults, so ``n_tokens=1024`` given by hand still means exactly 1024.
+
+    Example:
+        >>> n = UpperBound(1024)
+        >>> n == 1024, isinstance(n, UpperBound), isinstance(1024, UpperBound)
+        (True, True, False)
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:  # signatures show the number, as for a plain default
+        return int.__repr__(self)
+
+
+DEFAULT_N_TOKENS = UpperBound(1024)
+
+
 def working_dtype(x: torch.Tensor) -> torch.dtype:
     """Half precision is too coarse for ranks of distances: compute in float32 at least."""
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32

@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
@@ -21,7 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from geolens._validation import check_int
+from geolens._validation import UpperBound, check_int
 from geolens.model import ModelAdapter, as_adapter
 from geolens.sites import check_layers, check_site, hook_name
 
@@ -150,6 +152,10 @@ def prepare_tokens(
             raise ValueError(f"token ids must lie in [0, {adapter.d_vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
         if max_length is not None:
             tokens, attention_mask = tokens[:, :max_length], attention_mask[:, :max_length]
+        limit = adapter.max_positions
+        if limit is not None and tokens.shape[1] > limit:
+            raise ValueError(f"tokens have {tokens.shape[1]} positions but {adapter.name!r} takes at most {limit} "
+                             f"(its positional table); pass max_length={limit} or shorter sequences")
         return TokenBatch(tokens.long(), (attention_mask != 0).long())
     if isinstance(tokens, Iterable):
         texts = list(tokens)
@@ -202,7 +208,12 @@ def sample_positions(
         )
     if n_tokens is None:
         return batch_idx, pos_idx
+    upper_bound = isinstance(n_tokens, UpperBound)
     n_tokens = check_int(n_tokens, "n_tokens", low=3)
+    if n_tokens > available and upper_bound:
+        warnings.warn(f"n_tokens: the default of {n_tokens} positions exceeds the {available} eligible ones; "
+                      f"using all {available} (pass n_tokens to choose)", stacklevel=3)
+        return batch_idx, pos_idx
     if n_tokens > available:
         raise ValueError(
             f"n_tokens = {n_tokens} but only {available} eligible token positions are available; "
@@ -302,7 +313,7 @@ def capture(
         ids = batch.tokens[start : start + batch_size, :length].to(device)
         mask = seq_mask[:, :length].to(device)
         fired: set[str] = set()
-        hooks = [(name, _writer(out, slots, row_ids, local_b, local_p, name, fired, len(targets)))
+        hooks = [(name, _writer(out, slots, row_ids, local_b, local_p, name, fired, len(targets), plan))
                  for name, slots in targets.items()]
         try:
             adapter.run_with_hooks(ids, attention_mask=mask, fwd_hooks=hooks)
@@ -340,15 +351,20 @@ class _AllCaptured(Exception):
     """Raised by the last capture hook of a forward pass to stop it early."""
 
 
-def _writer(out, slots, row_ids, local_b, local_p, name, fired, n_hooks):
+def _writer(out, slots, row_ids, local_b, local_p, name, fired, n_hooks, plan):
     """A hook that copies the sampled rows of its activation into the output slots.
 
+    Non-finite values raise (naming the site and layer): no NaN reaches a metric.
     When it is the last of the ``n_hooks`` capture hooks to fire, it stops the
     forward pass: nothing after it is needed.
     """
 
     def hook(activation, hook=None):
         picked = activation[local_b, local_p]
+        if not bool(torch.isfinite(picked).all()):
+            where = ", ".join(f"{site} layer {plan[site][slot]}" for site, slot in slots)
+            raise ValueError(f"the model's activations hold NaN or infinite values at {where} ({name}); "
+                             "no geometry can be measured from them (check the weights and the dtype)")
         for site, slot in slots:
             out[site][slot, row_ids] = picked.to(out[site].dtype)
         fired.add(name)

@@ -584,6 +584,16 @@ class ModelAdapter:
 
     # ------------------------------------------------------------------ tokens
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model can take (``n_ctx`` of a learned positional table), or ``None``.
+
+        Rotary and ALiBi models have no fixed table, so no hard limit is known.
+        """
+        if getattr(self.model.cfg, "positional_embedding_type", None) == "standard":
+            return int(self.model.cfg.n_ctx)
+        return None
+
+    @property
     def bos_token_id(self) -> int | None:
         """The tokenizer's BOS id, or ``None`` (no tokenizer or no BOS token)."""
         value = getattr(self.tokenizer, "bos_token_id", None) if self.tokenizer is not None else None

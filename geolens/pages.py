@@ -13,6 +13,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
+from geolens._io import atomic_write_text
+
 __all__ = ["versions", "write_html"]
 
 
@@ -51,8 +53,7 @@ def write_html(path: Path, *, title: str, sections: Sequence[tuple], meta: dict)
             plotly_included = True
         parts.append(result.to_pandas().to_html(index=False, float_format=lambda x: f"{x:.4g}"))
     parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
+    return atomic_write_text(path, "\n".join(parts))
 
 
 def _dict_table(values: dict) -> str:

@@ -25,12 +25,13 @@ from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
+from geolens._io import atomic_write_text
 from geolens.analyses.compare import compare
 from geolens.analyses.convergence import convergence
 from geolens.analyses.pga import pga
 from geolens.analyses.phases import phases
 from geolens.analyses.probes import probes
-from geolens.analyses.spectrum import spectrum, weight_geometry
+from geolens.analyses.spectrum import clipped_fit_range, spectrum, weight_geometry
 from geolens.analyses.updates import updates
 from geolens.capture import States, capture
 from geolens.data import default_texts, load_default_model
@@ -151,15 +152,11 @@ def _pga_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     return result, [result.plot()]
 
 
-def _fit_range(s: ReportSettings, n_values: int) -> tuple[int, int]:
-    start, stop = s.alpha_fit_range or ALPHA_FIT_RANGE
-    return start, min(stop, n_values)
-
-
 def _spectrum_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     states = _states(adapter, texts, s)
     result = spectrum(adapter, states, site=RESIDUAL_SITE, seed=s.seed, progress=s.progress,
-                      alpha_fit_range=_fit_range(s, min(states.n_tokens, adapter.d_model)))
+                      alpha_fit_range=clipped_fit_range(min(states.n_tokens - 1, adapter.d_model),
+                                                        s.alpha_fit_range or ALPHA_FIT_RANGE))
     figures = [result.plot()]
     if "pga" in s.results:
         comparison = compare(s.results["pga"], result, ccr=1 if 1 in s.results["pga"].to_pandas().ccr.values else None)
@@ -201,7 +198,7 @@ def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
 
 
 def _weights_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
-    result = weight_geometry(adapter, progress=s.progress, alpha_fit_range=_fit_range(s, adapter.d_model))
+    result = weight_geometry(adapter, progress=s.progress, alpha_fit_range=clipped_fit_range(adapter.d_model, s.alpha_fit_range or ALPHA_FIT_RANGE))
     return result, []
 
 
@@ -300,7 +297,7 @@ def report(
             timings[name] = round(time.perf_counter() - section_start, 1)
         settings.results[name] = result
         paths[f"{name}.csv"] = out_dir / f"{name}.csv"
-        result.to_pandas().to_csv(paths[f"{name}.csv"], index=False)
+        atomic_write_text(paths[f"{name}.csv"], result.to_pandas().to_csv(index=False))
         paths[f"{name}.json"] = result.save(out_dir / f"{name}.json")
         rendered.append((heading, result, figures, None))
 
@@ -312,6 +309,6 @@ def report(
     }
     paths["report.html"] = write_html(out_dir / "report.html", title=f"geolens report — {adapter.name}",
                                       sections=rendered, meta=meta)
-    (out_dir / "meta.json").write_text(json_text(meta))
+    atomic_write_text(out_dir / "meta.json", json_text(meta))
     paths["meta.json"] = out_dir / "meta.json"
     return paths

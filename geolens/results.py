@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from geolens._io import atomic_write_text
+
 __all__ = ["Result", "PGAResult", "json_text"]
 
 
@@ -102,18 +104,22 @@ class Result:
 
     def save(self, path: str | Path) -> Path:
         """Write rows and params as strict JSON (non-finite floats as ``"NaN"`` etc.); :meth:`load` reads it back."""
-        path = Path(path)
         payload = {"type": type(self).__name__}
         payload.update({f.name: getattr(self, f.name) for f in fields(self)})
-        path.write_text(json_text(payload))
-        return path
+        return atomic_write_text(path, json_text(payload))
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
         """Read a result written by :meth:`save` (non-finite floats come back as floats)."""
-        payload = json.loads(Path(path).read_text())
-        if payload.get("type") != cls.__name__:
-            raise ValueError(f"{path} holds a {payload.get('type')}, not a {cls.__name__}")
+        try:
+            payload = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path} is not a saved geolens result: not valid JSON ({err})") from None
+        if not isinstance(payload, dict) or payload.get("type") != cls.__name__:
+            found = payload.get("type") if isinstance(payload, dict) else type(payload).__name__
+            raise ValueError(f"{path} holds a {found}, not a {cls.__name__}")
+        if "rows" not in payload or not isinstance(payload["rows"], list):
+            raise ValueError(f"{path} has no list of rows: not a saved {cls.__name__}")
         return cls(**{f.name: _restore_non_finite(payload[f.name]) for f in fields(cls) if f.name in payload})
 
     def long_rows(self, analysis: str) -> list[dict[str, Any]]:

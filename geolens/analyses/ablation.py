@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from geolens._validation import check_int
+from geolens._validation import UpperBound, check_int
 from geolens.analyses.pga import _score_states, default_k
 from geolens.capture import TokenBatch, capture, prepare_tokens
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
@@ -101,7 +101,7 @@ def ablation_effect(
     ccr: int = 0,
     readout: str = "raw",
     skip_first: bool = True,
-    n_tokens: int | None = 256,
+    n_tokens: int | None = UpperBound(256),
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from typing import Sequence
@@ -9,7 +10,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from geolens._validation import check_int
+from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int
 from geolens.capture import States, capture
 from geolens.interventions import subspace_basis
 from geolens.metrics.grassmann import random_subspaces
@@ -22,6 +23,7 @@ from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
 __all__ = ["pga", "default_k"]
 
 DEFAULT_K = 100
+_SCORE_COLUMNS = ("rho_readout", "null_mean", "null_std", "z", "p_value", "pc1_readout_energy", "random_energy")
 
 
 def default_k(d_model: int) -> int:
@@ -40,7 +42,7 @@ def pga(
     layers: Sequence[int] | None = None,
     readout: str | torch.Tensor = "raw",
     include_final: bool = True,
-    n_tokens: int | None = 1024,
+    n_tokens: int | None = DEFAULT_N_TOKENS,
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
@@ -152,11 +154,21 @@ def _score_states(
     jobs = [(site, layer) for site in states.sites for layer in states.layers[site]]
     rows, null_rhos = [], []
     bar = tqdm(total=len(jobs) * len(ccrs), desc="PGA", disable=not progress, leave=False)
+    degenerate: list[str] = []
     for site, layer in jobs:
         layer_states = states.layer(site, layer)
         for m in ccrs:
             try:
                 score = subspace_pga(layer_states, readout, ccr=m, null_subspaces=nulls, seed=seed)
+            except DegenerateError as err:
+                # One degenerate cell (e.g. CCR-10 of an embedding layer with few distinct tokens) is
+                # flagged in its row; the rest of the sweep still stands. All degenerate: nothing to show.
+                degenerate.append(f"{site} layer {layer} (ccr={m}): {err}")
+                rows.append({"layer": layer, "site": site, "ccr": m, **dict.fromkeys(_SCORE_COLUMNS, math.nan),
+                             "degenerate": str(err)})
+                null_rhos.append({"site": site, "layer": layer, "ccr": m, "rhos": []})
+                bar.update()
+                continue
             except ValueError as err:
                 raise ValueError(f"{site} layer {layer} (ccr={m}): {err}") from err
             rows.append(
@@ -170,6 +182,13 @@ def _score_states(
             null_rhos.append({"site": site, "layer": layer, "ccr": m, "rhos": score.null_rhos.tolist()})
             bar.update()
     bar.close()
+    if degenerate and len(degenerate) == len(rows):
+        raise DegenerateError(f"every layer is degenerate, e.g. {degenerate[0]}")
+    if degenerate:
+        warnings.warn(f"{len(degenerate)} of {len(rows)} PGA scores are undefined (NaN, reason in the 'degenerate' "
+                      f"column), e.g. {degenerate[0]}", stacklevel=3)
+        for row in rows:
+            row.setdefault("degenerate", "")
     params = {"k": k, "n_null": n_null, "ccr": ccrs if len(ccrs) > 1 else ccrs[0], "n_tokens": states.n_tokens,
               "seed": seed}
     return PGAResult(rows=rows, params=params, null_rhos=null_rhos)

@@ -17,6 +17,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from geolens._validation import DEFAULT_N_TOKENS
 from geolens.analyses.updates import updates
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.phases import PHASE_NAMES, PhaseSplit, detect_phases
@@ -55,7 +56,7 @@ def phases(
     k_fraction: float | None = None,
     smoothing: float = 1.0,
     sensitivity: float = 1.0,
-    n_tokens: int | None = 1024,
+    n_tokens: int | None = DEFAULT_N_TOKENS,
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,

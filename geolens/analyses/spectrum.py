@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from geolens._validation import DEFAULT_N_TOKENS
 from geolens.capture import States, capture
 from geolens.sites import RESIDUAL_SITE
 from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary
@@ -89,7 +90,7 @@ def spectrum(
     centre: bool = True,
     alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
     rtol: float | None = None,
-    n_tokens: int | None = 1024,
+    n_tokens: int | None = DEFAULT_N_TOKENS,
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
@@ -148,6 +149,31 @@ def spectrum_of_states(states: States, site: str | None = None, **kwargs) -> Spe
     return _spectrum_of_states(states, site, **kwargs)
 
 
+def clipped_fit_range(n_values: int, fit_range: tuple[int, int] = ALPHA_FIT_RANGE) -> tuple[int, int]:
+    """``fit_range`` cut to the ``n_values`` eigenvalues a spectrum has: ``stop <= n_values``, ``stop - start >= 2``.
+
+    Example:
+        >>> clipped_fit_range(64), clipped_fit_range(4), clipped_fit_range(1000)
+        ((5, 64), (2, 4), (5, 100))
+    """
+    start, stop = fit_range
+    stop = min(stop, n_values)
+    start = max(0, min(start, stop - 2))
+    if stop - start < 2:
+        raise ValueError(f"an alpha-ReQ fit needs at least 2 eigenvalues; this spectrum has {n_values}")
+    return start, stop
+
+
+def _fit_range(fit_range: tuple[int, int], n_values: int, what: str) -> tuple[int, int]:
+    """The default range is an upper bound (clipped, with a warning); an explicit one is used as given."""
+    if fit_range is not ALPHA_FIT_RANGE or ALPHA_FIT_RANGE[1] <= n_values:
+        return tuple(fit_range)
+    clipped = clipped_fit_range(n_values)
+    warnings.warn(f"alpha_fit_range: the default {ALPHA_FIT_RANGE} needs {ALPHA_FIT_RANGE[1]} eigenvalues but {what} "
+                  f"have {n_values}; fitting {clipped} (pass alpha_fit_range to choose)", stacklevel=3)
+    return clipped
+
+
 def _spectrum_of_states(
     states: States,
     site: str | None = None,
@@ -160,6 +186,8 @@ def _spectrum_of_states(
 ) -> SpectrumResult:
     """Spectral metrics of already-captured :class:`~geolens.capture.States` (every site, or just ``site``)."""
     sites = states.sites if site is None else (site,)
+    n_values = min(states.n_tokens - 1 if centre else states.n_tokens, states.d_model)
+    alpha_fit_range = _fit_range(alpha_fit_range, n_values, f"{states.n_tokens} states of width {states.d_model}")
     jobs = [(s, layer) for s in sites for layer in states.layers[s]]
     rows = []
     for s, layer in tqdm(jobs, desc="spectrum", disable=not progress, leave=False):
@@ -205,8 +233,11 @@ def weight_geometry(
         >>> geolens.weight_geometry(model).to_pandas()[["matrix", "effective_rank", "isotropy"]]   # doctest: +SKIP
     """
     adapter = as_adapter(model)
+    matrices = _weight_matrices(adapter)
+    n_values = min(min(m.shape[0] - 1 if centre else m.shape[0], m.shape[1]) for m in matrices.values())
+    alpha_fit_range = _fit_range(alpha_fit_range, n_values, f"the [V, d = {adapter.d_model}] weight matrices")
     rows = []
-    for name, matrix in tqdm(_weight_matrices(adapter).items(), desc="weights", disable=not progress, leave=False):
+    for name, matrix in tqdm(matrices.items(), desc="weights", disable=not progress, leave=False):
         try:
             metrics = spectral_summary(matrix, centre=centre, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps)
         except ValueError as err:

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import torch
 
+from geolens._validation import DEFAULT_N_TOKENS
 from geolens.capture import capture
 from geolens.metrics.updates import update_summary
 from geolens.model import as_adapter
@@ -39,7 +40,7 @@ def updates(
     model: object,
     tokens,
     *,
-    n_tokens: int | None = 1024,
+    n_tokens: int | None = DEFAULT_N_TOKENS,
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["device", "int_list", "looks_like_path", "model_arg", "out_dir", "positive_float", "positive_int",
+__all__ = ["device", "int_at_least", "int_list", "nonnegative_int_list", "looks_like_path", "model_arg", "out_dir", "positive_float", "positive_int",
            "text_file"]
 
 
@@ -22,6 +22,41 @@ def int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
     return values
+
+
+def nonnegative_int_list(text: str) -> list[int]:
+    """Comma-separated integers >= 0 (e.g. ``--ccr 0,1,5``).
+
+    Example:
+        >>> nonnegative_int_list("0,1,5")
+        [0, 1, 5]
+    """
+    values = int_list(text)
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
+    return values
+
+
+def int_at_least(low: int):
+    """An argument type for integers >= ``low``.
+
+    Example:
+        >>> int_at_least(2)("3")
+        3
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            kind = "a positive integer" if low >= 1 else "an integer"
+            raise argparse.ArgumentTypeError(f"expected {kind} >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int_at_least_{low}"
+    return parse
 
 
 def positive_int(text: str) -> int:

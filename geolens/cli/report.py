@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from geolens.cli.args import device, int_list, model_arg, out_dir, positive_int, text_file
+from geolens.cli.args import device, int_at_least, model_arg, nonnegative_int_list, out_dir, positive_int, text_file
 from geolens.model import boot_bridge
 from geolens.report import QUICK, SECTIONS, ReportSettings, report
 
@@ -41,14 +41,15 @@ def _name_list(text: str) -> list[str]:
 _BUDGET_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--n-texts": ("n_texts", positive_int, "texts taken from the default corpus"),
     "--max-length": ("max_length", positive_int, "tokens per text"),
-    "--n-tokens": ("n_tokens", positive_int, "token positions sampled"),
+    "--n-tokens": ("n_tokens", int_at_least(3), "token positions sampled"),
     "--k": ("k", positive_int, "readout dimension"),
-    "--n-null": ("n_null", positive_int, "random subspaces in the null"),
-    "--ccr": ("ccr", int_list, "CCR values (components removed after centring), comma-separated"),
-    "--probe-texts": ("probe_texts", positive_int, "labelled texts for the probe section"),
-    "--probe-folds": ("probe_folds", positive_int, "cross-validation folds of the probes"),
-    "--convergence-positions": ("convergence_positions", positive_int, "word-end positions of the convergence section"),
-    "--seed": ("seed", int, "seed of every sample"),
+    "--n-null": ("n_null", int_at_least(2), "random subspaces in the null"),
+    "--ccr": ("ccr", nonnegative_int_list, "CCR values (components removed after centring), comma-separated"),
+    "--probe-texts": ("probe_texts", int_at_least(2), "labelled texts for the probe section"),
+    "--probe-folds": ("probe_folds", int_at_least(2), "cross-validation folds of the probes"),
+    "--convergence-positions": ("convergence_positions", int_at_least(3),
+                                "word-end positions of the convergence section"),
+    "--seed": ("seed", int_at_least(0), "seed of every sample"),
 }
 
 

@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens._validation import check_int
+from geolens._validation import DEFAULT_N_TOKENS, check_int
 from geolens.capture import capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
 from geolens.lens.train import kl_rows
@@ -73,7 +73,7 @@ def evaluate(
     *,
     lens: TunedLens | None = None,
     ks: Sequence[int] = (1, 5),
-    n_tokens: int | None = 1024,
+    n_tokens: int | None = DEFAULT_N_TOKENS,
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
@@ -147,6 +147,9 @@ def evaluate(
             for lz in lenses:
                 for layer in range(adapter.n_layers + 1):
                     logits = lz(resid[layer, rows], layer, w_u=w_u, b_u=b_u)
+                    if not bool(torch.isfinite(logits).all()):
+                        raise ValueError(f"the {lz.kind} lens gives NaN or infinite logits at layer {layer}; "
+                                         "KL and Hit@k would be meaningless (check the lens's weights)")
                     ce = torch.nn.functional.cross_entropy(logits, target, reduction="none")
                     acc = sums[(lz.kind, layer)]
                     acc[0] += float(kl_rows(log_p, logits).sum())

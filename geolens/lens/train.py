@@ -246,6 +246,9 @@ def train_tuned_lens(
             states = resid[:, b_idx, p_idx].to(torch.float32)  # [L + 1, n, d]
             log_p = torch.log_softmax(final_logits[b_idx, p_idx].to(torch.float32), dim=-1)
             _accumulate(lens, states, log_p, step_kl, tokens_per_step, w_u, b_u, matmul_dtype)
+        if taken == 0 and not losses:
+            raise ValueError("the training text holds no token to train on (each sequence's first token is skipped): "
+                             "pass more text")
         if taken == 0:
             warnings.warn(f"the text ran out after {len(losses)} of {steps} steps; stopping there", stacklevel=2)
             break

@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from geolens._io import atomic_directory
 from geolens.lens import tuned_lens_format as tl_format
 from geolens.lens.logit_lens import LogitLens
 from geolens.model import as_adapter
@@ -105,10 +106,10 @@ class TunedLens(LogitLens):
         from safetensors.torch import save_file
 
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         tensors = {name: value.detach().cpu().contiguous() for name, value in self.translators.state_dict().items()}
-        save_file(tensors, str(directory / WEIGHTS_FILE))
-        (directory / CONFIG_FILE).write_text(json.dumps(self.config(), indent=1))
+        with atomic_directory(directory) as staging:  # a killed save leaves the old lens or none, never half of one
+            save_file(tensors, str(staging / WEIGHTS_FILE))
+            (staging / CONFIG_FILE).write_text(json.dumps(self.config(), indent=1))
         return directory
 
     @classmethod
@@ -125,9 +126,13 @@ class TunedLens(LogitLens):
         config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
         if not config_path.is_file() or not weights_path.is_file():
             raise FileNotFoundError(f"{directory} holds no tuned lens (need {CONFIG_FILE} and {WEIGHTS_FILE})")
-        config = json.loads(config_path.read_text())
-        if config.get("format") != _FORMAT:
-            raise ValueError(f"{config_path} is not a geolens tuned lens (format {config.get('format')!r})")
+        try:
+            config = json.loads(config_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{config_path} is not valid JSON ({err}); the lens folder is damaged") from None
+        if not isinstance(config, dict) or config.get("format") != _FORMAT:
+            found = config.get("format") if isinstance(config, dict) else type(config).__name__
+            raise ValueError(f"{config_path} is not a geolens tuned lens (format {found!r})")
         lens = cls(model, bias=bool(config.get("bias", True)))
         mismatched = [f"{k}: lens {config.get(k)} vs model {getattr(lens, k)}" for k in _SHAPE_KEYS
                       if config.get(k) != getattr(lens, k)]
@@ -141,7 +146,16 @@ class TunedLens(LogitLens):
                 f"tuned lens trained for {config.get('model_name')!r}, loaded into {lens.model_name!r} "
                 "(same shape, so it loads; the numbers may not mean much)", stacklevel=2,
             )
-        state = load_file(str(weights_path), device=str(lens.adapter.device))
+        try:
+            state = load_file(str(weights_path), device=str(lens.adapter.device))
+        except Exception as err:  # safetensors raises its own error types for damaged files
+            raise ValueError(f"{weights_path} is not a readable safetensors file ({err})") from None
+        expected = {name: tuple(value.shape) for name, value in lens.translators.state_dict().items()}
+        found = {name: tuple(value.shape) for name, value in state.items()}
+        if found != expected:
+            wrong = sorted(set(found) ^ set(expected)) or [n for n in expected if found[n] != expected[n]]
+            raise ValueError(f"{weights_path} does not fit {lens.model_name!r}: tensors {wrong[:4]} differ "
+                             f"(the lens expects {len(expected)} tensors of shape {next(iter(expected.values()))})")
         lens.translators.load_state_dict(state)
         lens.training_info = dict(config.get("training") or {})
         return lens

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 from jaxtyping import Float
 
-from geolens._validation import check_int, working_dtype
+from geolens._validation import DegenerateError, check_int, working_dtype
 from geolens.metrics.distances import (
     check_states,
     condensed_indices,
@@ -47,7 +47,7 @@ from geolens.metrics.distances import (
 )
 from geolens.metrics._rank_kernels import ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
-from geolens.metrics.preprocess import center, check_ccr
+from geolens.metrics.preprocess import center, check_ccr, check_spread
 
 __all__ = ["PGAScore", "subspace_pga", "rank_alignment"]
 
@@ -134,6 +134,7 @@ def subspace_pga(
     """
     states = check_states(states)
     n, d = states.shape
+    input_dtype = states.dtype
     dtype = working_dtype(states)
     states = states.to(dtype)
     readout = orthonormal_basis(readout, name="readout")
@@ -154,6 +155,7 @@ def subspace_pga(
     readout = readout.to(dtype=dtype, device=states.device)
 
     centred = center(states)
+    check_spread(states, centred, dtype=input_dtype, what="the states")
     # One SVD gives both PC1 (for migration) and the CCR components.
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
     pc1 = vh[0]
@@ -162,6 +164,7 @@ def subspace_pga(
     if ccr:
         pcs = vh[:ccr].T
         processed = centred - (centred @ pcs) @ pcs.T
+        check_spread(centred, processed, dtype=input_dtype, what=f"the states after CCR-{ccr}")
 
     subspaces = torch.cat([readout.unsqueeze(0), null_subspaces], dim=0)
     rhos = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes).cpu()
@@ -169,8 +172,9 @@ def subspace_pga(
     null_rhos = rhos[1:]
     null_mean = float(null_rhos.mean())
     null_std = float(null_rhos.std(unbiased=True))
-    if not null_std > 0:
-        raise ValueError("the null rhos have zero spread, so the z-score is undefined (degenerate states?)")
+    if not null_std > 1e-9:  # rho lies in [-1, 1]: a spread below 1e-9 is rounding
+        raise DegenerateError(f"the null rhos have (numerically) zero spread ({null_std:.2g}), so the z-score is undefined; "
+                         "the states' distance structure is degenerate")
     z = (rho_readout - null_mean) / null_std
     p_value = (1 + int((null_rhos >= rho_readout).sum())) / (n_null + 1)
     return PGAScore(
@@ -221,13 +225,13 @@ def rank_alignment(
     full_centred = full_ranks - mean_rank
     full_norm = torch.linalg.vector_norm(full_centred)
     if full_norm == 0:
-        raise ValueError("all full-space distances are equal: rank correlation undefined")
+        raise DegenerateError("all full-space distances are equal: rank correlation undefined")
     chunk = max(1, int(chunk_bytes // scratch_bytes_per_matrix(n, m, states.dtype, device)))
     out = []
     for start in range(0, subspaces.shape[0], chunk):
         coords = states @ subspaces[start : start + chunk]  # [b, N, k]
         dots, sq_norms = ranked_dots(negated_cosine_gram(coords), flat_index, full_centred)
         if bool((sq_norms <= 0).any()):
-            raise ValueError("all projected distances are equal in some subspace: rank correlation undefined")
+            raise DegenerateError("all projected distances are equal in some subspace: rank correlation undefined")
         out.append(dots / (full_norm * sq_norms.sqrt()))
     return torch.cat(out)

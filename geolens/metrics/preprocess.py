@@ -20,9 +20,12 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 
-from geolens._validation import check_float_matrix, check_int
+from geolens._validation import DegenerateError, check_float_matrix, check_int
 
-__all__ = ["center", "check_ccr", "principal_directions", "remove_common_components"]
+__all__ = ["SPREAD_RTOL", "center", "check_ccr", "check_spread", "principal_directions", "remove_common_components"]
+
+# Spread below this many units of the input dtype's resolution is rounding, not geometry.
+SPREAD_RTOL = 8.0
 
 
 def check_ccr(m: object, n: int, d: int) -> int:
@@ -34,6 +37,38 @@ def check_ccr(m: object, n: int, d: int) -> int:
     if m >= min(n - 1, d):
         raise ValueError(f"ccr = {m} removes every direction of {n} states in d = {d}; need ccr < {min(n - 1, d)}")
     return m
+
+
+def check_spread(
+    reference: Float[torch.Tensor, "N d"],
+    spread: Float[torch.Tensor, "N d"],
+    *,
+    dtype: torch.dtype,
+    what: str,
+) -> None:
+    """Raise ``ValueError`` when ``spread`` (e.g. centred states) is rounding-sized next to ``reference``.
+
+    ``||spread||_F <= SPREAD_RTOL * eps(dtype) * ||reference||_F`` means the rows
+    differ only by the rounding of ``dtype`` (the dtype the numbers came in), so
+    any geometry computed from them would be noise. See docs/methods.md §F.
+
+    Example:
+        >>> import torch
+        >>> x = torch.full((5, 3), 1000.0)
+        >>> x[0, 0] += 1e-4                      # one float32 step at 1000: rounding, not geometry
+        >>> check_spread(x, center(x), dtype=torch.float32, what="states")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: states are numerically constant: after centring their spread is 3.2e-08 of their scale, ...
+        >>> check_spread(x, center(x), dtype=torch.float64, what="states")  # the same numbers, read as float64
+    """
+    scale = float(torch.linalg.matrix_norm(reference.double()))
+    size = float(torch.linalg.matrix_norm(spread.double()))
+    limit = SPREAD_RTOL * torch.finfo(dtype).eps
+    if scale == 0 or size <= limit * scale:
+        relative = size / scale if scale else 0.0
+        raise DegenerateError(f"{what} are numerically constant: after centring their spread is {relative:.2g} of their "
+                         f"scale, a zero norm at {str(dtype).removeprefix('torch.')} resolution (limit {limit:.2g})")
 
 
 def center(states: Float[torch.Tensor, "N d"]) -> Float[torch.Tensor, "N d"]:

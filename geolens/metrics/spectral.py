@@ -63,7 +63,7 @@ import torch
 from jaxtyping import Float
 
 from geolens._validation import check_float_matrix, working_dtype
-from geolens.metrics.preprocess import center
+from geolens.metrics.preprocess import center, check_spread
 
 __all__ = [
     "ALPHA_FIT_RANGE",
@@ -105,8 +105,13 @@ class Spectrum:
 
 def _prepare(x: object, name: str, centre: bool, min_rows: int = 2) -> torch.Tensor:
     x = check_float_matrix(x, name, min_rows=min_rows)
+    input_dtype = x.dtype
     x = x.to(working_dtype(x))
-    return center(x) if centre else x
+    if not centre:
+        return x
+    centred = center(x)
+    check_spread(x, centred, dtype=input_dtype, what=f"the rows of {name}")
+    return centred
 
 
 def spectrum_of(

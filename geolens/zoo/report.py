@@ -30,13 +30,13 @@ from typing import Any, ClassVar, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
+from geolens._io import atomic_write_text
 from geolens._validation import check_int
 from geolens.analyses.pga import pga
 from geolens.analyses.phases import phases
-from geolens.analyses.spectrum import spectrum
+from geolens.analyses.spectrum import clipped_fit_range, spectrum
 from geolens.capture import capture
 from geolens.lens import cached_tuned_lens
-from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import as_adapter
 from geolens.pages import versions, write_html
 from geolens.results import Result, json_text
@@ -162,9 +162,8 @@ def _checkpoint_rows(zoo, width: int, step: int, texts, lens_texts, settings: Zo
             results["pga"] = pga(adapter, states, k=settings.k(d), n_null=settings.n_null, ccr=list(settings.ccr),
                                  seed=settings.seed, progress=False)
         if "spectrum" in analyses:
-            stop = min(ALPHA_FIT_RANGE[1], states.n_tokens, d)
             results["spectrum"] = spectrum(adapter, states, site=RESIDUAL_SITE, seed=settings.seed, progress=False,
-                                           alpha_fit_range=(min(ALPHA_FIT_RANGE[0], stop - 2), stop))
+                                           alpha_fit_range=clipped_fit_range(min(states.n_tokens, d)))
     split: dict[str, Any] = {}
     if "phases" in analyses:
         lens = cached_tuned_lens(adapter, lens_texts, cache_dir=zoo.member_dir(width) / "lenses",
@@ -284,7 +283,7 @@ def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     """``zoo.html`` (figures, the per-width summary, parameters, versions), ``zoo.csv`` and ``zoo.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"zoo.csv": out_dir / "zoo.csv", "zoo.json": out_dir / "zoo.json", "zoo.html": out_dir / "zoo.html"}
-    result.to_pandas().to_csv(paths["zoo.csv"], index=False)
+    atomic_write_text(paths["zoo.csv"], result.to_pandas().to_csv(index=False))
     result.save(paths["zoo.json"])
     table = result.to_pandas()
     metrics = set(table["metric"])
@@ -306,6 +305,6 @@ def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     write_html(paths["zoo.html"], title="geolens zoo — geometry across widths",
                sections=[("Width study: PGA, spectra and phases by relative depth and over training", summary,
                           figures, None)], meta=meta)
-    (out_dir / "zoo_meta.json").write_text(json_text(meta))
+    atomic_write_text(out_dir / "zoo_meta.json", json_text(meta))
     paths["zoo_meta.json"] = out_dir / "zoo_meta.json"
     return paths

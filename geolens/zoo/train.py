@@ -44,6 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens._cache import cache_root
+from geolens._io import atomic_write_text
 from geolens._validation import check_int
 from geolens.data.models import transformers_progress
 from geolens.model import boot_bridge
@@ -207,9 +208,7 @@ def _eval_loss(model, windows: torch.Tensor, batch_size: int) -> float:
 
 
 def _write_json(path: Path, payload: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(payload, indent=1))
 
 
 def _save_checkpoint(model, tokenizer, folder: Path) -> None:

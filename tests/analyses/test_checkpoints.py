@@ -155,7 +155,8 @@ def test_bad_arguments(native_bridge, tokens):
     with pytest.raises(ValueError, match="empty"):
         over_checkpoints([], ids, analyses=("spectrum",))
     with pytest.raises(ValueError, match="checkpoint 'a', spectrum: resid_post layer 0: alpha-ReQ"):
-        over_checkpoints(pairs, ids, analyses=("spectrum",), attention_mask=mask, n_tokens=60, progress=False)
+        over_checkpoints(pairs, ids, analyses=("spectrum",), attention_mask=mask, n_tokens=60, progress=False,
+                         alpha_fit_range=(5, 100))  # asked for explicitly: more eigenvalues than d = 32 has
 
 
 def test_callable_analysis(native_bridge, tokens):

@@ -69,7 +69,8 @@ def test_spectrum_same_seed_same_numbers_and_save(native_bridge, tmp_path):
 def test_spectrum_errors_name_the_layer(native_bridge):
     tokens, mask = _tokens(native_bridge)
     with pytest.raises(ValueError, match="resid_post layer 0: alpha-ReQ fit range"):
-        spectrum(native_bridge, tokens, attention_mask=mask, n_tokens=80, progress=False)  # (5, 100) > d = 32
+        spectrum(native_bridge, tokens, attention_mask=mask, n_tokens=80, alpha_fit_range=(5, 100),
+                 progress=False)  # explicit (5, 100) > d = 32: raises; the default would be clipped
     with pytest.raises(ValueError, match="n_tokens"):
         spectrum(native_bridge, tokens, attention_mask=mask, n_tokens=10_000, alpha_fit_range=FIT, progress=False)
 
