@@ -219,7 +219,7 @@ def sample_positions(
             f"n_tokens = {n_tokens} but only {available} eligible token positions are available; "
             "pass more text or a smaller n_tokens"
         )
-    generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
+    generator = torch.Generator().manual_seed(0 if seed is None else check_int(seed, "seed", low=0))
     chosen = torch.randperm(available, generator=generator)[:n_tokens].sort().values
     return batch_idx[chosen], pos_idx[chosen]
 

@@ -18,7 +18,16 @@ def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def same_weights(before: dict[str, torch.Tensor], model: torch.nn.Module) -> bool:
     after = model.state_dict()
-    return before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    return before.keys() == after.keys() and all(_identical(before[k], after[k]) for k in before)
+
+
+def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise-equal values, NaN included (a NaN weight that stayed NaN is unchanged)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
 
 
 def padded_tokens(d_vocab: int, lengths=(12, 9, 12, 5), seed: int = 0):

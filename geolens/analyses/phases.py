@@ -117,7 +117,8 @@ def phases(
     common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
                   attention_mask=attention_mask, progress=progress)
     upd = updates(adapter, tokens, **common).to_pandas().set_index("layer")
-    quality = evaluate(adapter, tokens, lens=lens, **common).to_pandas()
+    evaluated = evaluate(adapter, tokens, lens=lens, **common)
+    quality = evaluated.to_pandas()
     hits = {kind: part.set_index("layer") for kind, part in quality.groupby("lens")}
 
     n_points = chosen["rss"].numel()
@@ -139,7 +140,7 @@ def phases(
         "found": split.found, "reason": split.reason, "smoothing": smoothing, "sensitivity": sensitivity,
         "sweep": [{key: entry[key] for key in ("fraction", "k", "energy", "visibility")} for entry in sweep],
         "lens_training": {k: v for k, v in getattr(lens, "training_info", {}).items() if k != "losses"}, "seed": seed,
-        "n_tokens": n_tokens, "max_length": max_length,
+        "n_tokens": evaluated.params["n_tokens"], "max_length": max_length,
     }
     if split.found:
         depth = adapter.n_layers + 1

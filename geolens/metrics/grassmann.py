@@ -51,7 +51,7 @@ def random_subspaces(
     n = check_int(n, "n", low=0)
     if generator is None:
         generator = torch.Generator(device="cpu")
-        generator.manual_seed(0 if seed is None else int(seed))
+        generator.manual_seed(0 if seed is None else check_int(seed, "seed", low=0))
     gaussian = torch.randn(n, d, k, generator=generator, dtype=torch.float64)
     q, r = torch.linalg.qr(gaussian)
     signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))

@@ -47,7 +47,7 @@ from geolens.metrics.distances import (
 )
 from geolens.metrics._rank_kernels import ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
-from geolens.metrics.preprocess import center, check_ccr, check_spread
+from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
 
 __all__ = ["PGAScore", "subspace_pga", "rank_alignment"]
 
@@ -157,7 +157,12 @@ def subspace_pga(
     centred = center(states)
     check_spread(states, centred, dtype=input_dtype, what="the states")
     # One SVD gives both PC1 (for migration) and the CCR components.
-    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    _, sv, vh = torch.linalg.svd(centred, full_matrices=False)
+    # Cosine distances of a cloud that is (numerically) one line are all 0 or 2: no geometry to rank.
+    kept_rank = int((sv[ccr:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum())
+    if kept_rank < 2:
+        raise DegenerateError(f"after centring and CCR-{ccr} the states span {kept_rank} direction(s); "
+                              "cosine distances need at least 2 (lower ccr, or give more varied states)")
     pc1 = vh[0]
     pc1_energy = float((readout.T @ pc1).pow(2).sum())
     processed = centred

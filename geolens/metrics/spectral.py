@@ -177,8 +177,9 @@ def _alpha_req(sp: Spectrum, fit_range: tuple[int, int], rtol: float | None) -> 
     if stop > n_eig:
         raise ValueError(
             f"alpha-ReQ fit range {start}..{stop - 1} (0-based) needs {stop} covariance eigenvalues, but an "
-            f"[{sp.n_rows}, {sp.n_cols}] matrix has only {n_eig}; pass a smaller alpha_fit_range "
-            f"(e.g. ({min(start, max(n_eig // 4, 1))}, {n_eig})) or more rows/columns"
+            f"[{sp.n_rows}, {sp.n_cols}] matrix has only {n_eig}; "
+            + (f"pass a smaller alpha_fit_range (e.g. ({max(0, min(start, n_eig - 2))}, {n_eig})) or more rows/columns"
+               if n_eig >= 2 else "a fit needs at least 2 eigenvalues: pass more rows/columns")
         )
     rank = _numerical_rank(sp, rtol)
     if stop > rank:
