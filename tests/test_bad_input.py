@@ -131,6 +131,21 @@ def test_non_finite_model_output_raises_naming_the_layer(nan_model, name):
                 calls[name](nan_model, tokens)
 
 
+def test_non_finite_output_in_the_other_analyses(nan_model):
+    tokens = _short(nan_model)
+    with untouched(nan_model):
+        with pytest.raises(ValueError, match="NaN or infinite values at .*layer 2"):
+            geolens.phases(nan_model, tokens, lens=TunedLens(nan_model), n_tokens=5, progress=False)
+        with pytest.raises(ValueError, match="metric returned NaN"):
+            geolens.patch(nan_model, tokens[:1], tokens[1:], metric="kl", sites="resid_pre", progress=False)
+    broken = make_native_bridge()
+    with torch.no_grad():
+        broken.unembed.weight.fill_(float("inf")) if hasattr(broken.unembed, "weight") else \
+            next(p for n, p in broken.named_parameters() if "unembed" in n).fill_(float("inf"))
+    with untouched(broken), pytest.raises(ValueError, match="W_U raw.*infinite"):
+        geolens.weight_geometry(broken, progress=False)
+
+
 def test_a_lens_with_nan_weights_raises_instead_of_scoring(native_bridge):
     lens = TunedLens(native_bridge)
     with torch.no_grad():

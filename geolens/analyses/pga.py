@@ -103,7 +103,12 @@ def pga(
     else:
         if readout not in READOUTS:
             raise ValueError(f"readout must be one of {READOUTS} or a [d_model, k] tensor, got {readout!r}")
-        k = default_k(adapter.d_model) if k is None else check_int(k, "k", low=1)
+        if k is None:
+            k = default_k(adapter.d_model)
+            if k < DEFAULT_K:
+                warnings.warn(f"k: the paper's k = {DEFAULT_K} does not fit d_model = {adapter.d_model}; using "
+                              f"k = {k} (pass k to choose)", stacklevel=2)
+        k = check_int(k, "k", low=1)
         if k >= adapter.d_model:
             raise ValueError(f"k must be < d_model = {adapter.d_model}, got k = {k}")
         basis = readout_basis(adapter.unembed_matrix(readout), k)
