@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import geolens  # noqa: E402
-from geolens.analyses.spectrum import spectrum, spectrum_of_states, weight_geometry  # noqa: E402
+from geolens.analyses.spectrum import spectrum, weight_geometry  # noqa: E402
 from geolens.capture import capture, prepare_tokens  # noqa: E402
 from geolens.model import as_adapter  # noqa: E402
 
@@ -80,7 +80,7 @@ def main() -> None:
     t_fwd, _ = best_of(forward, args.repeat, device)
     t_spec, res = best_of(lambda: spectrum(model, ids, **kw), args.repeat, device)
     t_cap, states = best_of(lambda: capture(model, ids, **kw), args.repeat, device)
-    t_met, _ = best_of(lambda: spectrum_of_states(states, site="resid_post", progress=False), args.repeat, device)
+    t_met, _ = best_of(lambda: spectrum(model, states, site="resid_post", progress=False), args.repeat, device)
     layer_states = [states.layer("resid_post", l) for l in states.layers["resid_post"]]
     t_svd, _ = best_of(lambda: [torch.linalg.svd(h - h.mean(0), full_matrices=False) for h in layer_states],
                        args.repeat, device)

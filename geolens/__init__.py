@@ -18,6 +18,7 @@ from geolens.analyses.phases import PhasesResult, phases
 from geolens.analyses.probes import ProbeResult, probes
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
 from geolens.analyses.updates import UpdatesResult, updates
+from geolens._validation import DegenerateError
 from geolens.capture import States, capture
 from geolens.sites import SITES
 from geolens.interventions import ablate, ablate_pcs, ablation_hooks
@@ -25,13 +26,14 @@ from geolens.model import ModelAdapter, as_adapter
 from geolens.results import PGAResult, Result
 from geolens.data import default_texts, load_default_model
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AblationResult",
     "CheckpointResult",
     "CompareResult",
     "ConvergenceResult",
+    "DegenerateError",
     "ModelAdapter",
     "ProbeResult",
     "PGAResult",
