@@ -1,10 +1,12 @@
 """geolens: the geometry of a language model's internal representations, layer by layer.
 
-Example:
+Example (on a tiny 2-layer model; ``load_default_model`` gives the real one):
     >>> import geolens
-    >>> model = geolens.load_default_model()            # doctest: +SKIP
-    >>> res = geolens.pga(model, geolens.default_texts(n=64), k=100, ccr=[0, 1, 5])   # doctest: +SKIP
-    >>> res.to_pandas(); res.plot()                     # doctest: +SKIP
+    >>> model = geolens.load_default_model()   # one-time 540 MB conversion, ~30 s  # doctest: +SKIP
+    >>> res = geolens.pga(model, texts, k=8, n_null=10, ccr=[0, 1], n_tokens=24, progress=False)
+    >>> res.to_pandas().query("ccr == 0")[["layer", "site", "z"]].round(2).values.tolist()
+    [[0, 'resid_post', -0.36], [1, 'resid_post', 1.41], [2, 'resid_post', 0.49], [2, 'final', -0.49]]
+    >>> fig = res.plot()
 """
 
 from geolens import lens, metrics

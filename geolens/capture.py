@@ -55,8 +55,11 @@ class States:
         position: ``[N]`` position within that sequence.
 
     Example:
-        >>> states["resid_post"].shape, states.layer("resid_post", 0).shape   # doctest: +SKIP
-        (torch.Size([31, 1024, 576]), torch.Size([1024, 576]))
+        >>> states = capture(model, texts, n_tokens=16, progress=False)   # a 2-layer model, d_model 64
+        >>> states["resid_post"].shape, states.layer("resid_post", 0).shape
+        (torch.Size([3, 16, 64]), torch.Size([16, 64]))
+        >>> states.hook_names["resid_post"][1], bool((states.position > 0).all())   # BOS / first token skipped
+        ('blocks.0.hook_resid_post', True)
     """
 
     tensors: dict[str, torch.Tensor]

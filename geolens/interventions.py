@@ -170,8 +170,16 @@ def ablation_hooks(
         ``model.run_with_hooks``), or to :func:`ablate`.
 
     Example:
-        >>> hooks = ablation_hooks(model, 3, direction[:, None]) + my_hooks              # doctest: +SKIP
-        >>> logits = model.run_with_hooks(tokens, fwd_hooks=hooks)                       # doctest: +SKIP
+        >>> direction = torch.zeros(64); direction[0] = 1.0      # the first residual coordinate
+        >>> seen = {}
+        >>> def record(activation, hook):                        # one of your own hooks, after the ablation
+        ...     seen["x0"] = activation[0, :, 0].clone()
+        >>> hooks = ablation_hooks(model, 1, direction[:, None]) + [("blocks.0.hook_resid_post", record)]
+        >>> hooks[0][0]                                          # resid_post layer 1 = block 0's output
+        'blocks.0.hook_resid_post'
+        >>> logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        >>> seen["x0"][1:].abs().max().item(), seen["x0"][0].item() != 0   # position 0 is skipped
+        (0.0, True)
     """
     adapter = as_adapter(model)
     if mode not in ABLATION_MODES:
@@ -222,8 +230,11 @@ def ablate(
     removed on exit, also when the block raises. Yields the hook list.
 
     Example:
-        >>> with geolens.ablate(model, layer=5, basis=q, mode="project"):   # doctest: +SKIP
-        ...     states = geolens.capture(model, texts)
+        >>> q = torch.linalg.qr(torch.randn(64, 2, generator=torch.Generator().manual_seed(0)))[0]   # [d, 2]
+        >>> with geolens.ablate(model, layer=1, basis=q, mode="project"):
+        ...     states = geolens.capture(model, texts, layers=[1], n_tokens=8, progress=False)
+        >>> (states.layer("resid_post", 1) @ q).abs().max().item() < 1e-5   # no component left in span(q)
+        True
     """
     adapter = as_adapter(model)
     hooks = ablation_hooks(adapter, layer, basis, site=site, mode=mode, reference=reference, skip_first=skip_first,
@@ -249,7 +260,11 @@ def reference_pcs(
     Returns ``(basis [d, m], states [N, d])`` (the captured reference states, BOS and padding excluded).
 
     Example:
-        >>> pcs, states = reference_pcs(model, 20, 1, texts, n_tokens=512)   # doctest: +SKIP
+        >>> pcs, states = reference_pcs(model, 1, 2, texts, n_tokens=16)
+        >>> pcs.shape, states.shape
+        (torch.Size([64, 2]), torch.Size([16, 64]))
+        >>> torch.allclose(pcs.T @ pcs, torch.eye(2), atol=1e-5)
+        True
     """
     adapter = as_adapter(model)
     edit_hook_name(adapter, site, layer)  # validates site and layer
@@ -285,8 +300,12 @@ def ablate_pcs(
     mean component. Yields the ``[d, m]`` basis.
 
     Example:
-        >>> with geolens.ablate_pcs(model, layer=24, m=1, reference_tokens=texts) as pcs:   # doctest: +SKIP
+        >>> with geolens.ablate_pcs(model, layer=1, m=1, reference_tokens=texts) as pcs:
         ...     logits = model(tokens)
+        >>> pcs.shape, logits.shape
+        (torch.Size([64, 1]), torch.Size([1, 6, 200]))
+        >>> bool((logits - model(tokens)).abs().max() > 0)   # the hooks are gone after the block
+        True
     """
     basis, states = reference_pcs(model, layer, m, reference_tokens, site=site, n_tokens=n_tokens, seed=seed,
                                   progress=progress)

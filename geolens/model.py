@@ -53,11 +53,16 @@ what is recorded and, where a value is only read off the weights, lists the key
 under ``processing["inferred"]``.
 
 Example:
-    >>> adapter = ModelAdapter(model)                       # doctest: +SKIP
-    >>> adapter.hook_name("resid_post", 3)                  # doctest: +SKIP
-    'blocks.3.hook_resid_post'
-    >>> tokens, mask = adapter.tokenize(["a cat", "a dog ran"])   # doctest: +SKIP
-    >>> logits = adapter.run_with_hooks(tokens, mask, fwd_hooks=[(adapter.final_hook_name, fn)])  # doctest: +SKIP
+    >>> adapter = ModelAdapter(model)
+    >>> adapter.hook_name("resid_post", 1)
+    'blocks.1.hook_resid_post'
+    >>> tokens, mask = adapter.tokenize(["a cat", "a dog ran"])
+    >>> seen = []
+    >>> def fn(activation, hook):
+    ...     seen.append(tuple(activation.shape))
+    >>> logits = adapter.run_with_hooks(tokens, mask, fwd_hooks=[(adapter.final_hook_name, fn)])
+    >>> logits.shape, seen
+    (torch.Size([2, 3, 200]), [(2, 3, 64)])
 """
 
 from __future__ import annotations
@@ -130,8 +135,8 @@ def _tl_classes() -> tuple[type | None, type | None]:
 def supported_kinds() -> dict[str, str]:
     """Map each kind the installed TL supports to its class path.
 
-    >>> sorted(supported_kinds())  # doctest: +SKIP
-    ['bridge', 'hooked_transformer']
+    >>> supported_kinds()["bridge"]   # "hooked_transformer" too, on TransformerLens <= 3.x
+    'transformer_lens.model_bridge.TransformerBridge'
     """
     hooked, bridge = _tl_classes()
     kinds = {}
@@ -180,9 +185,11 @@ class ModelAdapter:
         processing: what weight processing is recorded (property; see the module docstring).
 
     Example:
-        >>> adapter = ModelAdapter(model)                # doctest: +SKIP
-        >>> adapter.kind, adapter.n_layers               # doctest: +SKIP
-        ('bridge', 2)
+        >>> adapter = ModelAdapter(model)
+        >>> adapter.kind, adapter.n_layers, adapter.d_model, adapter.d_vocab
+        ('bridge', 2, 64, 200)
+        >>> adapter.parallel_attn_mlp, adapter.has_resid_mid   # GPT-NeoX blocks
+        (True, False)
     """
 
     def __init__(self, model: Any) -> None:
@@ -253,8 +260,12 @@ class ModelAdapter:
         or a site this model lacks (``resid_mid`` in parallel blocks, ``mlp_out``
         in attention-only models).
 
-        >>> adapter.hook_name("resid_post", 3)   # doctest: +SKIP
-        'blocks.3.hook_resid_post'
+        >>> adapter.hook_name("resid_post", 1)
+        'blocks.1.hook_resid_post'
+        >>> adapter.hook_name("resid_mid", 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: site 'resid_mid' is not available for '...': its blocks are parallel (...), so there is no resid_mid
         """
         if site not in _SITE_HOOKS:
             raise ValueError(f"unknown site {site!r}; choose from {tuple(_SITE_HOOKS)}")
@@ -307,8 +318,14 @@ class ModelAdapter:
         Uses the model's own ``hooks`` context manager, which removes exactly the
         hooks it added on exit, also on an exception; hooks attached before are kept.
 
-        >>> with adapter.hooks([(adapter.final_hook_name, fn)]):   # doctest: +SKIP
-        ...     adapter.model(tokens)
+        >>> seen = []
+        >>> def fn(activation, hook):
+        ...     seen.append(tuple(activation.shape))
+        >>> with adapter.hooks([(adapter.final_hook_name, fn)]):
+        ...     _ = adapter.model(tokens)
+        >>> _ = adapter.model(tokens)   # the hook is gone
+        >>> seen
+        [(1, 6, 64)]
         """
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             yield self
@@ -329,7 +346,13 @@ class ModelAdapter:
         ``torch.no_grad()`` unless ``grad=True``. All hooks added here are removed
         afterwards, also when the forward or a hook raises.
 
-        >>> logits = adapter.run_with_hooks(tokens, mask, [("blocks.0.hook_resid_post", fn)])  # doctest: +SKIP
+        >>> tokens, mask = adapter.tokenize(["the cat sat", "a dog"])
+        >>> kept = {}
+        >>> def fn(activation, hook):
+        ...     kept["resid"] = activation
+        >>> logits = adapter.run_with_hooks(tokens, mask, [("blocks.0.hook_resid_post", fn)])
+        >>> logits.shape, kept["resid"].shape, logits.requires_grad
+        (torch.Size([2, 3, 200]), torch.Size([2, 3, 64]), False)
         """
         kwargs: dict[str, Any] = {"return_type": "logits"}
         if attention_mask is not None:
@@ -415,8 +438,10 @@ class ModelAdapter:
         readout and is returned as is; ``processing["fold_ln"]`` says which.
         The raw matrix is a view of the weights: clone it before editing in place.
 
-        >>> adapter.unembed_matrix("folded").shape   # doctest: +SKIP
+        >>> adapter.unembed_matrix("folded").shape
         torch.Size([64, 200])
+        >>> torch.equal(adapter.unembed_matrix("folded"), adapter.unembed_matrix("raw"))   # ln_final has a weight
+        False
         """
         if readout not in READOUTS:
             raise ValueError(f"unknown readout {readout!r}; choose from {READOUTS}")
@@ -434,7 +459,7 @@ class ModelAdapter:
         HookedTransformer and TransformerBridge (TransformerLens 3.9 and 4.x) expose
         ``model.W_E``; ``model.embed.W_E`` and the HF input embeddings are fallbacks.
 
-        >>> adapter.embedding_matrix().shape   # doctest: +SKIP
+        >>> adapter.embedding_matrix().shape
         torch.Size([200, 64])
         """
         m = self.model
@@ -494,8 +519,8 @@ class ModelAdapter:
         vocabulary); ``inferred`` (keys read off the weights, not a record).
         Recomputed when the model's processing state changes.
 
-        >>> adapter.processing["fold_ln"]   # doctest: +SKIP
-        False
+        >>> adapter.processing["fold_ln"], adapter.processing["weights_processed"]   # raw Hugging Face weights
+        (False, False)
         """
         key = self._processing_state()
         if self._processing_cache is None or self._processing_cache[0] != key:
@@ -622,9 +647,11 @@ class ModelAdapter:
         ``max_length`` truncates each sequence (after BOS); without it the model's
         own limit (``n_ctx``) applies. Raises ``ValueError`` without a tokenizer.
 
-        >>> tokens, mask = adapter.tokenize(["the cat", "a dog ran"])   # doctest: +SKIP
-        >>> mask.sum(-1)                                                # doctest: +SKIP
-        tensor([3, 4])
+        >>> tokens, mask = adapter.tokenize(["the cat", "a dog ran"])   # GPT-NeoX: no BOS prepended
+        >>> mask.sum(-1)
+        tensor([2, 3])
+        >>> tokens[0, -1].item() == adapter.pad_token_id
+        True
         """
         if self.tokenizer is None:
             raise ValueError(f"{self.name!r} has no tokenizer; pass token ids instead of text")
@@ -652,7 +679,7 @@ class ModelAdapter:
 def as_adapter(model_or_adapter: Any) -> ModelAdapter:
     """Return ``model_or_adapter`` if it is already a :class:`ModelAdapter`, else wrap it.
 
-    >>> adapter = as_adapter(model); as_adapter(adapter) is adapter   # doctest: +SKIP
+    >>> adapter = as_adapter(model); as_adapter(adapter) is adapter
     True
     """
     if isinstance(model_or_adapter, ModelAdapter):
@@ -674,8 +701,10 @@ def boot_bridge(
     revision (e.g. Pythia's ``"step64000"``).
 
     Example:
-        >>> model = boot_bridge("EleutherAI/pythia-410m", revision="step64000")   # doctest: +SKIP
-        >>> model = boot_bridge("/data/checkpoints/my-neox")                      # doctest: +SKIP
+        >>> model = boot_bridge("EleutherAI/pythia-410m", revision="step64000")   # needs the hub  # doctest: +SKIP
+        >>> model = boot_bridge(model_path)   # a local Hugging Face folder (here the tiny example model)
+        >>> type(model).__name__, model.cfg.d_model, ModelAdapter(model).processing["fold_ln"]
+        ('TransformerBridge', 64, False)
     """
     _, bridge = _tl_classes()
     if bridge is None:

@@ -35,7 +35,12 @@ def write_html(path: Path, *, title: str, sections: Sequence[tuple], meta: dict)
     plotly.js is inlined once, with the first figure, so the page opens offline.
 
     Example:
-        >>> write_html(Path("r.html"), title="t", sections=[], meta={"run_time_s": 1.0})   # doctest: +SKIP
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = write_html(Path(tmp, "r.html"), title="t", sections=[], meta={"run_time_s": 1.0})
+        ...     text = path.read_text()
+        >>> text.startswith("<!DOCTYPE html>"), "<th>run_time_s</th><td>1.0</td>" in text
+        (True, True)
     """
     parts = ["<!DOCTYPE html>", f"<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;"

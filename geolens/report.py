@@ -8,8 +8,18 @@ run itself (settings, versions, times, errors) as ``meta.json``.
 budgets of :data:`QUICK`.
 
 Example:
-    >>> paths = geolens.report.report(out_dir="out/report")              # doctest: +SKIP
-    >>> paths = geolens.report.report(out_dir="out/quick", quick=True)   # doctest: +SKIP
+    >>> paths = geolens.report.report(out_dir="out/report")   # the default model: minutes  # doctest: +SKIP
+    >>> paths = geolens.report.report(out_dir="out/quick", quick=True)   # the default model  # doctest: +SKIP
+
+    Any model and texts, here into a temporary folder:
+
+    >>> import json, tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     paths = geolens.report.report(model, texts, tmp, sections=["pga", "spectrum"], n_tokens=16, k=8,
+    ...                                   n_null=5, ccr=[0, 1], alpha_fit_range=(1, 10), progress=False)
+    ...     meta = json.loads(paths["meta.json"].read_text())
+    >>> sorted(paths), meta["errors"]
+    (['meta.json', 'pga.csv', 'pga.json', 'report.html', 'spectrum.csv', 'spectrum.json'], {})
 """
 
 from __future__ import annotations
@@ -260,8 +270,12 @@ def report(
     over the preset.
 
     Example:
-        >>> report(sections=["pga"], n_tokens=512, ccr=[0, 1])      # doctest: +SKIP
-        >>> report(quick=True, n_tokens=400)                         # doctest: +SKIP
+        >>> report(sections=["pga"], n_tokens=512, ccr=[0, 1])   # the default model  # doctest: +SKIP
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     paths = report(model, texts, tmp, quick=True, sections=["updates"], n_tokens=16, progress=False)
+        ...     sorted(paths)
+        ['meta.json', 'report.html', 'updates.csv', 'updates.json']
     """
     started, date = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     if settings is not None and quick:

@@ -1,10 +1,20 @@
 """``geolens.over_checkpoints``: the same analyses on a sequence of training checkpoints, one model in memory at a time.
 
-Example:
-    >>> load = geolens.pythia_checkpoint_loader("EleutherAI/pythia-70m")          # doctest: +SKIP
+Example (Pythia's training revisions need the Hugging Face hub):
+    >>> load = geolens.pythia_checkpoint_loader("EleutherAI/pythia-70m")   # needs the hub  # doctest: +SKIP
     >>> res = geolens.over_checkpoints(["step1000", "step10000", "step143000"], texts, load=load,
-    ...                                pga=dict(ccr=[0, 1]), n_tokens=1024)          # doctest: +SKIP
-    >>> res.to_pandas().query("metric == 'pga.z'"); res.plot()                       # doctest: +SKIP
+    ...                                pga=dict(ccr=[0, 1]), n_tokens=1024)   # needs the hub  # doctest: +SKIP
+
+    Models already in memory go in as ``(label, model)`` pairs (here two tiny models):
+
+    >>> res = geolens.over_checkpoints([("a", model), ("b", other_model)], texts, pga=dict(ccr=[0, 1], k=8, n_null=5),
+    ...                                spectrum=dict(alpha_fit_range=(1, 10)), n_tokens=16, progress=False)
+    >>> res.to_pandas().columns.tolist()
+    ['checkpoint', 'order', 'analysis', 'site', 'layer', 'ccr', 'metric', 'value']
+    >>> z = res.to_pandas().query("metric == 'pga.z' and ccr == 0 and site == 'resid_post'")
+    >>> z.pivot(index="layer", columns="checkpoint", values="value").round(2).values.tolist()
+    [[-1.54, -0.59], [4.6, -1.6], [-1.38, -0.84]]
+    >>> fig = res.plot()
 """
 
 from __future__ import annotations
@@ -155,8 +165,13 @@ def over_checkpoints(
         ``.wide()`` pivots it, ``.plot()`` draws metric vs checkpoint per layer.
 
     Example:
-        >>> res = geolens.over_checkpoints([("init", m0), ("trained", m1)], texts,
-        ...                                analyses=("spectrum",), n_tokens=256)     # doctest: +SKIP
+        >>> res = geolens.over_checkpoints([("a", model), ("b", other_model)], texts, analyses=("spectrum",),
+        ...                                n_tokens=16, alpha_fit_range=(1, 10), progress=False)
+        >>> res.params["checkpoints"], res.params["analyses"]
+        (['a', 'b'], ['spectrum'])
+        >>> erank = res.to_pandas().query("metric == 'spectrum.effective_rank'")
+        >>> erank[["checkpoint", "layer"]].values.tolist()
+        [['a', 0], ['a', 1], ['a', 2], ['b', 0], ['b', 1], ['b', 2]]
     """
     jobs = _resolve(analyses)
     routed = _route_kwargs(jobs, kwargs)
@@ -212,8 +227,10 @@ def pythia_checkpoint_loader(
     4, ..., 512 and every 1000 up to 143000.
 
     Example:
-        >>> load = pythia_checkpoint_loader("EleutherAI/pythia-160m", device="cuda")   # doctest: +SKIP
-        >>> model = load("step64000")                                                  # doctest: +SKIP
+        >>> load = pythia_checkpoint_loader("EleutherAI/pythia-160m", device="cuda")
+        >>> load.__name__
+        'load_pythia-160m'
+        >>> model = load("step64000")   # downloads from the hub; device="cuda" needs a GPU  # doctest: +SKIP
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a model name such as 'EleutherAI/pythia-70m', got {name!r}")

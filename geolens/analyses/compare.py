@@ -5,8 +5,13 @@ across layers; putting every curve in units of its own across-layer standard
 deviation puts them on one axis, where it can be seen or refuted at a glance.
 
 Example:
-    >>> cmp = geolens.compare(geolens.pga(model, texts), geolens.spectrum(model, texts))   # doctest: +SKIP
-    >>> cmp.to_pandas(); cmp.params["range"]; cmp.plot()                                    # doctest: +SKIP
+    >>> cmp = geolens.compare(geolens.pga(model, states, k=8, n_null=10, progress=False),
+    ...                       geolens.spectrum(model, states, alpha_fit_range=(1, 10), progress=False))
+    >>> cmp.to_pandas().columns.tolist()[:5]
+    ['layer', 'pga_z', 'effective_rank', 'rankme', 'alpha_req']
+    >>> {name: round(value, 2) for name, value in cmp.params["range"].items() if name in ("pga_z", "rankme")}
+    {'pga_z': 2.89, 'rankme': 0.72}
+    >>> fig = cmp.plot()
 """
 
 from __future__ import annotations
@@ -82,8 +87,13 @@ def compare(
         ``params["range"]`` = each column's max - min across layers, in its own units.
 
     Example:
-        >>> cmp = geolens.compare(pga_res, spec_res, ccr=1)       # doctest: +SKIP
-        >>> cmp.params["range"]["pga_z"], cmp.params["range"]["effective_rank"]   # doctest: +SKIP
+        >>> pga_res = geolens.pga(model, states, k=8, n_null=10, ccr=[0, 1], progress=False)
+        >>> spec_res = geolens.spectrum(model, states, alpha_fit_range=(1, 10), progress=False)
+        >>> cmp = geolens.compare(pga_res, spec_res, ccr=1)
+        >>> round(cmp.params["range"]["pga_z"], 2), round(cmp.params["range"]["effective_rank"], 2)
+        (2.89, 0.72)
+        >>> cmp.to_pandas()[["layer", "pga_z_sd", "effective_rank_sd"]].round(2).values.tolist()
+        [[0.0, -1.12, -1.15], [1.0, 0.79, 0.52], [2.0, 0.33, 0.64]]
     """
     pga_table, spec_table = _table(pga_result, "pga_result"), _table(spectrum_result, "spectrum_result")
     for table, name, needed in ((pga_table, "pga_result", ("layer", "site", "ccr", "z")),

@@ -22,9 +22,16 @@ subspace is taken from the clean run) or, with ``complement=True``,
 edits applied one after the other give ``h_clean``.
 
 Example:
-    >>> res = geolens.patch(model, "The Eiffel Tower is in the city of", "The Colosseum is in the city of",
-    ...                     metric=logit_diff(" Paris", " Rome"))                                # doctest: +SKIP
-    >>> res.to_pandas().head(); res.plot()                                               # doctest: +SKIP
+    With a real model: ``geolens.patch(model, "The Eiffel Tower is in the city of", "The Colosseum is in
+    the city of", metric=logit_diff(" Paris", " Rome"))``. The tiny example model knows only a few words:
+
+    >>> res = geolens.patch(model, "the cat sat on the", "the dog sat on the",
+    ...                     metric=logit_diff(" mat", " park"), progress=False)
+    >>> res.to_pandas().columns.tolist(), len(res.to_pandas())   # 3 sites x 2 layers x 5 positions
+    (['site', 'layer', 'position', 'value'], 30)
+    >>> res.params["position_labels"], res.params["n_forward"]
+    (['the', 'cat/dog', 'sat', 'on', 'the'], 2)
+    >>> fig = res.plot()
 """
 
 from __future__ import annotations
@@ -163,7 +170,10 @@ def logit_diff(correct_token: Any, wrong_token: Any) -> PatchMetric:
     Higher = more like the clean answer.
 
     Example:
-        >>> res = geolens.patch(model, clean, corrupted, metric=logit_diff(" Paris", " Rome"))   # doctest: +SKIP
+        >>> clean, corrupted = "the cat sat on the", "the dog sat on the"
+        >>> res = geolens.patch(model, clean, corrupted, metric=logit_diff(" mat", " park"), progress=False)
+        >>> round(res.params["clean_value"], 4), round(res.params["corrupted_value"], 4)
+        (-0.0098, 0.0438)
     """
     return _LogitDiff(correct_token, wrong_token)
 
@@ -305,8 +315,17 @@ def patch(
         ``corrupted_value``, ``n_forward``.
 
     Example:
-        >>> res = patch(model, clean_ids, corrupted_ids, metric=logit_diff(1234, 5678), sites="resid_pre")   # doctest: +SKIP
-        >>> res.values("resid_pre").shape        # [layers, positions]                                # doctest: +SKIP
+        >>> clean_ids, corrupted_ids = model.to_tokens("the cat sat on the"), model.to_tokens("the dog sat on the")
+        >>> mat, park = model.tokenizer.convert_tokens_to_ids(["mat", "park"])
+        >>> res = patch(model, clean_ids, corrupted_ids, metric=logit_diff(mat, park), sites="resid_pre",
+        ...             progress=False)
+        >>> res.values("resid_pre").shape        # [layers, positions]
+        torch.Size([2, 5])
+
+        Patching the embeddings (``resid_pre`` layer 1) of the one token that differs restores the clean run:
+
+        >>> res.normalized().values("resid_pre")[0].round(decimals=2).tolist()
+        [0.0, 1.0, 0.0, 0.0, 0.0]
     """
     adapter = as_adapter(model)
     if complement and subspace is None:

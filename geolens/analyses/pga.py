@@ -84,10 +84,10 @@ def pga(
         z, p_value, pc1_readout_energy, random_energy``.
 
     Example:
-        >>> res = pga(model, texts, k=8, n_null=10, ccr=[0, 1], n_tokens=32, progress=False)
+        >>> res = pga(model, texts, k=8, n_null=10, ccr=[0, 1], n_tokens=24, progress=False)
         >>> res.to_pandas().shape
         (8, 10)
-        >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=32, progress=False)
+        >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=24, progress=False)
         >>> pga(model, states, k=8, n_null=10, progress=False).to_pandas().site.tolist()
         ['resid_post', 'resid_post', 'resid_post', 'final']
     """

@@ -86,8 +86,10 @@ def phases(
 
     Example:
         >>> res = phases(model, texts, lens=TunedLens(model), n_tokens=16, progress=False)
-        >>> res.params["found"], res.params["reason"][:20]
-        (False, 'need at least 5 poin')
+        >>> res.to_pandas()[["layer", "rss"]].values.tolist()   # an untrained lens: identical readout subspaces
+        [[0.0, 1.0], [1.0, 1.0], [2.0, nan]]
+        >>> res.params["found"], res.params["reason"]   # two layers are too few for phases
+        (False, 'the curve has 1 points; phase detection needs at least 5')
     """
     adapter = as_adapter(model)
     if lens is None:

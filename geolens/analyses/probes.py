@@ -117,8 +117,11 @@ def probes(
         :class:`ProbeResult`, one row per layer.
 
     Example:
-        >>> texts, labels = geolens.default_texts(n=250, with_labels=True)     # doctest: +SKIP
-        >>> geolens.probes(model, texts, labels).plot(pga_result=res)          # doctest: +SKIP
+        >>> texts, labels = geolens.default_texts(n=20, with_labels=True)   # BBC News, 4 texts per topic
+        >>> res = geolens.probes(model, texts, labels, folds=2, max_length=16, progress=False)
+        >>> res.to_pandas().columns.tolist(), res.to_pandas().chance.tolist()
+        (['layer', 'accuracy_mean', 'accuracy_std', 'chance'], [0.2, 0.2, 0.2])
+        >>> fig = res.plot(pga_result=geolens.pga(model, states, k=8, n_null=5, progress=False))
     """
     if isinstance(tokens, str):
         raise ValueError("tokens must hold several texts (a list of str) or [B, T] ids, one per label")
@@ -140,7 +143,7 @@ def ag_news(n: int | None = None, split: str = "test", seed: int = 0) -> tuple[l
     """AG News (4 topics) through the ``datasets`` package, for users with the hub.
 
     Example:
-        >>> texts, labels = ag_news(n=1000)       # doctest: +SKIP
+        >>> texts, labels = ag_news(n=1000)   # downloads AG News from the hub  # doctest: +SKIP
     """
     try:
         from datasets import load_dataset

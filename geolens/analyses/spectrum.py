@@ -3,9 +3,12 @@
 Metric definitions and conventions: :mod:`geolens.metrics.spectral`.
 
 Example:
-    >>> res = geolens.spectrum(model, texts, n_tokens=1024)       # doctest: +SKIP
-    >>> res.to_pandas(); res.plot()                               # doctest: +SKIP
-    >>> geolens.weight_geometry(model).to_pandas()                # doctest: +SKIP
+    >>> res = geolens.spectrum(model, texts, n_tokens=24, alpha_fit_range=(1, 20), progress=False)
+    >>> res.to_pandas()[["layer", "effective_rank", "numerical_rank"]].round(1).values.tolist()
+    [[0.0, 18.9, 20.0], [1.0, 19.4, 23.0], [2.0, 19.3, 23.0]]
+    >>> fig = res.plot()
+    >>> geolens.weight_geometry(model, alpha_fit_range=(5, 64), progress=False).to_pandas().matrix.tolist()
+    ['W_U raw', 'W_U folded', 'W_E']
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ def spectrum(
         :class:`SpectrumResult`, one row per layer: ``layer, site`` and every metric.
 
     Example:
-        >>> res = spectrum(model, texts, n_tokens=32, alpha_fit_range=(1, 20), progress=False)
+        >>> res = spectrum(model, texts, n_tokens=24, alpha_fit_range=(1, 20), progress=False)
         >>> res.to_pandas()[["layer", "site"]].values.tolist()
         [[0, 'resid_post'], [1, 'resid_post'], [2, 'resid_post']]
     """
@@ -230,7 +233,9 @@ def weight_geometry(
     measured in float32.
 
     Example:
-        >>> geolens.weight_geometry(model).to_pandas()[["matrix", "effective_rank", "isotropy"]]   # doctest: +SKIP
+        >>> res = geolens.weight_geometry(model, alpha_fit_range=(5, 64), progress=False)   # d_model = 64 eigenvalues
+        >>> res.to_pandas()[["matrix", "rows", "cols", "effective_rank"]].round(1).values.tolist()
+        [['W_U raw', 200, 64, 61.1], ['W_U folded', 200, 64, 58.3], ['W_E', 200, 64, 61.0]]
     """
     adapter = as_adapter(model)
     matrices = _weight_matrices(adapter)

@@ -67,8 +67,11 @@ def updates(
         :class:`UpdatesResult`, one row per layer ``1..L``.
 
     Example:
-        >>> res = geolens.updates(model, geolens.default_texts(n=16), n_tokens=512)   # doctest: +SKIP
-        >>> res.to_pandas()[["layer", "orthogonality", "ffn_mha_ratio"]]                # doctest: +SKIP
+        >>> res = geolens.updates(model, texts, n_tokens=16, progress=False)
+        >>> res.to_pandas()[["layer", "orthogonality", "ffn_mha_ratio"]].round(2).values.tolist()
+        [[1.0, 0.1, 1.73], [2.0, 0.08, 1.62]]
+        >>> res.params["parallel_attn_mlp"]   # GPT-NeoX: attention and MLP both read h_{l-1}
+        True
     """
     adapter = as_adapter(model)
     states = capture(

@@ -104,8 +104,12 @@ def text_file(text: str) -> Path:
     """A readable, non-empty text file.
 
     Example:
-        >>> text_file("README.md").name        # doctest: +SKIP
-        'README.md'
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = Path(tmp, "texts.txt")
+        ...     _ = path.write_text("the cat sat")
+        ...     text_file(str(path)).name
+        'texts.txt'
     """
     path = Path(text).expanduser()
     if not path.exists():

@@ -131,9 +131,11 @@ def default_texts(
         ordered by topic, then by the file number within the topic.
 
     Example:
-        >>> texts, labels = default_texts(n=10, seed=0, with_labels=True)   # doctest: +SKIP
-        >>> len(texts), sorted(set(labels))                                # doctest: +SKIP
+        >>> texts, labels = default_texts(n=10, seed=0, with_labels=True)
+        >>> len(texts), sorted(set(labels))
         (10, ['business', 'entertainment', 'politics', 'sport', 'tech'])
+        >>> default_texts(n=3, topics=["sport"], with_labels=True)[1]
+        ['sport', 'sport', 'sport']
     """
     chosen_topics = set(_check_topics(topics))
     pool = [(t, x) for t, x in _bbc_articles(cache_root()) if t in chosen_topics and len(x) >= min_chars]

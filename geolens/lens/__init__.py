@@ -9,9 +9,12 @@
 
 Example:
     >>> from geolens.lens import TunedLens, evaluate, train_tuned_lens
-    >>> lens = train_tuned_lens(model, texts, steps=2, tokens_per_step=16, seq_len=8, progress=False)
-    >>> evaluate(model, texts, lens=lens, n_tokens=16, progress=False).to_pandas().shape
+    >>> lens = train_tuned_lens(model, texts * 4, steps=2, tokens_per_step=16, seq_len=8, progress=False)
+    >>> res = evaluate(model, texts, lens=lens, n_tokens=16, progress=False)
+    >>> res.to_pandas().shape   # (tuned, logit) x layers 0..2
     (6, 7)
+    >>> res.to_pandas().query("layer == 2")[["kl", "hit@1"]].values.tolist()   # the last layer is the output
+    [[0.0, 1.0], [0.0, 1.0]]
 """
 
 from geolens.lens.cache import SMALL_BUDGET, cached_tuned_lens

@@ -5,9 +5,15 @@ the seed and a hash of the training texts, so a changed input trains a new lens
 and a rerun loads the saved one.
 
 Example:
-    >>> lens = cached_tuned_lens(model, texts, steps=2, tokens_per_step=16, seq_len=8, progress=False)
-    >>> lens.cache_dir == cached_tuned_lens(model, texts, steps=2, tokens_per_step=16, seq_len=8).cache_dir
-    True
+    >>> import os, tempfile
+    >>> budget = dict(steps=2, tokens_per_step=16, seq_len=8, progress=False)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     lens = cached_tuned_lens(model, texts * 4, cache_dir=tmp, **budget)   # trains and saves
+    ...     again = cached_tuned_lens(model, texts * 4, cache_dir=tmp, **budget)  # loads the saved lens
+    ...     sorted(os.listdir(lens.cache_dir))
+    ['config.json', 'translators.safetensors']
+    >>> again.cache_dir == lens.cache_dir, torch.equal(again.linear_map(0), lens.linear_map(0))
+    (True, True)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ At sampled token positions (BOS and padding excluded), for every layer
   ``hit@5/hit@1`` their ratio (NaN where ``hit@1`` is 0).
 
 Example:
-    >>> res = evaluate(model, texts, lens=TunedLens(model), n_tokens=32, progress=False)
+    >>> res = evaluate(model, texts, lens=TunedLens(model), n_tokens=24, progress=False)
     >>> res.to_pandas().groupby("lens").size().to_dict()
     {'logit': 3, 'tuned': 3}
 """

@@ -7,9 +7,16 @@ model's own module (LayerNorm or RMSNorm, with its learned weight), ``W_U`` the
 raw unembedding, so processed weights (``fold_ln``) are read as the model reads them.
 
 Example:
-    >>> lens = LogitLens(model)                                       # doctest: +SKIP
-    >>> lens(h, layer=3).shape   # h: [..., d_model]                  # doctest: +SKIP
-    torch.Size([..., d_vocab])
+    >>> lens = LogitLens(model)
+    >>> h = torch.randn(4, 5, model.cfg.d_model)   # h: [..., d_model]
+    >>> lens(h, layer=1).shape                     # [..., d_vocab]
+    torch.Size([4, 5, 200])
+
+    At the last layer the lens gives the model's own logits:
+
+    >>> resid, logits = residual_stream(model, tokens)   # [L + 1, B, T, d], [B, T, V]
+    >>> torch.allclose(lens(resid[-1], layer=2), logits, atol=1e-5)
+    True
 """
 
 from __future__ import annotations
@@ -62,8 +69,10 @@ class LogitLens(nn.Module):
     out of ``state_dict`` and ``parameters()``).
 
     Example:
-        >>> LogitLens(model)(torch.randn(5, model.cfg.d_model), layer=0).shape   # doctest: +SKIP
-        torch.Size([5, 101])
+        >>> LogitLens(model)(torch.randn(5, model.cfg.d_model), layer=0).shape
+        torch.Size([5, 200])
+        >>> list(LogitLens(model).parameters())   # the model's weights are not registered
+        []
     """
 
     kind = "logit"
@@ -141,8 +150,8 @@ def layer_logits(
     :func:`geolens.lens.evaluate`, which samples positions.
 
     Example:
-        >>> layer_logits(model, ["the cat sat"]).shape   # doctest: +SKIP
-        torch.Size([3, 1, 4, 101])
+        >>> layer_logits(model, ["the cat sat"]).shape   # [layers 0..2, B, T, d_vocab]
+        torch.Size([3, 1, 3, 200])
     """
     adapter = as_adapter(model)
     lens = LogitLens(adapter) if lens is None else lens

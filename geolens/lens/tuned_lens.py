@@ -15,8 +15,13 @@ model of another shape. Lenses of the ``tuned-lens`` package (``config.json`` +
 (see :mod:`geolens.lens.tuned_lens_format`).
 
 Example:
-    >>> lens = TunedLens(model)                     # doctest: +SKIP
-    >>> lens.save("lens_dir"); TunedLens.load("lens_dir", model)   # doctest: +SKIP
+    >>> import tempfile
+    >>> lens = TunedLens(model)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = lens.save(tmp)
+    ...     loaded = TunedLens.load(tmp, model)
+    >>> loaded.n_layers, len(loaded.translators), loaded.translators[0]
+    (2, 2, Linear(in_features=64, out_features=64, bias=True))
 """
 
 from __future__ import annotations
@@ -54,9 +59,12 @@ class TunedLens(LogitLens):
         training_info: budget and loss curve of the last training run (saved with the lens).
 
     Example:
-        >>> lens = TunedLens(model)                               # doctest: +SKIP
-        >>> lens(h, layer=2).shape                                # doctest: +SKIP
-        torch.Size([N, d_vocab])
+        >>> lens = TunedLens(model)
+        >>> h = states.layer("resid_post", 1)                     # [N, d_model]
+        >>> lens(h, layer=1).shape                                # [N, d_vocab]
+        torch.Size([16, 200])
+        >>> torch.equal(lens(h, layer=1), LogitLens(model)(h, layer=1))   # untrained: the logit lens
+        True
     """
 
     kind = "tuned"
@@ -174,7 +182,12 @@ class TunedLens(LogitLens):
         tuned against another unembedding).
 
         Example:
-            >>> lens = TunedLens.from_tuned_lens("lens/pythia-70m", model)   # doctest: +SKIP
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as tmp:
+            ...     _ = TunedLens(model).save_tuned_lens(tmp)   # config.json + params.pt
+            ...     lens = TunedLens.from_tuned_lens(tmp, model)
+            >>> lens.training_info["source"], lens.n_layers
+            ('tuned-lens', 2)
         """
         adapter = as_adapter(model)
         config, state = tl_format.read_tuned_lens_dir(directory, n_layers=adapter.n_layers, d_model=adapter.d_model)

@@ -7,8 +7,16 @@ spectra and phases across widths and checkpoints. The offline default model and
 texts live in :mod:`geolens.data`.
 
 Example:
-    >>> zoo = geolens.zoo.train_zoo(geolens.zoo.ZooConfig(widths=(64, 128), steps=200))   # doctest: +SKIP
-    >>> geolens.zoo.zoo_report(zoo, "out/zoo").plot()                                     # doctest: +SKIP
+    >>> zoo = geolens.zoo.train_zoo(geolens.zoo.ZooConfig(widths=(64, 128), steps=200))   # trains for minutes  # doctest: +SKIP
+
+    Below, ``zoo`` is a tiny trained family (one width, one layer, four steps; as in
+    :func:`~geolens.zoo.train.train_zoo`'s example):
+
+    >>> res = geolens.zoo.zoo_report(zoo, None, analyses=("pga",), n_texts=4, n_tokens=32, n_null=5, ccr=(0,),
+    ...                              progress=False)   # out_dir=None: write nothing
+    >>> res.params["widths"], res.params["steps"]
+    ([16], [0, 4])
+    >>> fig = res.plot()
 """
 
 import warnings as _warnings

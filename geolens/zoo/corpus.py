@@ -10,13 +10,15 @@ The tokenizer is a byte-level BPE (the GPT-2 / Pythia kind) trained with the
 EOS and the separator between articles, ``<pad>`` pads.
 
 Example:
-    >>> train, held_out = zoo_split()                                # doctest: +SKIP
-    >>> len(train), len(held_out)                                    # doctest: +SKIP
+    >>> import tempfile
+    >>> train, held_out = zoo_split()
+    >>> len(train), len(held_out)
     (1914, 213)
-    >>> tokenizer = train_tokenizer(train, 4096, "tok")               # doctest: +SKIP
-    >>> windows = token_windows(tokenizer, train, seq_len=128)       # doctest: +SKIP
-    >>> windows.shape                                                # doctest: +SKIP
-    torch.Size([8391, 129])
+    >>> with tempfile.TemporaryDirectory() as tmp:   # the zoo trains on all of train, with 4096 tokens
+    ...     tokenizer = train_tokenizer(train[:50], 300, tmp)
+    >>> windows = token_windows(tokenizer, train[:50], seq_len=64)
+    >>> windows.shape
+    torch.Size([1032, 65])
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def zoo_split(held_out_fraction: float = HELD_OUT_FRACTION) -> tuple[list[str], 
     held-out text is also trained on.
 
     Example:
-        >>> train, held_out = zoo_split()          # doctest: +SKIP
-        >>> set(train) & set(held_out)             # doctest: +SKIP
+        >>> train, held_out = zoo_split()
+        >>> set(train) & set(held_out)
         set()
     """
     if not 0 < held_out_fraction < 1:
@@ -70,8 +72,13 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int, path: str | Path) -> 
     TransformerLens boots it from the model folder. Training is deterministic.
 
     Example:
-        >>> tok = train_tokenizer(["a small corpus", "of two texts"], 300, "tok")   # doctest: +SKIP
-        >>> tok("a small").input_ids                                                # doctest: +SKIP
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     tok = train_tokenizer(["a small corpus", "of two texts"], 300, tmp)
+        >>> tok.convert_ids_to_tokens(tok("a small").input_ids)   # byte-level: "Ġ" is the space
+        ['a', 'Ġsmall']
+        >>> tok.bos_token, tok.pad_token
+        ('<|endoftext|>', '<pad>')
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -98,8 +105,14 @@ def token_windows(tokenizer: Any, texts: Sequence[str], seq_len: int) -> Int[Ten
     once. The ragged tail is dropped.
 
     Example:
-        >>> token_windows(tok, ["one text", "another"], seq_len=4).shape   # doctest: +SKIP
-        torch.Size([1, 5])
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     tok = train_tokenizer(["one text", "another"], 300, tmp)
+        >>> windows = token_windows(tok, ["one text", "another"], seq_len=2)   # 5 stream tokens
+        >>> windows.shape
+        torch.Size([2, 3])
+        >>> bool((windows[1:, 0] == windows[:-1, -1]).all())   # consecutive windows share one token
+        True
     """
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {seq_len}")

@@ -14,10 +14,19 @@ and the readout dimension is a fixed fraction of the width
 to the paper's ``k = 100``).
 
 Example:
-    >>> zoo = geolens.zoo.train_zoo()                                  # doctest: +SKIP
-    >>> res = zoo_report(zoo, out_dir="out/zoo")                        # doctest: +SKIP
-    >>> res.plot(ccr=1)            # z by relative depth, one line per width   # doctest: +SKIP
-    >>> res.plot_training("pga.z") # mean z over layers vs training step       # doctest: +SKIP
+    >>> zoo = geolens.zoo.train_zoo()   # the default family: under 30 minutes on 2 cores  # doctest: +SKIP
+
+    Below, ``zoo`` is a tiny trained family (one width, one layer, four steps; as in
+    :func:`~geolens.zoo.train.train_zoo`'s example):
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     res = zoo_report(zoo, out_dir=tmp, analyses=("pga", "spectrum"), n_texts=4, n_tokens=32, n_null=5,
+    ...                      ccr=(0, 1), progress=False)
+    ...     sorted(res.params["paths"])
+    ['zoo.csv', 'zoo.html', 'zoo.json', 'zoo_meta.json']
+    >>> fig = res.plot(ccr=1)             # z by relative depth, one line per width
+    >>> fig = res.plot_training("pga.z")  # mean z over layers vs training step
 """
 
 from __future__ import annotations
@@ -231,8 +240,11 @@ def zoo_report(
         ``.summary()``; ``params["paths"]`` lists the files written.
 
     Example:
-        >>> res = zoo_report(Zoo.open(path), checkpoints="final", n_null=50)   # doctest: +SKIP
-        >>> res.summary()                                                    # doctest: +SKIP
+        >>> from geolens.zoo import Zoo
+        >>> res = zoo_report(Zoo.open(zoo.root), None, checkpoints="final", analyses=("pga",), n_texts=4,
+        ...                  n_tokens=32, n_null=5, ccr=(0,), progress=False)
+        >>> res.summary()[["width", "step", "eval_loss"]].round(2).values.tolist()
+        [[16.0, 4.0, 5.54]]
     """
     started = time.perf_counter()
     settings = replace(settings or ZooReportSettings(), **overrides) if overrides else (settings or ZooReportSettings())

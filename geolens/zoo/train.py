@@ -22,9 +22,16 @@ with the weights an uninterrupted run would have. The batch of step ``s`` is a
 pure function of ``(seed, s)``, so no data-loader state needs saving.
 
 Example:
-    >>> zoo = train_zoo(ZooConfig(widths=(64, 128), steps=200))     # doctest: +SKIP
-    >>> zoo.to_pandas()                                            # doctest: +SKIP
-    >>> model = zoo.load(128)            # final step, as a TransformerBridge   # doctest: +SKIP
+    >>> zoo = train_zoo(ZooConfig(widths=(64, 128), steps=200))   # minutes on a CPU  # doctest: +SKIP
+
+    Below, ``zoo`` is a tiny trained family (one width, one layer, four steps; as in
+    :func:`~geolens.zoo.train.train_zoo`'s example):
+
+    >>> zoo.to_pandas()[["width", "step", "tokens"]].values.tolist()
+    [[16, 0, 0], [16, 4, 64]]
+    >>> model = zoo.load(16)            # final step, as a TransformerBridge
+    >>> model.cfg.model_name, model.cfg.d_model, model.cfg.n_layers
+    ('zoo d=16 step 4', 16, 1)
 """
 
 from __future__ import annotations
@@ -226,8 +233,11 @@ class Zoo:
     """A trained (or partly trained) family on disk: its config, folder and members' checkpoints.
 
     Example:
-        >>> zoo = Zoo.open("~/.cache/geolens/zoo/neox-L6-V4096-T400-s0-1a2b3c4d")   # doctest: +SKIP
-        >>> zoo.steps(64), zoo.load(64, step=128)                                 # doctest: +SKIP
+        >>> family = Zoo.open(zoo.root)   # e.g. "~/.cache/geolens/zoo/neox-L6-V4096-T400-s0-1a2b3c4d"
+        >>> family.config == zoo.config, family.steps(16)
+        (True, [0, 4])
+        >>> family.load(16, step=0).cfg.model_name
+        'zoo d=16 step 0'
     """
 
     config: ZooConfig
@@ -344,7 +354,15 @@ def train_zoo(
         :class:`Zoo` (``.to_pandas()`` lists the checkpoints, ``.load(width, step)`` boots one).
 
     Example:
-        >>> zoo = train_zoo(ZooConfig(widths=(32, 64), n_layers=2, steps=50))   # doctest: +SKIP
+        >>> import tempfile
+        >>> config = ZooConfig(widths=(16,), n_layers=1, d_head=8, vocab_size=260, seq_len=8, batch_size=2, steps=4)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     zoo = train_zoo(config, tmp, progress=False)
+        ...     table = zoo.to_pandas()
+        >>> table[["width", "step", "tokens"]].values.tolist()   # checkpoints at step 0 and the last step
+        [[16, 0, 0], [16, 4, 64]]
+        >>> table.eval_loss.round(2).tolist()                     # held-out loss (nats)
+        [5.56, 5.54]
     """
     config = config or ZooConfig()
     if stop_at is not None:
