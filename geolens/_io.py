@@ -3,7 +3,7 @@
 Example:
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "a.json"
-    >>> atomic_write_text(path, "{}"); path.read_text()
+    >>> _ = atomic_write_text(path, "{}"); path.read_text()
     '{}'
 """
 
