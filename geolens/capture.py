@@ -1,5 +1,7 @@
 """Hook-based capture of hidden states at sampled token positions.
 
+See docs/methods.md §F.1–F.2.
+
 Sites and layers follow :mod:`geolens.sites` (``0`` = embeddings, ``final`` =
 the state the unembedding reads).
 

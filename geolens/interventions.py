@@ -1,5 +1,7 @@
 """Hooks that *edit* activations: subspace / principal-component ablation and activation patching.
 
+See docs/methods.md §D.1–D.5.
+
 Two pure edits of a batch of states ``h`` (``[..., d]``) against an orthonormal
 basis ``Q`` (``[d, m]``, projector ``P = Q Q^T``):
 

@@ -1,5 +1,7 @@
 """``geolens.ablation_effect``: what removing a layer's top principal directions does downstream.
 
+See docs/methods.md §D.3.
+
 The PGA paper reads the collapse of PGA z in small models' late layers as
 *masking* by a dominant direction. This analysis tests it causally: ablate the
 top-``m`` principal directions of layer ``l`` during the forward pass (see

@@ -1,5 +1,7 @@
 """``geolens.over_checkpoints``: the same analyses on a sequence of training checkpoints, one model in memory at a time.
 
+See docs/methods.md §B.8.
+
 Example (Pythia's training revisions need the Hugging Face hub):
     >>> load = geolens.pythia_checkpoint_loader("EleutherAI/pythia-70m")   # needs the hub  # doctest: +SKIP
     >>> res = geolens.over_checkpoints(["step1000", "step10000", "step143000"], texts, load=load,

@@ -1,5 +1,7 @@
 """``geolens.compare``: subspace PGA and the spectral metrics side by side, per layer, each in units of its own spread.
 
+See docs/methods.md §A.9.
+
 "PGA moves by tens of sigma while the spectra stay flat" is a claim about shapes
 across layers; putting every curve in units of its own across-layer standard
 deviation puts them on one axis, where it can be seen or refuted at a glance.

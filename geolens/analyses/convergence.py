@@ -1,5 +1,7 @@
 """``geolens.convergence``: do two models organise the same text positions alike?
 
+See docs/methods.md §E.1–E.3.
+
 Rows must be the *same text positions* in both models, which is not the same
 token index when the tokenizers differ. geolens aligns on character spans:
 each text is tokenised by each model's (fast) tokenizer with character

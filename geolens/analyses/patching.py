@@ -1,5 +1,7 @@
 """``geolens.patch``: activation patching, batched, optionally restricted to a subspace.
 
+See docs/methods.md §D.4–D.5.
+
 Patching copies the clean run's activation at one ``(site, layer, position)``
 into the corrupted run and scores the patched output with a metric. Many
 patched copies of the corrupted input run in one forward pass: row ``i`` of the

@@ -1,4 +1,4 @@
-"""``geolens.phases``: readout-subspace trajectory, resolution sweep and the three phases (METHODS.md C.2-C.6).
+"""``geolens.phases``: readout-subspace trajectory, resolution sweep and the three phases (docs/methods.md §C.6–C.10).
 
 From a tuned lens, the predictive readout subspace of layer ``l`` is the span of
 the top-``k`` right singular vectors of its translator's linear map ``I + A_l``

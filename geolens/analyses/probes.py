@@ -1,4 +1,4 @@
-"""``geolens.probes``: per-layer linear-probe accuracy of a labelled text task (METHODS.md A.9).
+"""``geolens.probes``: per-layer linear-probe accuracy of a labelled text task (docs/methods.md §E.4–E.5).
 
 Each text becomes one feature vector per layer (mean over its real tokens after
 the first, or its last real token), captured in batches so memory holds only

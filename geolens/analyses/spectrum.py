@@ -1,5 +1,7 @@
 """``geolens.spectrum`` and ``geolens.weight_geometry``: spectral metrics of states per layer, and of the weights.
 
+See docs/methods.md §B.
+
 Metric definitions and conventions: :mod:`geolens.metrics.spectral`.
 
 Example:

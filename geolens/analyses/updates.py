@@ -1,5 +1,7 @@
 """``geolens.updates``: the geometry of every block's update to the residual stream.
 
+See docs/methods.md §C.1.
+
 ``Delta_l = h_l - h_{l-1}`` with ``h`` the residual stream (capture site
 ``resid_post``, layers ``0..L``; ``h_0`` = embeddings). Sequential blocks add
 ``attn_out`` then ``mlp_out`` (the MLP reads ``h_{l-1} + attn_out``); parallel

@@ -1,5 +1,7 @@
 """Logit lens and tuned lens on HookedTransformer and TransformerBridge; Hit@k.
 
+See docs/methods.md §C.2–C.5.
+
 * :class:`LogitLens` — ``ln_final(h_l) @ W_U + b_U`` at every layer ``0..L``.
 * :class:`TunedLens` — an affine translator per layer first (``nn.Module``,
   ``save`` / ``load``), trained by :func:`train_tuned_lens` (KL distillation).

@@ -1,5 +1,7 @@
 """A small-budget tuned lens trained once per (model, texts, budget) and cached on disk.
 
+See docs/methods.md §C.4.
+
 The cache folder is keyed by the model's name and shape, the training budget,
 the seed and a hash of the training texts, so a changed input trains a new lens
 and a rerun loads the saved one.

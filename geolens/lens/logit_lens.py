@@ -1,5 +1,7 @@
 """Logit lens: read every layer's residual stream with the model's own final norm and unembedding.
 
+See docs/methods.md §C.2.
+
 ``logits_l = ln_final(h_l) @ W_U + b_U`` (Nostalgebraist 2020), with ``h_l`` the
 residual stream at layer ``l`` (``0`` = embeddings, ``L`` = the last block's
 output, where the lens gives exactly the model's logits). ``ln_final`` is the

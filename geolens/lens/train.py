@@ -1,5 +1,7 @@
 """Train a :class:`~geolens.lens.TunedLens` by KL distillation from the model's final distribution.
 
+See docs/methods.md §C.4.
+
 Loss of layer ``l``: ``KL(p_final || p_l)`` at the same position, averaged over
 the real tokens of a step (padding and each sequence's first token — BOS, the
 attention sink — left out); the step's objective is the sum over layers

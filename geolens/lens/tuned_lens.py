@@ -1,5 +1,7 @@
 """Tuned lens (Belrose et al. 2023): one affine translator per layer before the logit lens.
 
+See docs/methods.md §C.3.
+
 ``T_l(h) = h + A_l h + b_l`` for layers ``l = 0..L-1`` (``0`` = embeddings);
 the last layer ``L``'s translator is the identity (the model's own logits) and
 has no parameters. ``A_l`` and ``b_l`` start at zero, so an untrained lens *is*

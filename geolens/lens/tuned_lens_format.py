@@ -1,5 +1,7 @@
 """The on-disk format of the ``tuned-lens`` package (AlignmentResearch, Belrose et al. 2023), read and written.
 
+See docs/methods.md §C.3.
+
 A lens is a directory holding
 
 * ``config.json`` — the fields of ``tuned_lens.nn.TunedLensConfig``:

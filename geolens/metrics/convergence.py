@@ -1,4 +1,4 @@
-"""Cross-model convergence of distance structure (METHODS.md section A.8).
+"""Cross-model convergence of distance structure (docs/methods.md §E.2).
 
 For two clouds of states over the *same* token positions (two models, or two
 layers), the Spearman correlation between their condensed cosine-distance

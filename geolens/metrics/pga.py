@@ -1,4 +1,4 @@
-"""Subspace PGA (prediction-geometry alignment), METHODS.md section A.
+"""Subspace PGA (prediction-geometry alignment), docs/methods.md §A.
 
 Does the distance structure of a cloud of states survive projection onto the
 unembedding's readout subspace better than onto a random subspace?

@@ -1,4 +1,4 @@
-"""Representation similarity over the same N rows: linear CKA and mutual k-NN alignment (METHODS.md E).
+"""Representation similarity over the same N rows: linear CKA and mutual k-NN alignment (docs/methods.md §E).
 
 Both compare two clouds ``X [N, d1]`` and ``Y [N, d2]`` whose rows are paired
 (the same token positions seen by two models, or by two layers); the widths may

@@ -7,7 +7,7 @@ precision is promoted to float32). With ``centre=True`` the mean row is
 subtracted first. Results are Python floats computed in float64 from the
 singular values ``s_1 >= s_2 >= ... >= s_min(N, d)`` of ``X``.
 
-Conventions (METHODS.md section B; each is a documented choice):
+Conventions (docs/methods.md §B; each is a documented choice):
 
 * **effective rank** (Roy & Vetterli 2007): ``exp(H(p))``, ``p_i = s_i / sum(s)``,
   ``H(p) = -sum p_i log p_i`` (``0 log 0 = 0``). Never capped: it lies in
