@@ -12,7 +12,7 @@ TEST_WHEELS = tuned-lens==0.2.0
 OUT ?= out/report
 PYTEST_ARGS ?=
 
-.PHONY: demo zoo test test-tl4 test-tl3 bench clean
+.PHONY: demo zoo test test-tl4 test-tl3 bench clean browser
 
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
@@ -37,8 +37,15 @@ zoo: $(VENV)/.installed
 
 test: test-tl4 test-tl3
 
+# Headless Chromium (Debian's) renders the report and the notebooks in tests/test_browser.py and
+# writes static figures; installed here when missing (needs root, as on CI and the dev machines).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "warning: could not install chromium (the browser tests will skip)"
+
 # TransformerLens 4.x: bridges only; includes the slow test on the real default model.
-test-tl4: $(VENV)/.installed
+test-tl4: $(VENV)/.installed browser
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 # TransformerLens 3.9: HookedTransformer and bridges.

@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Sequence
 
 from geolens._io import atomic_write_text
 
-__all__ = ["versions", "write_html"]
+__all__ = ["Section", "versions", "write_html"]
 
 
 def versions() -> dict[str, str]:
@@ -29,10 +30,51 @@ def versions() -> dict[str, str]:
     return out
 
 
-def write_html(path: Path, *, title: str, sections: Sequence[tuple], meta: dict) -> Path:
-    """One self-contained HTML5 page: the run (``meta``), then per section (heading, result, figures, error).
+@dataclass
+class Section:
+    """One section of a page: its anchor, heading, a two-line caption on how to read its figures, the result."""
 
-    plotly.js is inlined once, with the first figure, so the page opens offline.
+    name: str
+    heading: str
+    caption: str = ""
+    result: Any = None
+    figures: Sequence[Any] = ()
+    error: str | None = None
+    findings: Sequence[str] = ()
+    seconds: float | None = None
+
+
+_STYLE = """
+:root{--ink:#1d2329;--muted:#5b6670;--line:#dde2e6;--accent:#2c6fbb;--bad:#a3261b}
+*{box-sizing:border-box} body{font:15px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--ink);
+margin:0 auto;padding:2em 1.5em 4em;max-width:1120px} h1{font-size:1.7em;margin:0 0 .2em}
+h2{font-size:1.3em;margin:2.2em 0 .4em;padding-top:.6em;border-top:1px solid var(--line)}
+a{color:var(--accent)} .sub{color:var(--muted);margin:0 0 1.2em}
+.findings{background:#f4f7fa;border:1px solid var(--line);border-radius:8px;padding:.8em 1.2em;margin:1em 0}
+.findings h2{border:0;margin:.2em 0 .4em;padding:0;font-size:1.15em} .findings ul{margin:0;padding-left:1.2em}
+nav.toc ol{columns:2;margin:.4em 0;padding-left:1.4em} .caption{color:var(--muted);margin:.2em 0 1em;max-width:60em}
+.figure{margin:.6em 0} details{margin:.5em 0} summary{cursor:pointer;color:var(--accent)}
+table{border-collapse:collapse;font-size:12.5px;margin:.4em 0} td,th{border:1px solid var(--line);padding:2px 7px;
+text-align:left;vertical-align:top} th{background:#f6f8fa} .error{color:var(--bad);white-space:pre-wrap}
+.time{color:var(--muted);font-size:.85em;font-weight:normal}
+@media print{body{max-width:none;padding:0} nav.toc,summary{display:none} details{display:block}
+.figure{break-inside:avoid} h2{break-after:avoid}}
+"""
+
+
+def write_html(
+    path: Path,
+    *,
+    title: str,
+    sections: Sequence[Section],
+    meta: dict,
+    subtitle: str = "",
+) -> Path:
+    """One self-contained, printable HTML5 page: the findings first, a table of contents, then each section.
+
+    Each section shows its figures first with a two-line caption, then its parameters
+    and full table folded away (``<details>``); the run's settings, versions and times
+    close the page. plotly.js is inlined once in the head, so the page opens offline.
 
     Example:
         >>> import tempfile
@@ -42,21 +84,46 @@ def write_html(path: Path, *, title: str, sections: Sequence[tuple], meta: dict)
         >>> text.startswith("<!DOCTYPE html>"), "<th>run_time_s</th><td>1.0</td>" in text
         (True, True)
     """
-    parts = ["<!DOCTYPE html>", f"<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             "<style>body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;"
-             "font-size:12px} td,th{border:1px solid #ccc;padding:2px 6px} .error{color:#a00;white-space:pre-wrap}"
-             "</style></head><body>", f"<h1>{html.escape(title)}</h1>", "<h2>Run</h2>", _dict_table(meta)]
-    plotly_included = False
-    for heading, result, figures, error in sections:
-        parts.append(f"<h2>{html.escape(heading)}</h2>")
-        if error is not None:
-            parts.append(f"<p class='error'>This section failed: {html.escape(error)}</p>")
+    from plotly.offline import get_plotlyjs
+
+    parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
+             "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+             f"<title>{html.escape(title)}</title><style>{_STYLE}</style>",
+             f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]
+    if subtitle:
+        parts.append(f"<p class='sub'>{html.escape(subtitle)}</p>")
+    found = [(s, line) for s in sections for line in s.findings]
+    failed = [s for s in sections if s.error is not None]
+    parts.append("<div class='findings' id='findings'><h2>What this report finds</h2><ul>")
+    for section, line in found:
+        parts.append(f"<li>{html.escape(line)} <a href='#{section.name}'>→ {html.escape(section.name)}</a></li>")
+    for section in failed:
+        parts.append(f"<li class='error'>The {html.escape(section.name)} section failed "
+                     f"(<a href='#{section.name}'>see why</a>).</li>")
+    if not found and not failed:
+        parts.append("<li>No section produced a summary line.</li>")
+    parts.append("</ul></div>")
+    parts.append("<nav class='toc' id='contents'><b>Contents</b><ol>")
+    parts.extend(f"<li><a href='#{s.name}'>{html.escape(s.heading)}</a></li>" for s in sections)
+    parts.append("<li><a href='#run'>The run: settings, versions, times</a></li></ol></nav>")
+    for section in sections:
+        seconds = f" <span class='time'>({section.seconds:.1f} s)</span>" if section.seconds is not None else ""
+        parts.append(f"<section id='{html.escape(section.name)}'><h2>{html.escape(section.heading)}{seconds}</h2>")
+        if section.error is not None:
+            parts.append(f"<p class='error'>This section failed: {html.escape(section.error)}</p></section>")
             continue
-        parts.append("<h3>Parameters</h3>" + _dict_table(result.params))
-        for figure in figures:
-            parts.append(figure.to_html(full_html=False, include_plotlyjs=not plotly_included))
-            plotly_included = True
-        parts.append(result.to_pandas().to_html(index=False, float_format=lambda x: f"{x:.4g}"))
+        if section.caption:
+            parts.append(f"<p class='caption'>{html.escape(section.caption)}</p>")
+        for figure in section.figures:
+            parts.append("<div class='figure'>" + figure.to_html(full_html=False, include_plotlyjs=False) + "</div>")
+        table = section.result.to_pandas()
+        parts.append("<details><summary>Parameters</summary>" + _dict_table(section.result.params) + "</details>")
+        parts.append(f"<details><summary>Full table ({len(table)} rows)</summary>"
+                     + table.to_html(index=False, float_format=lambda x: f"{x:.4g}") + "</details>")
+        parts.append("</section>")
+    parts.append("<section id='run'><h2>The run</h2><details open><summary>Settings, versions, date and times"
+                 "</summary>" + _dict_table(meta) + "</details></section>")
     parts.append("</body></html>")
     return atomic_write_text(path, "\n".join(parts))
 

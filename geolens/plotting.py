@@ -15,9 +15,25 @@ from geolens.metrics.phases import PHASE_NAMES
 from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
 from geolens.sites import FINAL_SITE
 
-__all__ = ["ablation_figure", "checkpoint_figure", "compare_figure", "convergence_figure", "lens_figure",
+__all__ = ["figure_html", "ablation_figure", "checkpoint_figure", "compare_figure", "convergence_figure", "lens_figure",
            "metric_grid", "metric_key", "patch_figure", "pga_figure", "phases_figure", "probe_figure",
            "updates_figure", "zoo_depth_figure", "zoo_training_figure"]
+
+_PLOTLYJS_SENT = False  # plotly.js goes into the first figure a session shows, once
+
+
+def figure_html(figure: go.Figure) -> str:
+    """A figure as an HTML fragment for a notebook; the first one of the session carries plotly.js (offline).
+
+    Example:
+        >>> "<div" in figure_html(go.Figure(go.Scatter(y=[1, 2])))
+        True
+    """
+    global _PLOTLYJS_SENT
+    fragment = figure.to_html(full_html=False, include_plotlyjs=not _PLOTLYJS_SENT)
+    _PLOTLYJS_SENT = True
+    return fragment
+
 
 _PHASE_COLOURS = ("rgba(99,110,250,0.12)", "rgba(0,204,150,0.12)", "rgba(239,85,59,0.12)")
 _UPDATE_LABELS = {

@@ -48,7 +48,8 @@ from geolens.data import default_texts, load_default_model
 from geolens.lens import SMALL_BUDGET, TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
-from geolens.pages import versions, write_html
+from geolens.findings import findings
+from geolens.pages import Section, versions, write_html
 from geolens.results import Result, json_text
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 
@@ -244,6 +245,27 @@ SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
 }
 
 
+# How to read each section's figures: two lines under its heading.
+CAPTIONS: dict[str, str] = {
+    "pga": "z of the readout subspace against random subspaces, per layer (0 = embeddings; the star is the state "
+           "the unembedding reads), one line per CCR. Inside the grey band (|z| < 1.96) the readout does no better "
+           "than chance; above it the layer's distance structure lives in what the unembedding reads.",
+    "spectrum": "Spectral metrics of the centred states of each layer (first figure), then each metric next to PGA z "
+                "in units of its own spread across layers: curves that move together suggest a shared cause.",
+    "weights": "The token vectors of the unembedding (raw, and with the final norm's weight folded in) and of the "
+               "embedding, measured as clouds: effective rank, anisotropy, alpha-ReQ.",
+    "updates": "What each block adds to the residual stream: how orthogonal the update is to the stream, its norm, "
+               "the MLP/attention norm ratio, and the effective ranks of states and updates.",
+    "lens": "How close each layer's prediction is to the model's own: KL to the final distribution (lower is closer) "
+            "and Hit@k (the final top-1 token among the lens's top k), for the logit lens and a small tuned lens.",
+    "probes": "Held-out accuracy of a linear probe for the BBC topic at each layer (chance is the dashed line), next "
+              "to PGA z: where topic information is readable, and whether it lines up with readout alignment.",
+    "convergence": "Spearman correlation between the distance structures of two layers (or models) over the same "
+                   "positions: 1 means the same geometry; in the readout subspace, the geometry that is read out.",
+    "phases": "Similarity of consecutive layers' readout subspaces (from the tuned lens), one curve per subspace "
+              "size; the shaded bands are the three phases found by a two-stage Kneedle on the chosen curve.",
+}
+
 # The tuned lens (lens, phases) trains for many minutes on a CPU the first time: asked for, not default.
 DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name not in ("lens", "phases"))
 
@@ -305,7 +327,8 @@ def report(
             result, figures = run(adapter, texts, settings)
         except Exception as error:  # a failed section is reported, the others still run
             errors[name] = "".join(traceback.format_exception_only(type(error), error)).strip()
-            rendered.append((heading, None, [], errors[name]))
+            rendered.append(Section(name, heading, error=errors[name],
+                                    seconds=round(time.perf_counter() - section_start, 1)))
             continue
         finally:
             timings[name] = round(time.perf_counter() - section_start, 1)
@@ -313,7 +336,8 @@ def report(
         paths[f"{name}.csv"] = out_dir / f"{name}.csv"
         atomic_write_text(paths[f"{name}.csv"], result.to_pandas().to_csv(index=False))
         paths[f"{name}.json"] = result.save(out_dir / f"{name}.json")
-        rendered.append((heading, result, figures, None))
+        rendered.append(Section(name, heading, CAPTIONS.get(name, ""), result, figures,
+                                findings=findings(name, result), seconds=timings[name]))
 
     meta = {
         "model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model, "texts": len(texts),
@@ -321,8 +345,10 @@ def report(
         "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings, "errors": errors,
         "settings": settings.as_dict(), "versions": versions(),
     }
+    subtitle = (f"{adapter.n_layers} layers, d_model = {adapter.d_model}; {len(texts)} texts; "
+                f"{'quick budgets; ' if settings.quick else ''}{meta['date']}")
     paths["report.html"] = write_html(out_dir / "report.html", title=f"geolens report — {adapter.name}",
-                                      sections=rendered, meta=meta)
+                                      subtitle=subtitle, sections=rendered, meta=meta)
     atomic_write_text(out_dir / "meta.json", json_text(meta))
     paths["meta.json"] = out_dir / "meta.json"
     return paths

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from geolens import plotting
 from geolens._io import atomic_write_text
 
 __all__ = ["Result", "PGAResult", "json_text"]
@@ -160,9 +161,16 @@ class Result:
         return f"{self.title}({self._summary()})\n{body}"
 
     def _repr_html_(self) -> str:
+        """In Jupyter: a one-line summary, the figure, then the table folded away (first 30 rows)."""
         table = self.to_pandas()
-        head = f"<b>{html.escape(self.title)}</b> <small>{html.escape(self._summary())}</small>"
-        return head + table.to_html(index=False, float_format=lambda x: f"{x:.4g}")
+        head = (f"<p><b>{html.escape(self.title)}</b> <small>{html.escape(self._summary())}</small> "
+                f"<small>— {len(table)} rows; <code>.to_pandas()</code> for all of them</small></p>")
+        try:
+            figure = plotting.figure_html(self.plot())
+        except Exception as err:  # a result without a figure (or one it cannot draw) still shows its numbers
+            figure = f"<p><small>(no figure: {html.escape(type(err).__name__)}: {html.escape(str(err))})</small></p>"
+        shown = table.head(30).to_html(index=False, float_format=lambda x: f"{x:.4g}")
+        return f"{head}{figure}<details><summary>Table</summary>{shown}</details>"
 
 
 @dataclass(repr=False)

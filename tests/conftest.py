@@ -202,3 +202,9 @@ def neox_bridge(neox_dir: Path) -> Any:
 def any_model(request: pytest.FixtureRequest) -> Any:
     """Each model kind in turn (``hooked_model`` skips itself on TransformerLens 4.x)."""
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="session")
+def executed_notebooks() -> dict:
+    """Notebooks executed once in a session (tests/test_notebooks.py), reused by the browser test."""
+    return {}

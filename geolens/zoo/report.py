@@ -47,7 +47,7 @@ from geolens.analyses.spectrum import clipped_fit_range, spectrum
 from geolens.capture import capture
 from geolens.lens import cached_tuned_lens
 from geolens.model import as_adapter
-from geolens.pages import versions, write_html
+from geolens.pages import Section, versions, write_html
 from geolens.results import Result, json_text
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 from geolens.zoo.corpus import zoo_split
@@ -314,9 +314,15 @@ def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
                      params={k: v for k, v in result.params.items() if k not in ("paths", "phases")})
     meta = {"zoo": result.params["zoo"], "widths": result.params["widths"], "steps": result.params["steps"],
             "run_time_s": result.params.get("run_time_s"), "versions": versions()}
+    lines = [f"{row['d_model'] if 'd_model' in row else row.get('width')}: "
+             + ", ".join(f"{k} {v:.2f}" for k, v in row.items() if isinstance(v, float))
+             for row in summary.rows[:8]] if summary.rows else []
     write_html(paths["zoo.html"], title="geolens zoo — geometry across widths",
-               sections=[("Width study: PGA, spectra and phases by relative depth and over training", summary,
-                          figures, None)], meta=meta)
+               subtitle="Models that differ only in width, on the same held-out texts.",
+               sections=[Section("width-study", "Width study: PGA, spectra and phases by relative depth and over training",
+                                 "Each line is one width; x is relative depth (layer / number of layers) or the "
+                                 "training step. The summary table below averages the inner layers.", summary,
+                                 figures, findings=lines)], meta=meta)
     atomic_write_text(out_dir / "zoo_meta.json", json_text(meta))
     paths["zoo_meta.json"] = out_dir / "zoo_meta.json"
     return paths
