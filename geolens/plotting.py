@@ -15,7 +15,7 @@ from geolens.metrics.phases import PHASE_NAMES
 from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
 from geolens.sites import FINAL_SITE
 
-__all__ = ["figure_html", "ablation_figure", "checkpoint_figure", "compare_figure", "convergence_figure", "lens_figure",
+__all__ = ["figure_html", "lens_history_figure", "ablation_figure", "checkpoint_figure", "compare_figure", "convergence_figure", "lens_figure",
            "metric_grid", "metric_key", "patch_figure", "pga_figure", "phases_figure", "probe_figure",
            "updates_figure", "zoo_depth_figure", "zoo_training_figure"]
 
@@ -387,3 +387,25 @@ def checkpoint_figure(table: pd.DataFrame, *, metrics: Sequence[str] | None = No
 
 def metric_key(row: pd.Series) -> str:
     return row["metric"] if pd.isna(row["ccr"]) else f"{row['metric']} (ccr={int(row['ccr'])})"
+
+
+def lens_history_figure(history: pd.DataFrame, *, title: str = "") -> go.Figure:
+    """KL to the final distribution over training: mean over layers (thick) and each layer (thin), held-out solid."""
+    fig = go.Figure()
+    if history.empty:
+        fig.update_layout(title="no training history recorded", template="plotly_white")
+        return fig
+    for split, dash in (("held_out", "solid"), ("train", "dot")):
+        part = history[history["split"] == split]
+        if part.empty:
+            continue
+        mean = part.groupby("step")["kl"].mean()
+        fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="lines+markers", name=f"{split}, mean over layers",
+                                 line={"width": 4, "dash": dash}))
+        for layer, line in part.groupby("layer"):
+            fig.add_trace(go.Scatter(x=line["step"], y=line["kl"], mode="lines", name=f"{split} layer {layer}",
+                                     line={"width": 1, "dash": dash}, opacity=0.5, showlegend=False))
+    fig.update_layout(title=f"Tuned-lens training — {title}" if title else "Tuned-lens training",
+                      xaxis_title="step (0 = closed form)", yaxis_title="KL(p_final || p_l), nats",
+                      template="plotly_white")
+    return fig

@@ -21,6 +21,7 @@ Example:
 
 from geolens.lens.cache import SMALL_BUDGET, cached_tuned_lens
 from geolens.lens.evaluate import LensResult, evaluate, hit_at_k
+from geolens.lens.fit import FAST_BUDGET, fit_tuned_lens
 from geolens.lens.logit_lens import LogitLens, layer_logits, residual_stream, unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, DEFAULT_STEPS, DEFAULT_TOKENS_PER_STEP, fast_matmul_dtype, kl_rows, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_SEQ_LEN",
     "DEFAULT_STEPS",
     "DEFAULT_TOKENS_PER_STEP",
+    "FAST_BUDGET",
     "LensResult",
     "LogitLens",
     "SMALL_BUDGET",
@@ -36,6 +38,7 @@ __all__ = [
     "cached_tuned_lens",
     "evaluate",
     "fast_matmul_dtype",
+    "fit_tuned_lens",
     "hit_at_k",
     "kl_rows",
     "layer_logits",

@@ -92,6 +92,22 @@ class TunedLens(LogitLens):
         h = h.to(torch.float32)
         return h + self.translators[layer](h)
 
+    @property
+    def history(self) -> "pd.DataFrame":
+        """Train and held-out KL per layer over training (``step, seconds, split, layer, kl``); empty if not recorded.
+
+        Recorded by :func:`geolens.lens.fit_tuned_lens` at every evaluation.
+        """
+        import pandas as pd
+
+        return pd.DataFrame(self.training_info.get("history", []), columns=["step", "seconds", "split", "layer", "kl"])
+
+    def plot_history(self):
+        """Held-out (solid) and train (dotted) KL by step, one line per layer band (plotly)."""
+        from geolens import plotting
+
+        return plotting.lens_history_figure(self.history, title=self.model_name)
+
     def linear_map(self, layer: int) -> Float[Tensor, "d d"]:
         """The full linear part ``I + A_l`` of the translator of ``layer`` (detached; ``I`` at layer ``L``).
 
