@@ -11,7 +11,8 @@ Example:
     >>> import tempfile
     >>> spec = Study(models={"small": model_path, "big": (model_path, None)},   # label -> path or (path, revision)
     ...              texts=texts,
-    ...              analyses={"pga": {"k": 8, "n_null": 20, "ccr": [1, 5]}, "spectrum": {}},
+    ...              analyses={"pga": {"k": 8, "n_null": 20, "ccr": [1, 5]},
+    ...                        "spectrum": {"alpha_fit_range": (1, 10)}},   # {} on a real model; 13 distinct states here
     ...              metadata={"small": {"width": 32}, "big": {"width": 64}}, n_tokens=16)
     >>> with tempfile.TemporaryDirectory() as out:
     ...     _ = run_study(spec, out, executor="local", progress=False)    # or executor="ray"

@@ -10,8 +10,8 @@ Example:
     >>> import tempfile
     >>> from geolens.study import Study, run_study
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     spec = Study(models={"a": model_path}, texts=texts, analyses={"spectrum": {}}, n_tokens=16,
-    ...                  metadata={"a": {"width": 64}})
+    ...     spec = Study(models={"a": model_path}, texts=texts, analyses={"spectrum": {"alpha_fit_range": (1, 10)}},
+    ...                  n_tokens=16, metadata={"a": {"width": 64}})
     ...     _ = run_study(spec, tmp, progress=False)
     ...     table = load_results(tmp)
     >>> table.columns.tolist()[:4], sorted(set(table.metric))[:2]
@@ -233,8 +233,13 @@ class StudyResult(Result):
 
     def training(self, metric: str = "pga.z", *, ccr: int | None = None, bands: int = 3,
                  site: str = RESIDUAL_SITE) -> pd.DataFrame:
-        """``metric`` per (model, checkpoint, band of relative depth): the mean over the band's layers."""
+        """``metric`` per (model, checkpoint, band of relative depth): the mean over the band's layers.
+
+        Where some checkpoints name a training step (``16``, ``"step1000"``), only those are kept.
+        """
         part = self.select(metric, ccr=ccr, site=site, checkpoint="all")
+        if part["step"].notna().any():  # models known at one checkpoint only (no step) have no training curve
+            part = part[part["step"].notna()]
         labels = _band_labels(bands)
         if part["layer"].notna().any():
             part = part[part["site"] != FINAL_SITE]

@@ -464,11 +464,16 @@ class Study:
             raise ValueError(f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}")
         resources = _check_resources(self.resources, "resources")
         texts_sha = _sha(list(texts), 32)
+        study_options = {name: dict(options) if isinstance(options, Mapping) else options
+                         for name, options in self.analyses.items()}
+        for options in study_options.values():  # lens_texts may be given as texts are ({default = 200, seed = 1})
+            if isinstance(options, dict) and isinstance(options.get("lens_texts"), Mapping):
+                options["lens_texts"] = _texts_from(options["lens_texts"], self.base_dir)
         cells = []
         for label, spec in self.model_specs().items():
             metadata = _scalar_metadata({**spec.metadata, **self.metadata.get(label, {})}, f"model {label!r}")
             analyses = {name: _route(name, STUDY_ANALYSES[name][0],
-                                     {**self.analyses[name], **spec.params.get(name, {})}, shared)
+                                     {**study_options[name], **spec.params.get(name, {})}, shared)
                         for name in self.analyses}
             own_resources = {**resources, **_check_resources(spec.resources, f"model {label!r} resources")}
             labels = [MAIN if c is None else check_label(c, f"model {label!r} checkpoint") for c in spec.checkpoints]
