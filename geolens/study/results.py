@@ -169,6 +169,13 @@ class StudyResult(Result):
         frame = getattr(self, "_frame", None)
         return frame.copy() if frame is not None else pd.DataFrame(self.rows)
 
+    def save(self, path: str | os.PathLike) -> Path:
+        """The table and params as strict JSON (:meth:`Result.load` reads it back); the study folder stays the
+        source of truth."""
+        frame = self.to_pandas()
+        rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+        return Result.save(type(self)(rows=rows, params=self.params), path)
+
     def _summary(self) -> str:
         table = self.to_pandas()
         return (f"{self.params.get('name')}: {table['model'].nunique()} models, "

@@ -60,9 +60,16 @@ def write_manifest(out_dir: Path, study: Study, cells: list[Cell]) -> None:
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / MANIFEST, json_text(manifest))
-    rows = [{"model": c.model, "checkpoint": c.checkpoint, "step": c.step, "order": c.order,
-             **{k: c.metadata.get(k) for k in columns}} for c in cells]
-    table = pa.Table.from_pylist(rows)
+    arrays = {"model": pa.array([c.model for c in cells], pa.string()),
+              "checkpoint": pa.array([c.checkpoint for c in cells], pa.string()),
+              "step": pa.array([c.step for c in cells], pa.int64()), "order": pa.array([c.order for c in cells])}
+    for key in columns:
+        values = [c.metadata.get(key) for c in cells]
+        try:
+            arrays[key] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed kinds (a number here, a string there): as text
+            arrays[key] = pa.array([None if v is None else str(v) for v in values], pa.string())
+    table = pa.table(arrays)
     with atomic_file(out_dir / METADATA_FILE) as tmp:
         pq.write_table(table, tmp)
 

@@ -190,3 +190,16 @@ width = 512
     (tmp_path / "bad.toml").write_text("models = [")
     with pytest.raises(ValueError, match="not valid TOML"):
         Study.from_toml(tmp_path / "bad.toml")
+
+
+def test_mixed_metadata_and_a_saved_result_round_trip(neox_dir, tmp_path):
+    spec = Study(models={"a": str(neox_dir), "b": str(neox_dir)}, texts=TEXTS, analyses={"pga": PGA},
+                 metadata={"a": {"schedule": "cosine", "wd": 0.1}, "b": {"schedule": 1, "wd": None}}, **BUDGET)
+    result = run_study(spec, tmp_path / "out", progress=False)
+    table = load_results(tmp_path / "out")
+    assert table.groupby("model")["schedule"].first().to_dict() == {"a": "cosine", "b": "1"}  # mixed kinds: text
+    assert table[table.model == "b"].wd.isna().all()
+    from geolens.study import StudyResult
+
+    again = StudyResult.load(result.save(tmp_path / "study.json"))
+    assert len(again.to_pandas()) == len(table) and again.to_pandas()["value"].tolist() == table["value"].tolist()
