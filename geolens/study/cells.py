@@ -113,62 +113,61 @@ def compute_cell(cell: Cell) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every number of one cell in the long format, and the parameters each analysis reported.
 
     Loads the model, captures the states pga and spectrum share once, runs each analysis
-    with its options (progress bars off), then frees the model (and CUDA's cache).
+    with its options (progress bars off). The model is freed when this returns
+    (:func:`run_cell` then collects garbage and empties CUDA's cache).
     """
-    from geolens.analyses.checkpoints import _free_memory
-
-    model = cell.load()
-    try:
-        adapter = as_adapter(model)
-        n_layers, d_model = adapter.n_layers, adapter.d_model
-        states = _shared_states(adapter, cell)
-        rows: list[dict[str, Any]] = []
-        reported: dict[str, Any] = {}
-        for name, options in cell.analyses.items():
-            fn, takes_tokens = STUDY_ANALYSES[name]
-            options = dict(options)
-            shared = states.get(_capture_key(options)) if name in _STATE_ANALYSES and "layers" not in options \
-                else None
-            if shared is not None:  # the sampling options were used by the capture; seed also seeds PGA's nulls
-                if name == "spectrum" and "alpha_fit_range" not in options:  # the default range, cut to the
-                    centred = options.get("centre", True)                    # states (as the report does)
-                    options["alpha_fit_range"] = clipped_fit_range(
-                        min(shared.n_tokens - 1 if centred else shared.n_tokens, shared.d_model))
-                result = fn(adapter, shared, progress=False, **options)
-            elif takes_tokens:
-                result = fn(adapter, list(cell.texts), progress=False, **options)
-            else:
-                result = fn(adapter, progress=False, **options)
-            found = result.long_rows(name)
-            if name == "phases":
-                result.params.setdefault("n_layers", n_layers)
-                found += _phase_rows(result)
-            rows.extend(found)
-            reported[name] = {k: v for k, v in result.params.items() if k != "processing"}
-            del result
-        for row in rows:
-            layer = row["layer"]
-            row.update(step=cell.step, n_layers=n_layers, d_model=d_model,
-                       relative_depth=None if layer is None else layer / n_layers)
-        return rows, {"params": reported, "n_layers": n_layers, "d_model": d_model}
-    finally:
-        del model
-        _free_memory()
+    adapter = as_adapter(cell.load())
+    n_layers, d_model = adapter.n_layers, adapter.d_model
+    states = _shared_states(adapter, cell)
+    rows: list[dict[str, Any]] = []
+    reported: dict[str, Any] = {}
+    for name, options in cell.analyses.items():
+        fn, takes_tokens = STUDY_ANALYSES[name]
+        options = dict(options)
+        shared = states.get(_capture_key(options)) if name in _STATE_ANALYSES and options.get("layers") is None \
+            else None
+        if shared is not None:  # the sampling options were used by the capture; seed also seeds PGA's nulls
+            if name == "spectrum" and "alpha_fit_range" not in options:  # the default range, cut to the
+                centred = options.get("centre", True)                    # states (as the report does)
+                options["alpha_fit_range"] = clipped_fit_range(
+                    min(shared.n_tokens - 1 if centred else shared.n_tokens, shared.d_model))
+            result = fn(adapter, shared, progress=False, **options)
+        elif takes_tokens:
+            result = fn(adapter, list(cell.texts), progress=False, **options)
+        else:
+            result = fn(adapter, progress=False, **options)
+        found = result.long_rows(name)
+        if name == "phases":
+            result.params.setdefault("n_layers", n_layers)
+            found += _phase_rows(result)
+        rows.extend(found)
+        reported[name] = {k: v for k, v in result.params.items() if k != "processing"}
+    for row in rows:
+        layer = row["layer"]
+        row.update(step=cell.step, n_layers=n_layers, d_model=d_model,
+                   relative_depth=None if layer is None else layer / n_layers)
+    return rows, {"params": reported, "n_layers": n_layers, "d_model": d_model}
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Compute one cell, catching its failure: ``{"ok", "rows", "info"}`` or ``{"ok": False, "error", "traceback"}``.
 
     This is what an executor runs (in-process or as a Ray task); the driver writes the outcome
-    with :func:`finish_cell`, so workers need no shared filesystem.
+    with :func:`finish_cell`, so workers need no shared filesystem. The model is freed before it
+    returns (one model in memory at a time).
     """
+    from geolens.analyses.checkpoints import _free_memory
+
     started = time.perf_counter()
     try:
         rows, info = compute_cell(cell)
+        outcome = {"ok": True, "rows": rows, "info": info}
     except Exception as err:  # a failing cell is recorded; the others go on
-        return {"ok": False, "error": f"{type(err).__name__}: {err}", "error_type": type(err).__name__,
-                "traceback": traceback.format_exc(), "seconds": round(time.perf_counter() - started, 3)}
-    return {"ok": True, "rows": rows, "info": info, "seconds": round(time.perf_counter() - started, 3)}
+        outcome = {"ok": False, "error": f"{type(err).__name__}: {err}", "error_type": type(err).__name__,
+                   "traceback": traceback.format_exc()}
+    _free_memory()  # the model (and the traceback's frames) are gone by now
+    outcome["seconds"] = round(time.perf_counter() - started, 3)
+    return outcome
 
 
 def _remove_others(folder: Path, keep: str | None) -> None:

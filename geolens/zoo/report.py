@@ -1,7 +1,9 @@
 """The width study: PGA (CCR sweep), spectra and phases on every member and checkpoint of a zoo family.
 
-Each ``(width, step)`` checkpoint is booted as a ``TransformerBridge`` in turn
-(one model in memory at a time) and analysed on the same held-out texts (the
+The report is a study (:mod:`geolens.study`, :func:`zoo_study`): each ``(width, step)``
+checkpoint is a cell, booted as a ``TransformerBridge`` in turn (one model in memory at a
+time; with ``out_dir`` the cells are kept in ``out_dir/study`` and a rerun resumes) and
+analysed on the same held-out texts (the
 zoo's held-out split, never trained on): the residual stream and the
 post-``ln_final`` state are captured once and scored by subspace PGA with the
 CCR sweep and by the spectral metrics; the three-phase analysis gets a
