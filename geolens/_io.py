@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_directory", "atomic_write_text"]
+__all__ = ["atomic_directory", "atomic_file", "atomic_write_text"]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -33,6 +33,34 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (hidden: ``.`` prefix, ``.tmp`` suffix) for a writer that wants a
+    file name (Parquet, torch); when the block ends without error it is synced to disk and renamed onto ``path``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "a.bin"
+        >>> with atomic_file(target) as tmp:
+        ...     _ = tmp.write_bytes(b"ok")
+        >>> target.read_bytes()
+        b'ok'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as handle:  # durable before it becomes visible
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @contextlib.contextmanager

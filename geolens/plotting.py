@@ -15,8 +15,9 @@ from geolens.metrics.phases import PHASE_NAMES
 from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
 from geolens.sites import FINAL_SITE
 
-__all__ = ["figure_html", "lens_history_figure", "ablation_figure", "checkpoint_figure", "compare_figure", "convergence_figure", "lens_figure",
-           "metric_grid", "metric_key", "patch_figure", "pga_figure", "phases_figure", "probe_figure",
+__all__ = ["figure_html", "ablation_figure", "checkpoint_figure", "compare_figure", "convergence_figure", "lens_figure",
+           "lens_history_figure", "metric_grid", "metric_key", "patch_figure", "pga_figure", "phase_width_figure",
+           "phases_figure", "probe_figure", "study_correlation_figure", "study_depth_figure", "study_training_figure",
            "updates_figure", "zoo_depth_figure", "zoo_training_figure"]
 
 _PLOTLYJS_SENT = False  # plotly.js goes into the first figure a session shows, once
@@ -232,25 +233,136 @@ def phases_figure(result) -> go.Figure:
     return fig
 
 
+def _depth_lines(fig: go.Figure, part: pd.DataFrame, *, by: str, name, hover: Sequence[str]) -> go.Figure:
+    """One line of ``value`` against ``relative_depth`` per value of column ``by`` (the zoo's widths, a study's models)."""
+    for key, line in part.groupby(by, sort=by != "model"):
+        line = line.sort_values("relative_depth")
+        fig.add_trace(go.Scatter(x=line["relative_depth"], y=line["value"], mode="lines+markers", name=name(key),
+                                 customdata=line[list(hover)],
+                                 hovertemplate=f"layer %{{customdata[0]}} ({hover[1]} %{{customdata[1]}})"
+                                               "<br>%{y:.3f}<extra></extra>"))
+    return fig
+
+
 def zoo_depth_figure(result, metric: str = "pga.z", *, ccr: int | None = None, step: int | None = None) -> go.Figure:
     """``metric`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest CCR)."""
-    import plotly.graph_objects as go
-
     part = result.select(metric, ccr=ccr, step=step)
     fig = go.Figure()
     if metric == "pga.z":
         fig.add_hrect(y0=-1.96, y1=1.96, fillcolor="grey", opacity=0.15, line_width=0)
-    for width, line in part.groupby("width", sort=True):
-        line = line.sort_values("relative_depth")
-        fig.add_trace(go.Scatter(x=line["relative_depth"], y=line["value"], mode="lines+markers",
-                                 name=f"d = {width}", customdata=line[["layer", "step"]],
-                                 hovertemplate="layer %{customdata[0]} (step %{customdata[1]})"
-                                               "<br>%{y:.3f}<extra></extra>"))
+    _depth_lines(fig, part, by="width", name=lambda width: f"d = {width}", hover=("layer", "step"))
     which = f", CCR-{int(part['ccr'].iloc[0])}" if metric.startswith("pga.") else ""
     when = "final step" if step is None else f"step {step}"
     fig.update_layout(title=f"{metric} by relative depth, one line per width ({when}{which})",
                       xaxis_title="relative depth (layer / n_layers)", yaxis_title=metric,
                       template="plotly_white", legend_title="width")
+    return fig
+
+
+def study_depth_figure(part: pd.DataFrame, *, metric: str = "pga.z", checkpoint: str = "last") -> go.Figure:
+    """A study's ``metric`` by relative depth (``layer / n_layers``), one line per model (rows of one CCR)."""
+    fig = go.Figure()
+    if metric == "pga.z":
+        fig.add_hrect(y0=-1.96, y1=1.96, fillcolor="grey", opacity=0.15, line_width=0)
+    lines = part[part["site"] != FINAL_SITE] if part["layer"].notna().any() else part
+    by = "model" if checkpoint != "all" else "line"
+    if checkpoint == "all":
+        lines = lines.assign(line=lines["model"].astype(str) + " @ " + lines["checkpoint"].astype(str))
+    _depth_lines(fig, lines.astype({"layer": "float"}), by=by, name=str, hover=("layer", "checkpoint"))
+    ccr = part["ccr"].dropna()
+    which = f", CCR-{int(ccr.iloc[0])}" if len(ccr) else ""
+    when = "each model's last checkpoint" if checkpoint == "last" else f"checkpoint {checkpoint}"
+    fig.update_layout(title=f"{metric} by relative depth, one line per model ({when}{which})",
+                      xaxis_title="relative depth (layer / n_layers)", yaxis_title=metric,
+                      template="plotly_white", legend_title="model")
+    return fig
+
+
+def study_training_figure(curve: pd.DataFrame, *, metric: str = "pga.z") -> go.Figure:
+    """``metric`` against training step, one panel per band of relative depth, one line per model.
+
+    ``curve`` has ``model, checkpoint, band, step, value`` (``StudyResult.training``); without steps
+    the checkpoints are shown in order as categories.
+    """
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    bands = [b for b in dict.fromkeys(curve["band"]) if (curve["band"] == b).any()]
+    fig = make_subplots(rows=1, cols=len(bands), subplot_titles=[str(b) for b in bands], shared_yaxes=True)
+    numeric = curve["step"].notna().all()
+    models = list(dict.fromkeys(curve["model"]))
+    colours = {m: qualitative.Plotly[i % len(qualitative.Plotly)] for i, m in enumerate(models)}
+    for col, band in enumerate(bands, start=1):
+        for model in models:
+            line = curve[(curve["band"] == band) & (curve["model"] == model)]
+            if numeric:
+                line = line.sort_values("step")
+            x = line["step"].astype(float) if numeric else line["checkpoint"].astype(str)
+            fig.add_trace(go.Scatter(x=x, y=line["value"], mode="lines+markers", name=str(model), legendgroup=str(model),
+                                     showlegend=col == 1, line_color=colours[model],
+                                     customdata=line[["checkpoint"]],
+                                     hovertemplate="%{customdata[0]}<br>%{y:.3f}<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(title_text="training step" if numeric else "checkpoint", row=1, col=col)
+    if metric == "pga.z":
+        fig.add_hrect(y0=-1.96, y1=1.96, fillcolor="grey", opacity=0.15, line_width=0, row="all", col="all")
+    fig.update_yaxes(title_text=f"{metric} (mean over the band)", row=1, col=1)
+    fig.update_layout(title=f"{metric} over training, per band of relative depth, one line per model",
+                      template="plotly_white", legend_title="model")
+    return fig
+
+
+def study_correlation_figure(values: pd.DataFrame, stats: pd.DataFrame, *, metrics: Sequence[str],
+                             against: Sequence[str]) -> go.Figure:
+    """Each geometry metric (rows) against each metadata column (columns), one point per model; each panel's
+    title gives Spearman's rho and, where there is another column, the partial rho holding it fixed."""
+    from plotly.subplots import make_subplots
+
+    titles = []
+    for metric in metrics:
+        for column in against:
+            plain = stats[(stats["metric"] == metric) & (stats["against"] == column) & (stats["control"] == "")]
+            rho = float(plain["rho"].iloc[0]) if len(plain) else float("nan")
+            text = f"ρ = {rho:.2f}"
+            partial = stats[(stats["metric"] == metric) & (stats["against"] == column) & (stats["control"] != "")]
+            if len(partial):
+                first = partial.iloc[0]
+                text += f"; | {first['control']}: {float(first['rho']):.2f}"
+            titles.append(text)
+    fig = make_subplots(rows=len(metrics), cols=len(against), subplot_titles=titles, vertical_spacing=0.08)
+    for r, metric in enumerate(metrics, start=1):
+        for c, column in enumerate(against, start=1):
+            fig.add_trace(go.Scatter(x=values[column], y=values[metric], mode="markers+text",
+                                     text=values["model"].astype(str), textposition="top center",
+                                     showlegend=False, marker_size=9,
+                                     hovertemplate=f"%{{text}}<br>{column} %{{x}}<br>{metric} %{{y:.3f}}<extra></extra>"),
+                          row=r, col=c)
+            if r == len(metrics):
+                fig.update_xaxes(title_text=column, row=r, col=c)
+            if c == 1:
+                fig.update_yaxes(title_text=metric, row=r, col=c)
+    fig.update_layout(title="Geometry across models: Spearman ρ, and partial ρ holding another column fixed",
+                      template="plotly_white", height=max(320, 260 * len(metrics)))
+    return fig
+
+
+def phase_width_figure(widths: pd.DataFrame, slopes: pd.DataFrame) -> go.Figure:
+    """Width of each phase (layers) against model depth, one colour per phase, with the least-squares line."""
+    fig = go.Figure()
+    for (phase, part), colour in zip(widths.groupby("phase", sort=True), ("#636efa", "#00cc96", "#ef553b")):
+        part = part[part["width"].notna()]
+        fit = slopes[slopes["phase"] == phase]
+        slope = float(fit["slope"].iloc[0]) if len(fit) else float("nan")
+        fig.add_trace(go.Scatter(x=part["n_layers"], y=part["width"], mode="markers+text", text=part["model"],
+                                 textposition="top center", marker_color=colour,
+                                 name=f"Phase {phase}" + (f" (slope {slope:.2f})" if slope == slope else "")))
+        if slope == slope and len(part):
+            xs = [float(part["n_layers"].min()), float(part["n_layers"].max())]
+            intercept = float(fit["intercept"].iloc[0])
+            fig.add_trace(go.Scatter(x=xs, y=[slope * x + intercept for x in xs], mode="lines", line_color=colour,
+                                     line_dash="dash", showlegend=False, hoverinfo="skip"))
+    found = widths[(widths["phase"] == "I") & widths["width"].notna()]["model"].nunique()
+    fig.update_layout(title=f"Phase widths against depth ({found} of {widths['model'].nunique()} models with phases)",
+                      xaxis_title="depth (n_layers)", yaxis_title="phase width (layers)", template="plotly_white")
     return fig
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``geolens report`` (the main job) and ``geolens zoo train|report``.
+"""Command line: ``geolens report`` (the main job), ``geolens zoo train|report`` and ``geolens study run|report``.
 
 Bad arguments stop with exit code 2 and a one-line message before any model is loaded.
 
@@ -6,6 +6,7 @@ Example:
     $ geolens report --out out/report --n-tokens 1024 --ccr 1
     $ geolens report --quick --out out/quick          # small budgets: about a minute on 2 CPU cores
     $ geolens zoo train --widths 64,128 --steps 200
+    $ geolens study run examples/studies/pythia_suite.toml --out out/pythia --executor ray
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Sequence
 
 
 from geolens.cli.report import add_report_parser, run_report
+from geolens.cli.study import add_study_parser, run_study_command
 from geolens.cli.zoo import add_zoo_parser, run_zoo
 
 __all__ = ["build_parser", "main"]
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_report_parser(sub)
     add_zoo_parser(sub)
+    add_study_parser(sub)
     return parser
 
 
@@ -39,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_report(args)
     if args.command == "zoo":
         return run_zoo(args, parser)
+    if args.command == "study":
+        return run_study_command(args, parser)
     return 2  # pragma: no cover - argparse enforces the command
 
 

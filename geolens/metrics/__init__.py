@@ -46,6 +46,7 @@ from geolens.metrics.subspaces import (
 )
 from geolens.metrics.phases import PhaseSplit, detect_phases
 from geolens.metrics.convergence import distance_convergence
+from geolens.metrics.correlation import partial_rank_correlation, rank_correlation
 from geolens.metrics.similarity import linear_cka, mutual_knn
 from geolens.metrics.probes import probe_accuracy, probe_folds
 from geolens.metrics.updates import norm_ratio, update, update_norms, update_orthogonality, update_summary
@@ -66,10 +67,12 @@ __all__ = [
     "mean_cosine",
     "mutual_knn",
     "numerical_rank",
+    "partial_rank_correlation",
     "principal_angles",
     "principal_cosines",
     "probe_accuracy",
     "probe_folds",
+    "rank_correlation",
     "rankme",
     "readout_subspace_similarity",
     "spectral_summary",

@@ -22,7 +22,8 @@ Example:
 import warnings as _warnings
 
 from geolens.zoo.corpus import token_windows, train_tokenizer, zoo_split
-from geolens.zoo.report import ZooReportSettings, ZooResult, zoo_report
+from geolens.zoo.members import zoo_member
+from geolens.zoo.report import ZooReportSettings, ZooResult, zoo_report, zoo_study
 from geolens.zoo.train import Zoo, ZooConfig, default_checkpoints, train_zoo
 
 __all__ = [
@@ -34,8 +35,10 @@ __all__ = [
     "token_windows",
     "train_tokenizer",
     "train_zoo",
+    "zoo_member",
     "zoo_report",
     "zoo_split",
+    "zoo_study",
 ]
 
 # Deprecated since 0.2: the offline assets moved to geolens.data.

@@ -1,7 +1,9 @@
 """The width study: PGA (CCR sweep), spectra and phases on every member and checkpoint of a zoo family.
 
-Each ``(width, step)`` checkpoint is booted as a ``TransformerBridge`` in turn
-(one model in memory at a time) and analysed on the same held-out texts (the
+The report is a study (:mod:`geolens.study`, :func:`zoo_study`): each ``(width, step)``
+checkpoint is a cell, booted as a ``TransformerBridge`` in turn (one model in memory at a
+time; with ``out_dir`` the cells are kept in ``out_dir/study`` and a rerun resumes) and
+analysed on the same held-out texts (the
 zoo's held-out split, never trained on): the residual stream and the
 post-``ln_final`` state are captured once and scored by subspace PGA with the
 CCR sweep and by the spectral metrics; the three-phase analysis gets a
@@ -31,29 +33,26 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from geolens._io import atomic_write_text
 from geolens._validation import check_int
-from geolens.analyses.pga import pga
-from geolens.analyses.phases import phases
-from geolens.analyses.spectrum import clipped_fit_range, spectrum
-from geolens.capture import capture
-from geolens.lens import cached_tuned_lens
-from geolens.model import as_adapter
 from geolens.pages import Section, versions, write_html
 from geolens.results import Result, json_text
-from geolens.sites import FINAL_SITE, RESIDUAL_SITE
+from geolens.study import Study, load_errors, run_study
+from geolens.study.results import load_provenance
 from geolens.zoo.corpus import zoo_split
+from geolens.zoo.members import zoo_member
 from geolens import plotting
 
-__all__ = ["ZOO_ANALYSES", "ZooReportSettings", "ZooResult", "zoo_report"]
+__all__ = ["ZOO_ANALYSES", "ZooReportSettings", "ZooResult", "zoo_report", "zoo_study"]
 
 ZOO_ANALYSES = ("pga", "spectrum", "phases")
 
@@ -158,45 +157,49 @@ class ZooResult(Result):
         return pd.DataFrame(rows)
 
 
-def _checkpoint_rows(zoo, width: int, step: int, texts, lens_texts, settings: ZooReportSettings,
-                     analyses: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every number of one checkpoint, in the long format, and the phase split found."""
-    adapter = as_adapter(zoo.load(width, step))
-    d, n_layers = adapter.d_model, adapter.n_layers
-    results: dict[str, Result] = {}
-    if "pga" in analyses or "spectrum" in analyses:
-        states = capture(adapter, texts, sites=(RESIDUAL_SITE, FINAL_SITE), n_tokens=settings.n_tokens,
-                         seed=settings.seed, max_length=settings.max_length, progress=False)
-        if "pga" in analyses:
-            results["pga"] = pga(adapter, states, k=settings.k(d), n_null=settings.n_null, ccr=list(settings.ccr),
-                                 seed=settings.seed, progress=False)
-        if "spectrum" in analyses:
-            results["spectrum"] = spectrum(adapter, states, site=RESIDUAL_SITE, seed=settings.seed, progress=False,
-                                           alpha_fit_range=clipped_fit_range(min(states.n_tokens, d)))
-    split: dict[str, Any] = {}
+def zoo_study(zoo, plan: dict[int, list[int]], texts: Sequence[str], lens_texts: Sequence[str],
+              settings: ZooReportSettings, analyses: Sequence[str]) -> Study:
+    """The width study as a :class:`~geolens.study.Study`: one model per width (its checkpoints ``plan[width]``),
+    the held-out texts, ``k = round(k_fraction * d)`` per width, a cached tuned lens per member for the phases."""
+    models = {f"d{width}": zoo_member(zoo, width, steps, params={"pga": {"k": settings.k(width)}})
+              for width, steps in plan.items()}
+    options: dict[str, dict[str, Any]] = {}
+    if "pga" in analyses:
+        options["pga"] = {"n_null": settings.n_null, "ccr": list(settings.ccr)}
+    if "spectrum" in analyses:
+        options["spectrum"] = {}
     if "phases" in analyses:
-        lens = cached_tuned_lens(adapter, lens_texts, cache_dir=zoo.member_dir(width) / "lenses",
-                                 seed=settings.seed, progress=False, steps=settings.lens_steps,
-                                 tokens_per_step=settings.lens_tokens_per_step)
-        results["phases"] = phases(adapter, texts, lens=lens, n_tokens=settings.n_tokens, seed=settings.seed,
-                                   max_length=settings.max_length, progress=False)
-        split = {key: results["phases"].params.get(key) for key in ("k", "b1", "b2", "found", "reason")}
-    del adapter
+        options["phases"] = {"lens_texts": list(lens_texts),
+                             "lens_budget": {"steps": settings.lens_steps,
+                                             "tokens_per_step": settings.lens_tokens_per_step}}
+    return Study(models=models, texts=list(texts), analyses=options, n_tokens=settings.n_tokens, seed=settings.seed,
+                 max_length=settings.max_length, name="zoo")
 
+
+def _zoo_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The study's long table in the zoo's row format (plain Python values), with the logged losses as rows."""
     rows: list[dict[str, Any]] = []
-    tokens = step * zoo.config.batch_size * zoo.config.seq_len
-    for name, result in results.items():
-        for row in result.long_rows(name):
-            layer = row["layer"]
-            rows.append({"width": width, "step": step, "tokens": tokens, "n_layers": n_layers, **row,
-                         "relative_depth": None if layer is None else layer / n_layers})
-    logged = {c["step"]: c for c in zoo.log(width)["checkpoints"]}.get(step, {})
-    for kind in ("eval", "train"):
-        if logged.get(f"{kind}_loss") is not None:
-            rows.append({"width": width, "step": step, "tokens": tokens, "n_layers": n_layers, "analysis": "loss",
-                         "site": None, "layer": None, "ccr": None, "metric": f"loss.{kind}",
-                         "value": float(logged[f"{kind}_loss"]), "relative_depth": None})
-    return rows, split
+
+    def plain(value: Any) -> Any:
+        return None if value is None or value is pd.NA or (isinstance(value, float) and value != value) else value
+
+    for (_, _), cell in table.groupby(["model", "checkpoint"], sort=False):
+        first = cell.iloc[0]
+        head = {"width": int(first["width"]), "step": int(first["step"]), "tokens": int(first["tokens"]),
+                "n_layers": int(first["n_layers"])}
+        for record in cell[["analysis", "site", "layer", "ccr", "metric", "value", "relative_depth"]].itertuples(
+                index=False):
+            layer, ccr = plain(record.layer), plain(record.ccr)
+            rows.append({**head, "analysis": record.analysis, "site": plain(record.site),
+                         "layer": None if layer is None else int(layer), "ccr": None if ccr is None else int(ccr),
+                         "metric": record.metric, "value": float(record.value),
+                         "relative_depth": None if layer is None else float(record.relative_depth)})
+        for kind in ("eval", "train"):
+            loss = plain(first[f"{kind}_loss"])
+            if loss is not None:
+                rows.append({**head, "analysis": "loss", "site": None, "layer": None, "ccr": None,
+                             "metric": f"loss.{kind}", "value": float(loss), "relative_depth": None})
+    return rows
 
 
 def _steps_to_run(zoo, width: int, checkpoints: str | Sequence[int]) -> list[int]:
@@ -263,19 +266,25 @@ def zoo_report(
                          f"{len(held_out)} held-out texts")
     texts, lens_texts = held_out[: settings.n_texts], held_out[settings.n_texts:][: settings.lens_texts]
 
-    rows: list[dict[str, Any]] = []
+    study = zoo_study(zoo, plan, texts, lens_texts, settings, [a for a in ZOO_ANALYSES if a in analyses])
+    with contextlib.ExitStack() as stack:
+        study_dir = Path(out_dir) / "study" if out_dir is not None else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="geolens-zoo-")))
+        ran = run_study(study, study_dir, progress=settings.progress)
+        errors = load_errors(study_dir)
+        if len(errors):
+            first = errors.iloc[0]
+            kind = ValueError if first["error_type"] in ("ValueError", "DegenerateError", "TypeError") else RuntimeError
+            raise kind(f"zoo {first['model'].replace('d', 'd=', 1)} step {first['checkpoint']}: {first['error']} "
+                       f"({len(errors)} of {len(study.cells())} checkpoints failed; the others are kept in "
+                       f"{study_dir if out_dir is not None else 'a temporary folder'})")
+        rows = _zoo_rows(ran.to_pandas())
+        provenance = load_provenance(study_dir)
     splits: dict[str, Any] = {}
-    jobs = [(width, step) for width, steps in plan.items() for step in steps]
-    bar = tqdm(jobs, desc="zoo report", disable=not settings.progress)
-    for width, step in bar:
-        bar.set_postfix_str(f"d={width} step {step}")
-        try:
-            found, split = _checkpoint_rows(zoo, width, step, texts, lens_texts, settings, analyses)
-        except ValueError as err:
-            raise ValueError(f"zoo d={width} step {step}: {err}") from err
-        rows.extend(found)
-        if split and step == plan[width][-1]:
-            splits[str(width)] = split
+    if "phases" in analyses:
+        for width, steps in plan.items():
+            reported = provenance.get(f"d{width}/{steps[-1]}", {}).get("params", {}).get("phases", {})
+            splits[str(width)] = {key: reported.get(key) for key in ("k", "b1", "b2", "found", "reason")}
     params = {
         "zoo": str(zoo.root), "family": zoo.config.family(), "widths": list(zoo.config.widths),
         "steps": sorted({s for steps in plan.values() for s in steps}), "analyses": list(analyses),
@@ -284,6 +293,8 @@ def zoo_report(
         **{key: (list(value) if isinstance(value, tuple) else value)
            for key, value in vars(settings).items() if key != "progress"},
     }
+    if out_dir is not None:
+        params["study_dir"] = str(study_dir)
     result = ZooResult(rows=rows, params=params)
     result.params["run_time_s"] = round(time.perf_counter() - started, 1)
     if out_dir is not None:

@@ -1,0 +1,44 @@
+"""Studies: many models x checkpoints x analyses as one resumable run, with one long table at the end.
+
+A :class:`Study` is data (Python dataclasses or a TOML file, :meth:`Study.from_toml`);
+:func:`run_study` computes each ``(model, checkpoint)`` cell — in this process or as Ray
+tasks — and writes its rows atomically to a Parquet dataset partitioned by model and
+checkpoint; :func:`load_results` reads it back as one long table; :class:`StudyResult`
+draws the papers' cross-model views and :func:`study_report` puts them on one HTML page.
+
+Example:
+    >>> from geolens.study import Study, run_study, load_results
+    >>> import tempfile
+    >>> spec = Study(models={"small": model_path, "big": (model_path, None)},   # label -> path or (path, revision)
+    ...              texts=texts,
+    ...              analyses={"pga": {"k": 8, "n_null": 20, "ccr": [1, 5]},
+    ...                        "spectrum": {"alpha_fit_range": (1, 10)}},   # {} on a real model; 13 distinct states here
+    ...              metadata={"small": {"width": 32}, "big": {"width": 64}}, n_tokens=16)
+    >>> with tempfile.TemporaryDirectory() as out:
+    ...     _ = run_study(spec, out, executor="local", progress=False)    # or executor="ray"
+    ...     df = load_results(out)
+    >>> df.groupby("model", sort=False)["width"].first().to_dict()
+    {'small': 32, 'big': 64}
+"""
+
+from geolens.study.cells import cell_provenance
+from geolens.study.report import study_report
+from geolens.study.results import GEOMETRY_METRICS, StudyResult, load_errors, load_provenance, load_results
+from geolens.study.run import EXECUTORS, run_study
+from geolens.study.spec import STUDY_ANALYSES, Cell, ModelSpec, Study
+
+__all__ = [
+    "EXECUTORS",
+    "GEOMETRY_METRICS",
+    "STUDY_ANALYSES",
+    "Cell",
+    "ModelSpec",
+    "Study",
+    "StudyResult",
+    "cell_provenance",
+    "load_errors",
+    "load_provenance",
+    "load_results",
+    "run_study",
+    "study_report",
+]

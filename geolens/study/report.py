@@ -1,0 +1,200 @@
+"""``geolens study report DIR``: one HTML page of a study's cross-model views, findings first.
+
+Sections (each only where the study has the numbers): geometry by relative depth (one line
+per model), over training (per band of relative depth), across models (each geometry metric
+against loss and the hyper-parameters, rank and partial rank correlations), phase widths
+against depth (fitted slopes), and the cells that failed.
+
+Example:
+    >>> import tempfile
+    >>> from geolens.study import Study, run_study
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = run_study(Study(models={"a": model_path}, texts=texts, analyses={"pga": {"k": 8, "n_null": 5}},
+    ...                         n_tokens=16), tmp, progress=False)
+    ...     page = study_report(tmp)
+    ...     page.name, "relative depth" in page.read_text()
+    ('report.html', True)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from geolens.pages import Section, versions, write_html
+from geolens.results import Result
+from geolens.study.results import StudyResult, load_errors
+
+__all__ = ["study_report"]
+
+# The phases paper's slopes of phase width against depth (layers per layer), for the caption and findings.
+PAPER_SLOPES = {"I": "≤ 0.26", "II": "0.6–1.0"}
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
+
+
+def _depth(res: StudyResult) -> Section:
+    table = res.to_pandas()
+    metrics = set(table["metric"])
+    figures, lines = [], []
+    if "pga.z" in metrics:
+        ccrs = sorted(int(c) for c in table.loc[table["metric"] == "pga.z", "ccr"].dropna().unique())
+        figures += [res.plot("pga.z", ccr=c) for c in ccrs]
+        values = res.per_model("pga.z", ccr=ccrs[0]).dropna(subset=["value"])
+        if len(values) >= 2:
+            top, low = values.loc[values["value"].idxmax()], values.loc[values["value"].idxmin()]
+            lines.append(f"PGA z (CCR-{ccrs[0]}, mean over the inner layers, last checkpoint) is highest for "
+                         f"{top['model']} (z = {top['value']:.1f}) and lowest for {low['model']} "
+                         f"(z = {low['value']:.1f}) of {len(values)} models.")
+        elif len(values) == 1:
+            lines.append(f"PGA z (CCR-{ccrs[0]}, mean over the inner layers) of {values['model'].iloc[0]}: "
+                         f"{values['value'].iloc[0]:.1f}.")
+    for metric in ("spectrum.effective_rank", "spectrum.alpha_req", "phases.rss"):
+        if metric in metrics:
+            figures.append(res.plot(metric))
+    if not figures:
+        raise ValueError("no per-layer metric to draw (the study has no pga, spectrum or phases results)")
+    summary = Result(rows=_records(res.summary()), params={"analyses": res.params.get("analyses", {})})
+    return Section("depth", "Geometry by relative depth, one line per model",
+                   "x is relative depth (layer / number of layers), so models of different depths line up; each "
+                   "model at its last checkpoint. The grey band is |z| < 1.96 (the null's 95 %). The table "
+                   "averages the inner layers 1..L-1.", summary, figures, findings=lines)
+
+
+def _training(res: StudyResult) -> Section | None:
+    table = res.to_pandas()
+    if table.groupby("model")["checkpoint"].nunique().max() < 2:
+        return None
+    metrics = set(table["metric"])
+    figures, lines, curves = [], [], []
+    for metric in ("pga.z", "spectrum.effective_rank"):
+        if metric in metrics:
+            figures.append(res.plot_training(metric))
+            curves.append(res.training(metric).assign(metric=metric))
+    if not figures:
+        return None
+    curve = pd.concat(curves, ignore_index=True)
+    middle = curve[(curve["metric"] == curve["metric"].iloc[0]) & (curve["band"] == curve["band"].cat.categories[1])]
+    rising = []
+    for model, part in middle.groupby("model", sort=False):
+        if len(part) >= 2:
+            rising.append((model, float(part["value"].iloc[0]), float(part["value"].iloc[-1])))
+    if rising:
+        up = sum(end > start for _, start, end in rising)
+        model, start, end = max(rising, key=lambda r: abs(r[2] - r[1]))
+        lines.append(f"Over training, {curve['metric'].iloc[0]} in the middle third of the layers rises in {up} of "
+                     f"{len(rising)} models; the largest change: {model}, from {start:.2f} to {end:.2f}.")
+    curve = curve.assign(band=curve["band"].astype(str))
+    return Section("training", "Over training, per band of relative depth",
+                   "Each panel averages a band of layers by relative depth; x is the training step each checkpoint "
+                   "names (step1000 -> 1000), one line per model.",
+                   Result(rows=_records(curve), params={}), figures, findings=lines)
+
+
+def _across(res: StudyResult) -> Section | None:
+    table = res.to_pandas()
+    if table["model"].nunique() < 3:
+        return None
+    values = res.model_values()
+    if values.empty or not res._against(None, values):
+        return None
+    stats = res.correlations()
+    figure = res.plot_correlations()
+    lines = []
+    plain = stats[(stats["control"] == "") & stats["rho"].notna()]
+    if len(plain):
+        best = plain.loc[plain["rho"].abs().idxmax()]
+        line = (f"Strongest rank correlation across models: {best['metric']} against {best['against']}, "
+                f"ρ = {best['rho']:.2f} (p = {best['p']:.2g}, n = {int(best['n'])})")
+        partial = stats[(stats["metric"] == best["metric"]) & (stats["against"] == best["against"])
+                        & (stats["control"] != "") & stats["rho"].notna()]
+        if len(partial):
+            first = partial.iloc[0]
+            line += f"; holding {first['control']} fixed, ρ = {first['rho']:.2f}"
+        lines.append(line + ".")
+    return Section("across-models", "Geometry against loss and hyper-parameters, across models",
+                   "One point per model (its last checkpoint; metrics averaged over the inner layers). Each panel "
+                   "gives Spearman's ρ and the partial ρ with another metadata column held fixed; with few models "
+                   "these are descriptive (p-values uncorrected for the many pairs).",
+                   Result(rows=_records(stats), params={}), [figure], findings=lines)
+
+
+def _phases(res: StudyResult) -> Section | None:
+    if "phases.width_I" not in set(res.to_pandas()["metric"]):
+        return None
+    widths, slopes = res.phase_widths(), res.phase_slopes()
+    found = widths[(widths["phase"] == "I") & widths["width"].notna()]["model"].nunique()
+    lines = []
+    if found == 0:
+        lines.append(f"No phases were found in any of the {widths['model'].nunique()} models (phase detection "
+                     "needs a long enough RSS curve; see each cell's phases.found).")
+    else:
+        fits = {r.phase: r.slope for r in slopes.itertuples() if not math.isnan(r.slope)}
+        if fits:
+            parts = [f"Phase {p}: {s:.2f} layers per layer of depth (paper: {PAPER_SLOPES.get(p, '—')})"
+                     for p, s in fits.items() if p in PAPER_SLOPES]
+            lines.append(f"Phase widths against depth over {found} models with phases — " + "; ".join(parts) + ".")
+    return Section("phases", "Phase widths against depth",
+                   "Width in layers of each phase (tuned-lens RSS, two-stage Kneedle) against the model's depth, "
+                   "with least-squares lines; the phases paper reports slopes ≤ 0.26 for Phase I and 0.6–1.0 for "
+                   "Phase II.", Result(rows=_records(slopes), params={}), [res.plot_phases()], findings=lines)
+
+
+def _errors(out: Path) -> Section | None:
+    errors = load_errors(out)
+    if errors.empty:
+        return None
+    line = f"{len(errors)} cells failed, e.g. {errors['model'].iloc[0]}/{errors['checkpoint'].iloc[0]}: " \
+           f"{errors['error'].iloc[0]}"
+    return Section("failed-cells", "Cells that failed",
+                   "Each failed cell keeps its error and traceback in cells/model=…/checkpoint=…/_error.json; "
+                   "the next run of the study tries it again.",
+                   Result(rows=_records(errors), params={}), [], findings=[line])
+
+
+def study_report(out_dir: str | os.PathLike, *, path: str | os.PathLike | None = None) -> Path:
+    """Write the study's HTML page (default ``out_dir/report.html``) from the results under ``out_dir``.
+
+    A view that cannot be drawn shows its error on the page while the others still appear.
+    """
+    started = time.perf_counter()
+    out = Path(out_dir).expanduser()
+    res = StudyResult.from_dir(out)
+    if res.to_pandas().empty and load_errors(out).empty:
+        raise ValueError(f"{out} holds no finished cells yet")
+    builders: list[tuple[str, str, Callable[[], Section | None]]] = [
+        ("depth", "Geometry by relative depth", lambda: _depth(res)),
+        ("training", "Over training", lambda: _training(res)),
+        ("across-models", "Across models", lambda: _across(res)),
+        ("phases", "Phase widths against depth", lambda: _phases(res)),
+        ("failed-cells", "Cells that failed", lambda: _errors(out)),
+    ]
+    sections = []
+    for name, heading, build in builders:
+        begun = time.perf_counter()
+        try:
+            section = build()
+        except Exception as err:  # a view that fails shows why; the others stand
+            section = Section(name, heading, error=f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}")
+        if section is not None:
+            section.seconds = time.perf_counter() - begun
+            sections.append(section)
+    table = res.to_pandas()
+    manifest_versions = versions()
+    meta = {"study": res.params.get("name"), "folder": str(out), "models": table["model"].nunique(),
+            "cells": res.params.get("cells"), "failed cells": len(res.params.get("errors", {})),
+            "settings": res.params.get("settings", {}), "versions": manifest_versions,
+            "date": time.strftime("%Y-%m-%d %H:%M"), "run_time_s": round(time.perf_counter() - started, 1)}
+    target = Path(path) if path is not None else out / "report.html"
+    return write_html(target, title=f"geolens study — {res.params.get('name')}",
+                      subtitle=f"{table['model'].nunique()} models, "
+                               f"{table.groupby(['model', 'checkpoint']).ngroups} cells, read from {out}.",
+                      sections=sections, meta=meta)

@@ -1,0 +1,403 @@
+"""A study's results as one long table, and the cross-model views of the papers.
+
+:func:`load_results` reads the Parquet dataset a study wrote (only the cells of its
+current spec) and joins the metadata; :class:`StudyResult` adds the views: PGA z by
+relative depth (one line per model), a metric against training step per layer band,
+geometry metrics against loss and hyper-parameters with rank and partial rank
+correlations, and phase widths against depth with fitted slopes.
+
+Example:
+    >>> import tempfile
+    >>> from geolens.study import Study, run_study
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     spec = Study(models={"a": model_path}, texts=texts, analyses={"spectrum": {"alpha_fit_range": (1, 10)}},
+    ...                  n_tokens=16, metadata={"a": {"width": 64}})
+    ...     _ = run_study(spec, tmp, progress=False)
+    ...     table = load_results(tmp)
+    >>> table.columns.tolist()[:4], sorted(set(table.metric))[:2]
+    (['model', 'checkpoint', 'step', 'width'], ['spectrum.alpha_req', 'spectrum.alpha_req_r2'])
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+import pandas as pd
+
+from geolens import plotting
+from geolens.metrics.correlation import partial_rank_correlation, rank_correlation
+from geolens.results import Result
+from geolens.sites import FINAL_SITE, RESIDUAL_SITE
+from geolens.study.cells import CELLS_DIR, ERROR_FILE, MANIFEST, METADATA_FILE, cell_dir, cell_provenance
+
+__all__ = ["GEOMETRY_METRICS", "StudyResult", "load_errors", "load_provenance", "load_results"]
+
+ROW_COLUMNS = ["analysis", "site", "ccr", "layer", "relative_depth", "metric", "value", "n_layers", "d_model"]
+# The per-model geometry numbers the cross-model view correlates by default (those present).
+GEOMETRY_METRICS = ("pga.z", "spectrum.effective_rank", "spectrum.alpha_req", "spectrum.log_isotropy",
+                    "spectrum.mean_cosine")
+_PHASES = ("I", "II", "III")
+_ERROR_COLUMNS = ("model", "checkpoint", "error", "error_type", "traceback", "time")
+
+
+def _manifest(out: Path) -> dict[str, Any] | None:
+    path = out / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is damaged: {err}") from None
+
+
+def _cell_files(out: Path) -> list[tuple[str, str, Path]]:
+    """``(model, checkpoint, file)`` of the current spec's finished cells, in the spec's order."""
+    manifest = _manifest(out)
+    if manifest is not None:
+        found = []
+        for cell in manifest["cells"]:
+            path = cell_dir(out, cell["model"], cell["checkpoint"]) / f"part-{cell['spec_hash']}.parquet"
+            if path.is_file():
+                found.append((cell["model"], cell["checkpoint"], path))
+        return found
+    found = []  # no manifest (files copied without it): every cell file there is
+    for path in sorted((out / CELLS_DIR).glob("model=*/checkpoint=*/part-*.parquet")):
+        found.append((path.parent.parent.name.split("=", 1)[1], path.parent.name.split("=", 1)[1], path))
+    return found
+
+
+def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
+    """One long table of a study's finished cells, in the spec's order.
+
+    Columns: ``model, checkpoint, step``, the metadata columns (per model, and per checkpoint where a
+    model gives them), then ``analysis, site, ccr, layer, relative_depth, metric, value`` and the
+    model's ``n_layers, d_model``. ``step`` is the training step a checkpoint names (``16``,
+    ``"step1000"``), else missing; ``ccr`` is set on PGA rows; rows without a layer (weights, phase
+    breakpoints) have none. Failed cells have no rows (see :func:`load_errors`).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir).expanduser()
+    if not out.is_dir():
+        raise FileNotFoundError(f"{out} does not exist: run the study first")
+    if _manifest(out) is None and not (out / CELLS_DIR).is_dir():
+        raise FileNotFoundError(f"{out} holds no study results (no {MANIFEST}, no {CELLS_DIR}/)")
+    integers = {pa.int64(): pd.Int64Dtype()}
+    frames = []
+    for model, checkpoint, path in _cell_files(out):
+        frame = pq.read_table(path).to_pandas(types_mapper=integers.get)
+        frame.insert(0, "model", model)
+        frame.insert(1, "checkpoint", checkpoint)
+        frames.append(frame)
+    columns = ["model", "checkpoint", "step", *ROW_COLUMNS]
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    meta_columns: list[str] = []
+    if (out / METADATA_FILE).is_file():
+        meta = pq.read_table(out / METADATA_FILE).to_pandas(types_mapper=integers.get)
+        meta_columns = [c for c in meta.columns if c not in ("model", "checkpoint", "step", "order")]
+        if meta_columns:
+            table = table.merge(meta[["model", "checkpoint", *meta_columns]], on=["model", "checkpoint"], how="left")
+    for name in ("step", "ccr", "layer", "n_layers", "d_model"):
+        table[name] = table[name].astype("Int64")
+    return table[["model", "checkpoint", "step", *meta_columns, *ROW_COLUMNS]]
+
+
+def load_provenance(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """``{"model/checkpoint": record}`` of the finished cells: spec hash, finish time, seconds, ``n_layers``,
+    ``d_model`` and ``params`` (what each analysis reported: the k used, phase breakpoints and why none, ...)."""
+    return {f"{model}/{checkpoint}": cell_provenance(path)
+            for model, checkpoint, path in _cell_files(Path(out_dir).expanduser())}
+
+
+def load_errors(out_dir: str | os.PathLike) -> pd.DataFrame:
+    """The failed cells of a study's current spec: ``model, checkpoint, error, error_type, traceback, time``."""
+    out = Path(out_dir).expanduser()
+    manifest = _manifest(out)
+    if manifest is not None:
+        paths = [cell_dir(out, c["model"], c["checkpoint"]) / ERROR_FILE for c in manifest["cells"]]
+    else:
+        paths = sorted((out / CELLS_DIR).glob(f"model=*/checkpoint=*/{ERROR_FILE}"))
+    rows = []
+    for path in paths:
+        if path.is_file():
+            record = json.loads(path.read_text(encoding="utf-8"))
+            rows.append({key: record.get(key) for key in _ERROR_COLUMNS})
+    return pd.DataFrame(rows, columns=list(_ERROR_COLUMNS))
+
+
+def _band_labels(bands: int) -> list[str]:
+    if bands == 3:
+        return ["early (0–1/3)", "middle (1/3–2/3)", "late (2/3–1)"]
+    return [f"{i / bands:.2g}–{(i + 1) / bands:.2g}" for i in range(bands)]
+
+
+@dataclass(repr=False)
+class StudyResult(Result):
+    """A study's long table (:func:`load_results`) and its cross-model views.
+
+    ``params`` holds ``out_dir``, the study's ``name``, ``settings``, ``analyses``, the
+    ``metadata_columns``, the failed cells (``errors``), and after :func:`~geolens.study.run_study`
+    what it ``computed``, ``skipped`` and which cells ``failed``.
+    """
+
+    title: ClassVar[str] = "StudyResult"
+
+    @classmethod
+    def from_dir(cls, out_dir: str | os.PathLike) -> "StudyResult":
+        """The results a study wrote under ``out_dir``."""
+        out = Path(out_dir).expanduser()
+        table = load_results(out)
+        manifest = _manifest(out) or {}
+        errors = load_errors(out)
+        params = {"out_dir": str(out), "name": manifest.get("name", out.name),
+                  "settings": manifest.get("settings", {}), "analyses": manifest.get("analyses", {}),
+                  "metadata_columns": manifest.get("metadata_columns", []),
+                  "cells": len(manifest.get("cells", [])) or int(table.groupby(["model", "checkpoint"]).ngroups),
+                  "errors": {f"{r.model}/{r.checkpoint}": r.error for r in errors.itertuples()}}
+        result = cls(rows=[], params=params)
+        result._frame = table
+        return result
+
+    def to_pandas(self) -> pd.DataFrame:
+        frame = getattr(self, "_frame", None)
+        return frame.copy() if frame is not None else pd.DataFrame(self.rows)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """The table and params as strict JSON (:meth:`Result.load` reads it back); the study folder stays the
+        source of truth."""
+        frame = self.to_pandas()
+        rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+        return Result.save(type(self)(rows=rows, params=self.params), path)
+
+    def _summary(self) -> str:
+        table = self.to_pandas()
+        return (f"{self.params.get('name')}: {table['model'].nunique()} models, "
+                f"{table.groupby(['model', 'checkpoint']).ngroups} cells, {len(self.params.get('errors', {}))} failed")
+
+    @property
+    def metadata_columns(self) -> list[str]:
+        return [c for c in self.params.get("metadata_columns", []) if c in self.to_pandas().columns]
+
+    # ------------------------------------------------------------------ selections
+    def select(self, metric: str, *, ccr: int | None = None, site: str = RESIDUAL_SITE,
+               checkpoint: str = "last") -> pd.DataFrame:
+        """Rows of one metric: at one CCR for PGA metrics (default the lowest), at one site for per-layer
+        metrics, at ``checkpoint`` (``"last"``: each model's last; ``"all"``; or a label)."""
+        table = self.to_pandas()
+        if metric not in set(table["metric"]):
+            raise ValueError(f"unknown metric {metric!r}; available: {sorted(set(table['metric']))}")
+        part = table[table["metric"] == metric]
+        if part["ccr"].notna().any():
+            ccrs = sorted(int(c) for c in part["ccr"].dropna().unique())
+            ccr = ccrs[0] if ccr is None else ccr
+            if ccr not in ccrs:
+                raise ValueError(f"ccr={ccr} was not computed; the sweep has {ccrs}")
+            part = part[part["ccr"] == ccr]
+        if part["layer"].notna().any() and site in set(part["site"]):
+            part = part[part["site"] == site]
+        if checkpoint == "last":
+            last = part.groupby("model", sort=False)["checkpoint"].agg(lambda c: c.iloc[-1])
+            part = part[part["checkpoint"] == part["model"].map(last)]
+        elif checkpoint != "all":
+            if checkpoint not in set(part["checkpoint"]):
+                raise ValueError(f"checkpoint {checkpoint!r} was not analysed; checkpoints are "
+                                 f"{list(dict.fromkeys(part['checkpoint']))}")
+            part = part[part["checkpoint"] == checkpoint]
+        return part
+
+    def per_model(self, metric: str, *, ccr: int | None = None, band: tuple[float, float] | None = None,
+                  checkpoint: str = "last", site: str = RESIDUAL_SITE) -> pd.DataFrame:
+        """One number per (model, checkpoint): ``metric`` averaged over a band of relative depth
+        (default the inner layers ``1..L-1``), with the metadata columns."""
+        part = self.select(metric, ccr=ccr, site=site, checkpoint=checkpoint)
+        if part["layer"].notna().any():
+            part = part[part["site"] != FINAL_SITE]
+            if band is None:
+                inner = part[(part["layer"] >= 1) & (part["layer"] < part["n_layers"])]
+                part = inner if not inner.empty else part
+            else:
+                low, high = band
+                part = part[(part["relative_depth"] >= low) & (part["relative_depth"] <= high)]
+        keys = ["model", "checkpoint", *self.metadata_columns]
+        grouped = part.groupby(["model", "checkpoint"], sort=False)["value"].mean().rename("value").reset_index()
+        meta = part[keys].drop_duplicates(["model", "checkpoint"])
+        return meta.merge(grouped, on=["model", "checkpoint"])
+
+    # ------------------------------------------------------------------ views
+    def plot(self, metric: str = "pga.z", *, ccr: int | None = None, checkpoint: str = "last",
+             site: str = RESIDUAL_SITE):
+        """``metric`` by relative depth (``layer / n_layers``), one line per model (default PGA z, lowest CCR,
+        each model's last checkpoint)."""
+        part = self.select(metric, ccr=ccr, site=site, checkpoint=checkpoint)
+        return plotting.study_depth_figure(part, metric=metric, checkpoint=checkpoint)
+
+    def training(self, metric: str = "pga.z", *, ccr: int | None = None, bands: int = 3,
+                 site: str = RESIDUAL_SITE) -> pd.DataFrame:
+        """``metric`` per (model, checkpoint, band of relative depth): the mean over the band's layers.
+
+        Where some checkpoints name a training step (``16``, ``"step1000"``), only those are kept.
+        """
+        part = self.select(metric, ccr=ccr, site=site, checkpoint="all")
+        if part["step"].notna().any():  # models known at one checkpoint only (no step) have no training curve
+            part = part[part["step"].notna()]
+        labels = _band_labels(bands)
+        if part["layer"].notna().any():
+            part = part[part["site"] != FINAL_SITE]
+            index = np.minimum((part["relative_depth"].astype(float) * bands).astype(int), bands - 1)
+            part = part.assign(band=[labels[i] for i in index])
+        else:
+            part = part.assign(band="all layers")
+        keys = ["model", "checkpoint", "band"]
+        curve = part.groupby(keys, sort=False).agg(step=("step", "first"), value=("value", "mean")).reset_index()
+        curve["band"] = pd.Categorical(curve["band"], categories=[*labels, "all layers"], ordered=True)
+        return curve.sort_values(["band", "model"], kind="stable").reset_index(drop=True)
+
+    def plot_training(self, metric: str = "pga.z", *, ccr: int | None = None, bands: int = 3,
+                      site: str = RESIDUAL_SITE):
+        """``metric`` against training step, one panel per band of relative depth, one line per model."""
+        curve = self.training(metric, ccr=ccr, bands=bands, site=site)
+        return plotting.study_training_figure(curve, metric=metric)
+
+    def _metric_keys(self, metrics: Sequence[str] | None) -> list[tuple[str, int | None]]:
+        table = self.to_pandas()
+        present = set(table["metric"])
+        names = [m for m in GEOMETRY_METRICS if m in present] if metrics is None else list(metrics)
+        keys = []
+        for name in names:
+            if name not in present:
+                raise ValueError(f"unknown metric {name!r}; available: {sorted(present)}")
+            ccrs = sorted(int(c) for c in table.loc[table["metric"] == name, "ccr"].dropna().unique())
+            keys.extend([(name, c) for c in ccrs] or [(name, None)])
+        return keys
+
+    def _against(self, against: Sequence[str] | None, frame: pd.DataFrame) -> list[str]:
+        if against is not None:
+            missing = [a for a in against if a not in frame.columns]
+            if missing:
+                raise ValueError(f"unknown metadata columns {missing}; the study has {self.metadata_columns}")
+            return list(against)
+        return [c for c in self.metadata_columns if pd.api.types.is_numeric_dtype(frame[c])
+                and not pd.api.types.is_bool_dtype(frame[c]) and frame[c].nunique() >= 2]
+
+    def model_values(self, metrics: Sequence[str] | None = None, *, band: tuple[float, float] | None = None,
+                     checkpoint: str = "last") -> pd.DataFrame:
+        """One row per (model, checkpoint) with its metadata and a column per geometry metric
+        (``"pga.z (ccr=1)"`` for PGA), each averaged over ``band`` (default inner layers)."""
+        wide = None
+        for name, ccr in self._metric_keys(metrics):
+            key = name if ccr is None else f"{name} (ccr={ccr})"
+            values = self.per_model(name, ccr=ccr, band=band, checkpoint=checkpoint).rename(columns={"value": key})
+            wide = values if wide is None else wide.merge(values[["model", "checkpoint", key]],
+                                                          on=["model", "checkpoint"], how="outer")
+        return wide if wide is not None else pd.DataFrame()
+
+    def correlations(self, metrics: Sequence[str] | None = None, *, against: Sequence[str] | None = None,
+                     band: tuple[float, float] | None = None, checkpoint: str = "last") -> pd.DataFrame:
+        """Spearman correlation of each geometry metric with each metadata column across models, and
+        partial correlations holding each other column fixed.
+
+        Returns one row per ``(metric, against, control)``: ``n`` models, ``rho``, ``p``; ``control`` is
+        empty for the plain coefficient and names the variable held fixed for a partial one
+        (:func:`geolens.metrics.partial_rank_correlation`). ``against`` defaults to every numeric
+        metadata column that varies (held-out loss, width, batch size, ...).
+        """
+        values = self.model_values(metrics, band=band, checkpoint=checkpoint)
+        if values.empty:
+            return pd.DataFrame(columns=["metric", "against", "control", "n", "rho", "p"])
+        keys = [c for c in values.columns if c not in ("model", "checkpoint", *self.metadata_columns)]
+        against = self._against(against, values)
+        rows = []
+        for key in keys:
+            y = values[key].astype(float)
+            for x_name in against:
+                x = pd.to_numeric(values[x_name], errors="coerce").astype(float)
+                rho, p = rank_correlation(x, y)
+                n = int((x.notna() & y.notna()).sum())
+                rows.append({"metric": key, "against": x_name, "control": "", "n": n, "rho": rho, "p": p})
+                for z_name in against:
+                    if z_name == x_name:
+                        continue
+                    z = pd.to_numeric(values[z_name], errors="coerce").astype(float)
+                    rho, p = partial_rank_correlation(x, y, z)
+                    rows.append({"metric": key, "against": x_name, "control": z_name,
+                                 "n": int((x.notna() & y.notna() & z.notna()).sum()), "rho": rho, "p": p})
+        return pd.DataFrame(rows, columns=["metric", "against", "control", "n", "rho", "p"])
+
+    def plot_correlations(self, metrics: Sequence[str] | None = None, *, against: Sequence[str] | None = None,
+                          band: tuple[float, float] | None = None, checkpoint: str = "last"):
+        """A grid: each geometry metric (rows) against each metadata column (columns), one point per model,
+        with Spearman's rho (and the partial rho holding the first other column fixed) in each panel's title."""
+        values = self.model_values(metrics, band=band, checkpoint=checkpoint)
+        if values.empty:
+            raise ValueError("no geometry metrics to correlate")
+        stats = self.correlations(metrics, against=against, band=band, checkpoint=checkpoint)
+        keys = list(dict.fromkeys(stats["metric"]))
+        columns = self._against(against, values)
+        if not columns:
+            raise ValueError("no numeric metadata column varies across the models; give metadata such as "
+                             "width or held-out loss per model")
+        return plotting.study_correlation_figure(values, stats, metrics=keys, against=columns)
+
+    def phase_widths(self, *, checkpoint: str = "last") -> pd.DataFrame:
+        """Width in layers of phases I, II, III per model (where phases were found), with its depth ``n_layers``."""
+        table = self.to_pandas()
+        if not (table["metric"] == "phases.width_I").any():
+            raise ValueError("no phases results: add 'phases' to the study's analyses")
+        rows = []
+        for phase in _PHASES:
+            part = self.select(f"phases.width_{phase}", checkpoint=checkpoint)
+            for record in part.itertuples():
+                rows.append({"model": record.model, "checkpoint": record.checkpoint,
+                             "n_layers": int(record.n_layers), "phase": phase, "width": float(record.value)})
+        return pd.DataFrame(rows, columns=["model", "checkpoint", "n_layers", "phase", "width"])
+
+    def phase_slopes(self, *, checkpoint: str = "last") -> pd.DataFrame:
+        """Least-squares fit ``width = slope * n_layers + intercept`` per phase across the models where phases
+        were found: ``phase, n, slope, intercept, r2`` (NaN with fewer than two depths)."""
+        widths = self.phase_widths(checkpoint=checkpoint)
+        rows = []
+        for phase in _PHASES:
+            part = widths[(widths["phase"] == phase) & widths["width"].notna()]
+            x, y = part["n_layers"].to_numpy(float), part["width"].to_numpy(float)
+            slope = intercept = r2 = math.nan
+            if len(set(x)) >= 2:
+                slope, intercept = (float(v) for v in np.polyfit(x, y, 1))
+                residual = y - (slope * x + intercept)
+                spread = float(((y - y.mean()) ** 2).sum())
+                r2 = 1 - float((residual**2).sum()) / spread if spread > 0 else math.nan
+            rows.append({"phase": phase, "n": len(part), "slope": slope, "intercept": intercept, "r2": r2})
+        return pd.DataFrame(rows)
+
+    def plot_phases(self, *, checkpoint: str = "last"):
+        """Phase widths (layers) against depth across models, one colour per phase, with the fitted lines."""
+        return plotting.phase_width_figure(self.phase_widths(checkpoint=checkpoint),
+                                           self.phase_slopes(checkpoint=checkpoint))
+
+    def summary(self) -> pd.DataFrame:
+        """One row per model at its last checkpoint: metadata, mean PGA z over inner layers and z of the final
+        state per CCR, mean effective rank."""
+        table = self.to_pandas()
+        rows = []
+        for model, part in table.groupby("model", sort=False):
+            last = part[part["checkpoint"] == part["checkpoint"].iloc[-1]]
+            row: dict[str, Any] = {"model": model, "checkpoint": last["checkpoint"].iloc[0]}
+            row.update({c: last[c].iloc[0] for c in self.metadata_columns})
+            pga = last[last["metric"] == "pga.z"]
+            for ccr, by_ccr in pga.groupby("ccr", sort=True):
+                inner = by_ccr[(by_ccr["site"] == RESIDUAL_SITE) & (by_ccr["layer"] >= 1)
+                               & (by_ccr["layer"] < by_ccr["n_layers"])]
+                final = by_ccr[by_ccr["site"] == FINAL_SITE]["value"]
+                row[f"z_mean CCR-{int(ccr)}"] = float(inner["value"].mean())
+                row[f"z_final CCR-{int(ccr)}"] = float(final.iloc[0]) if len(final) else math.nan
+            erank = last[last["metric"] == "spectrum.effective_rank"]["value"]
+            if len(erank):
+                row["effective_rank_mean"] = float(erank.mean())
+            rows.append(row)
+        return pd.DataFrame(rows)

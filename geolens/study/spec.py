@@ -1,0 +1,495 @@
+"""A study declared as data: models (and their checkpoints), metadata, texts, analyses, per-cell resources.
+
+A :class:`Study` expands into *cells*, one per ``(model, checkpoint)``; each cell
+carries everything a worker needs to compute it (:class:`Cell`) and the hash of
+that spec, so a rerun can tell a finished cell from a changed one.
+
+Model entries (``Study.models``, label -> entry):
+
+* ``"path/or/hub-name"`` — a local Hugging Face folder or a hub name (booted with
+  :func:`geolens.model.boot_bridge`), one checkpoint labelled ``"main"``;
+* ``(path, revision)`` — with a hub revision (``None``: ``"main"``), or a list of revisions
+  (one cell each: Pythia's ``["step1000", "step143000"]``);
+* a callable ``load(checkpoint) -> model`` (``load()`` for one checkpoint), or
+  ``(load, [checkpoint labels])``;
+* a :class:`ModelSpec` (all of the above plus per-model metadata, per-checkpoint metadata,
+  per-analysis parameter overrides and resources); :func:`geolens.zoo.zoo_member` makes one
+  for a member of the width zoo;
+* in a TOML file, a table: ``path =`` or ``hub =`` (with ``revisions = [...]``), ``zoo = "folder"``
+  with ``width =`` (and ``steps =``), or ``factory = "module:function"`` with ``args = {...}`` (a
+  function returning a :class:`ModelSpec`); plus ``metadata``, ``params`` and ``resources`` tables.
+
+Example:
+    >>> spec = Study(models={"small": "path/to/a", "big": ("path/to/b", ["step1", "step2"])},
+    ...              texts=["the cat sat", "a dog ran"], analyses={"pga": {"k": 8}, "spectrum": {}},
+    ...              metadata={"small": {"width": 32}, "big": {"width": 64}})
+    >>> [(c.model, c.checkpoint) for c in spec.cells()]
+    [('small', 'main'), ('big', 'step1'), ('big', 'step2')]
+    >>> spec.cells()[0].metadata
+    {'width': 32}
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import math
+import numbers
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from geolens.analyses.checkpoints import ANALYSES
+from geolens.analyses.phases import phases
+from geolens.analyses.updates import updates
+
+__all__ = ["CELL_FORMAT", "RESERVED_COLUMNS", "STUDY_ANALYSES", "Cell", "ModelSpec", "Study", "parse_checkpoint_step"]
+
+# name -> (function, whether it takes tokens). pga and spectrum share one capture per cell.
+STUDY_ANALYSES: dict[str, tuple[Callable[..., Any], bool]] = {
+    **ANALYSES,
+    "updates": (updates, True),
+    "phases": (phases, True),
+}
+# Options every analysis that takes them gets from the study (an analysis's own table overrides them).
+SHARED_OPTIONS = ("n_tokens", "seed", "batch_size", "max_length")
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
+# Columns of the long table; metadata keys may not take these names.
+RESERVED_COLUMNS = ("model", "checkpoint", "step", "n_layers", "d_model", "analysis", "site", "ccr", "layer",
+                    "relative_depth", "metric", "value")
+# Bump when a cell's rows change meaning: every cell is then recomputed.
+CELL_FORMAT = 1
+MAIN = "main"
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+# Short names of model factories usable from TOML (``zoo = "folder"``): resolved when used, so the
+# study engine does not import the zoo (which sits above it and builds on it).
+FACTORIES = {"zoo": "geolens.zoo.members:zoo_member"}
+
+
+def check_label(label: object, what: str) -> str:
+    """Labels name folders of the Parquet dataset: letters, digits and ``. _ + -``, not starting with a symbol."""
+    text = str(label)
+    if not _LABEL.match(text) or len(text) > 200:
+        raise ValueError(f"{what} {label!r} must be letters, digits and '._+-' (it names a folder of the results), "
+                         "starting with a letter or digit")
+    return text
+
+
+def parse_checkpoint_step(checkpoint: Any) -> int | None:
+    """The training step a checkpoint names: an int, ``"1000"`` or ``"step1000"``; else ``None``.
+
+    Example:
+        >>> parse_checkpoint_step(16), parse_checkpoint_step("step143000"), parse_checkpoint_step("main")
+        (16, 143000, None)
+    """
+    if isinstance(checkpoint, numbers.Integral) and not isinstance(checkpoint, bool):
+        return int(checkpoint)
+    match = re.fullmatch(r"(?:step)?(\d+)", str(checkpoint))
+    return int(match.group(1)) if match else None
+
+
+def _callable_id(fn: Any) -> Any:
+    """A stable identity of a loader for the cell hash: module and name, and a partial's arguments."""
+    if isinstance(fn, functools.partial):
+        return {"partial": _callable_id(fn.func), "args": _canonical(list(fn.args)),
+                "kwargs": _canonical(dict(fn.keywords))}
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _canonical(value: Any) -> Any:
+    """JSON-able, deterministic form of a parameter value (for hashing)."""
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if callable(value):
+        return _callable_id(value)
+    if hasattr(value, "tolist"):  # tensors, arrays, numpy scalars
+        return _canonical(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)
+
+
+def _sha(value: Any, length: int = 16) -> str:
+    return hashlib.sha256(json.dumps(_canonical(value), sort_keys=True).encode()).hexdigest()[:length]
+
+
+def _scalar_metadata(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if key in RESERVED_COLUMNS:
+            raise ValueError(f"{where}: metadata key {key!r} is a column of the results; rename it")
+        if hasattr(value, "item"):
+            value = value.item()
+        if not (isinstance(value, (str, int, float, bool)) or value is None):
+            raise TypeError(f"{where}: metadata {key!r} must be a number, string, bool or None, got "
+                            f"{type(value).__name__}")
+        out[str(key)] = value
+    return out
+
+
+def _parse_memory(value: Any) -> int:
+    """Bytes from an int or a string such as ``"16GiB"``, ``"500MB"``."""
+    if isinstance(value, numbers.Number) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"memory must be positive, got {value!r}")
+        return int(value)
+    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]i?B|B)?\s*", str(value), flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"memory must be bytes or a size such as '16GiB' or '500MB', got {value!r}")
+    unit = (match.group(2) or "B").upper()
+    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    return int(float(match.group(1)) * scale)
+
+
+def _check_resources(resources: Mapping[str, Any], where: str) -> dict[str, Any]:
+    unknown = [k for k in resources if k not in RESOURCE_KEYS]
+    if unknown:
+        raise ValueError(f"{where}: unknown resources {unknown}; use {list(RESOURCE_KEYS)}")
+    out: dict[str, Any] = {}
+    for key, value in resources.items():
+        if key == "memory":
+            out[key] = _parse_memory(value)
+        elif not isinstance(value, numbers.Number) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{where}: {key} must be a non-negative number, got {value!r}")
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of a study and its checkpoints.
+
+    Attributes:
+        path: a local Hugging Face folder or a hub name (booted with :func:`geolens.model.boot_bridge`).
+        checkpoints: hub revisions of ``path`` (``None``: the default one), or labels passed to ``loader``.
+        loader: ``loader(checkpoint) -> model`` (``loader()`` for the checkpoint ``None``); instead of ``path``.
+            With Ray it must pickle (module-level functions and ``functools.partial`` of them do).
+            The cell hash identifies it by module, name and a partial's arguments.
+        metadata: free-form columns of every row of this model (width, depth, batch size, loss, ...).
+        checkpoint_metadata: ``{checkpoint: {column: value}}``, columns of one checkpoint's rows (tokens seen,
+            the loss logged at that step, ...).
+        params: ``{analysis: {option: value}}``, overrides of the study's analysis options for this model
+            (e.g. ``k`` scaled with the width).
+        resources: overrides of the study's per-cell resources for this model (a bigger model, more memory).
+    """
+
+    path: str | None = None
+    checkpoints: tuple[Any, ...] = (None,)
+    loader: Callable[..., Any] | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint_metadata: Mapping[Any, Mapping[str, Any]] = field(default_factory=dict)
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.loader is None):
+            raise ValueError("a model needs exactly one of path= (folder or hub name) and loader= (a callable)")
+        if self.path is not None and not isinstance(self.path, (str, os.PathLike)):
+            raise TypeError(f"path must be a folder or hub name, got {type(self.path).__name__}")
+        if self.loader is not None and not callable(self.loader):
+            raise TypeError(f"loader must be callable, got {type(self.loader).__name__}")
+        checkpoints = self.checkpoints
+        if isinstance(checkpoints, (str, numbers.Integral)) or checkpoints is None:
+            checkpoints = (checkpoints,)
+        checkpoints = tuple(checkpoints)
+        if not checkpoints:
+            raise ValueError("checkpoints is empty: give at least one (None for the default revision)")
+        object.__setattr__(self, "checkpoints", checkpoints)
+        if self.path is not None:
+            object.__setattr__(self, "path", os.fspath(self.path))
+
+
+def as_model_spec(entry: Any, label: str, base_dir: Path | None = None) -> ModelSpec:
+    """Normalise one entry of ``Study.models`` (see the module docstring) to a :class:`ModelSpec`."""
+    where = f"model {label!r}"
+    if isinstance(entry, ModelSpec):
+        return entry
+    if isinstance(entry, (str, os.PathLike)):
+        return ModelSpec(path=os.fspath(entry))
+    if isinstance(entry, tuple) and len(entry) == 2:
+        first, second = entry
+        checkpoints = tuple(second) if isinstance(second, (list, tuple)) else (second,)
+        if callable(first):
+            return ModelSpec(loader=first, checkpoints=checkpoints)
+        return ModelSpec(path=first, checkpoints=checkpoints)
+    if callable(entry):
+        return ModelSpec(loader=entry)
+    if isinstance(entry, Mapping):
+        return _model_from_table(dict(entry), label, base_dir)
+    raise TypeError(f"{where}: expected a path or hub name, (path, revision), a loader callable, a ModelSpec or "
+                    f"a table; got {type(entry).__name__}")
+
+
+def _resolve_import(text: str, where: str) -> Callable[..., Any]:
+    module, _, name = str(text).partition(":")
+    if not module or not name:
+        raise ValueError(f"{where}: {text!r} must be 'module:function'")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{where}: cannot import {text!r} ({err})") from None
+
+
+def _local_path(value: str, base_dir: Path | None) -> str:
+    path = Path(value).expanduser()
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    return str(path)
+
+
+def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) -> ModelSpec:
+    where = f"model {label!r}"
+    extra = {key: table.pop(key) for key in ("metadata", "params", "resources") if key in table}
+    sources = [key for key in ("path", "hub", "loader", "factory", *FACTORIES) if key in table]
+    if len(sources) != 1:
+        raise ValueError(f"{where}: give exactly one of path=, hub=, loader=, factory= or "
+                         f"{', '.join(f'{k}=' for k in FACTORIES)}; got {sources or 'none'}")
+    source = sources[0]
+    revisions = [key for key in ("revision", "revisions", "checkpoints", "steps") if key in table]
+    if len(revisions) > 1:
+        raise ValueError(f"{where}: give one of {revisions}")
+    if source in ("path", "hub"):
+        checkpoints = table.pop(revisions[0]) if revisions else None
+        name = table.pop(source)
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{where}: {source} must be a non-empty string")
+        spec = ModelSpec(path=_local_path(name, base_dir) if source == "path" else name,
+                         checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
+    elif source == "loader":
+        fn = _resolve_import(table.pop("loader"), where)
+        kwargs = table.pop("kwargs", {})
+        checkpoints = table.pop(revisions[0]) if revisions else None
+        spec = ModelSpec(loader=functools.partial(fn, **kwargs) if kwargs else fn,
+                         checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
+    else:  # a factory returning a ModelSpec: factory = "module:function" with args, or a short name (zoo = ...)
+        if source == "factory":
+            factory, args = _resolve_import(table.pop("factory"), where), dict(table.pop("args", {}))
+        else:
+            factory = _resolve_import(FACTORIES[source], where)
+            args = {source: _local_path(table.pop(source), base_dir)}
+            args.update({key: table.pop(key) for key in list(table)})
+        try:
+            spec = factory(**args)
+        except TypeError as err:
+            raise ValueError(f"{where}: {err}") from None
+        if not isinstance(spec, ModelSpec):
+            raise TypeError(f"{where}: the factory returned {type(spec).__name__}, not a ModelSpec")
+    if table:
+        raise ValueError(f"{where}: unknown keys {sorted(table)}")
+    if extra:
+        spec = replace(spec, metadata={**spec.metadata, **extra.get("metadata", {})},
+                       params={**spec.params, **extra.get("params", {})},
+                       resources={**spec.resources, **extra.get("resources", {})})
+    return spec
+
+
+def _texts_from(value: Any, base_dir: Path | None) -> list[str]:
+    """Texts from a list, or a TOML table: ``{default = 32}`` (BBC News), ``{files = [...]}`` (one text per file),
+    ``{lines = "file"}`` (one text per non-empty line)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        keys = set(value)
+        if keys == {"default"} or keys == {"default", "seed"}:
+            from geolens.data import default_texts
+
+            return list(default_texts(n=int(value["default"]), seed=int(value.get("seed", 0))))
+        if keys == {"files"}:
+            return [Path(_local_path(f, base_dir)).read_text(encoding="utf-8") for f in value["files"]]
+        if keys == {"lines"}:
+            text = Path(_local_path(value["lines"], base_dir)).read_text(encoding="utf-8")
+            return [line.strip() for line in text.splitlines() if line.strip()]
+        raise ValueError(f"texts: a table must be {{default = n}}, {{files = [...]}} or {{lines = 'file'}}; "
+                         f"got keys {sorted(keys)}")
+    texts = list(value)
+    if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise ValueError("texts must be a non-empty list of non-empty strings")
+    return texts
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One ``(model, checkpoint)`` of a study: how to load it, what to compute, where its rows go.
+
+    ``analyses`` holds each analysis's complete options (the study's, the model's overrides, the
+    shared ``n_tokens``/``seed``/``batch_size``/``max_length``); ``spec_hash`` hashes them with the
+    model's source, the checkpoint and the texts.
+    """
+
+    model: str
+    checkpoint: str
+    checkpoint_value: Any
+    step: int | None
+    path: str | None
+    loader: Callable[..., Any] | None
+    texts: tuple[str, ...]
+    analyses: Mapping[str, Mapping[str, Any]]
+    metadata: Mapping[str, Any]
+    resources: Mapping[str, Any]
+    dtype: str
+    device: str | None
+    spec_hash: str
+    order: int
+
+    def load(self) -> Any:
+        """Boot this cell's model (a path: :func:`geolens.model.boot_bridge`; else its loader)."""
+        if self.loader is not None:
+            return self.loader() if self.checkpoint_value is None else self.loader(self.checkpoint_value)
+        import torch
+
+        from geolens.model import boot_bridge
+
+        revision = None if self.checkpoint_value is None else str(self.checkpoint_value)
+        return boot_bridge(self.path, revision=revision, device=self.device, dtype=getattr(torch, self.dtype))
+
+
+def _route(name: str, fn: Callable[..., Any], own: Mapping[str, Any], shared: Mapping[str, Any]) -> dict[str, Any]:
+    """The options one analysis gets: the shared ones its signature takes, then its own (checked)."""
+    accepted = inspect.signature(fn).parameters
+    if not isinstance(own, Mapping):
+        raise TypeError(f"analysis {name!r}: options must be a table/dict, got {type(own).__name__}")
+    unknown = [k for k in own if k not in accepted or k in ("model", "tokens", "progress")]
+    if unknown:
+        raise ValueError(f"analysis {name!r} takes no options {unknown}")
+    return {**{k: v for k, v in shared.items() if k in accepted}, **dict(own)}
+
+
+@dataclass
+class Study:
+    """Models x checkpoints x analyses, declared as data; run it with :func:`geolens.study.run_study`.
+
+    Attributes:
+        models: ``label -> entry`` (a path or hub name, ``(path, revision or [revisions])``, a loader callable,
+            ``(loader, [checkpoints])``, a :class:`ModelSpec` or a TOML-style table; see the module docstring).
+            Labels name folders: letters, digits, ``._+-``.
+        texts: the texts every cell reads (a list; in TOML also ``{default = n}``, ``{files = [...]}``,
+            ``{lines = "file"}``).
+        analyses: ``{name: {option: value}}`` among ``pga``, ``spectrum``, ``weights``, ``updates``,
+            ``phases``; the options are the analysis's own keyword arguments.
+        metadata: ``{label: {column: value}}``, free-form per model (width, depth, batch size,
+            weight decay, learning-rate schedule, held-out loss, ...); merged over the model's own.
+        resources: per cell, for Ray: ``num_cpus``, ``num_gpus``, ``memory`` (bytes or ``"16GiB"``).
+        n_tokens, seed, batch_size, max_length: shared by every analysis that takes them.
+        dtype: weights of models booted from a path (``"float32"``, ``"bfloat16"``, ...).
+        device: where models booted from a path go (``None``: TransformerLens's choice).
+        name: a name for the study's pages.
+    """
+
+    models: Mapping[str, Any]
+    texts: Any = ()
+    analyses: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"pga": {}, "spectrum": {}})
+    metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    resources: Mapping[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+    n_tokens: int = 1024
+    seed: int = 0
+    batch_size: int = 8
+    max_length: int | None = None
+    dtype: str = "float32"
+    device: str | None = None
+    name: str = "study"
+    base_dir: Path | None = field(default=None, repr=False)  # relative paths of a TOML file resolve from here
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike, **overrides: Any) -> "Study":
+        """Read a study file (``tomllib``); ``overrides`` replace fields after reading (e.g. ``models=`` with
+        local stand-ins, smaller ``texts``). Relative paths in the file resolve from its folder.
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as tmp:
+            ...     _ = Path(tmp, "s.toml").write_text('texts = ["a b c"]\\n[analyses.pga]\\nk = 4\\n'
+            ...                                       '[models.tiny]\\npath = "m"\\nmetadata = {width = 32}\\n')
+            ...     study = Study.from_toml(Path(tmp, "s.toml"))
+            >>> study.analyses, study.metadata, Path(study.models["tiny"]["path"]).name
+            ({'pga': {'k': 4}}, {'tiny': {'width': 32}}, 'm')
+        """
+        path = Path(path).expanduser()
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path} is not valid TOML: {err}") from None
+        known = {f.name for f in fields(cls)} - {"base_dir"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {unknown}; a study file has {sorted(known)}")
+        if "models" not in data:
+            raise ValueError(f"{path}: no [models] table")
+        models = {}
+        metadata = {label: dict(values) for label, values in data.get("metadata", {}).items()}
+        for label, entry in data["models"].items():
+            if isinstance(entry, dict) and "metadata" in entry:  # inline metadata joins the study's table,
+                entry = dict(entry)                               # so models= overrides keep it
+                metadata[label] = {**entry.pop("metadata"), **metadata.get(label, {})}
+            models[label] = entry
+        data.update(models=models, metadata=metadata)
+        study = cls(**data, base_dir=path.parent)
+        return replace(study, **overrides) if overrides else study
+
+    def model_specs(self) -> dict[str, ModelSpec]:
+        """Every model entry as a :class:`ModelSpec`, labels checked."""
+        if not isinstance(self.models, Mapping) or not self.models:
+            raise ValueError("models must be a non-empty mapping label -> model")
+        specs = {check_label(label, "model label"): as_model_spec(entry, str(label), self.base_dir)
+                 for label, entry in self.models.items()}
+        unknown = [label for label in self.metadata if label not in specs]
+        if unknown:
+            raise ValueError(f"metadata for models {unknown} that the study does not have ({list(specs)})")
+        return specs
+
+    def cells(self) -> list[Cell]:
+        """The study's cells in order (model by model, checkpoints in the given order); checks the whole spec."""
+        if not isinstance(self.analyses, Mapping) or not self.analyses:
+            raise ValueError("analyses is empty: give at least one, e.g. {'pga': {}, 'spectrum': {}}")
+        unknown = [name for name in self.analyses if name not in STUDY_ANALYSES]
+        if unknown:
+            raise ValueError(f"unknown analyses {unknown}; choose from {list(STUDY_ANALYSES)}")
+        texts = tuple(_texts_from(self.texts, self.base_dir))
+        shared = {"n_tokens": self.n_tokens, "seed": self.seed, "batch_size": self.batch_size,
+                  "max_length": self.max_length}
+        if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
+            raise ValueError(f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}")
+        resources = _check_resources(self.resources, "resources")
+        texts_sha = _sha(list(texts), 32)
+        study_options = {name: dict(options) if isinstance(options, Mapping) else options
+                         for name, options in self.analyses.items()}
+        for options in study_options.values():  # lens_texts may be given as texts are ({default = 200, seed = 1})
+            if isinstance(options, dict) and isinstance(options.get("lens_texts"), Mapping):
+                options["lens_texts"] = _texts_from(options["lens_texts"], self.base_dir)
+        cells = []
+        for label, spec in self.model_specs().items():
+            metadata = _scalar_metadata({**spec.metadata, **self.metadata.get(label, {})}, f"model {label!r}")
+            analyses = {name: _route(name, STUDY_ANALYSES[name][0],
+                                     {**study_options[name], **spec.params.get(name, {})}, shared)
+                        for name in self.analyses}
+            own_resources = {**resources, **_check_resources(spec.resources, f"model {label!r} resources")}
+            labels = [MAIN if c is None else check_label(c, f"model {label!r} checkpoint") for c in spec.checkpoints]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"model {label!r}: checkpoints repeat: {labels}")
+            for value, checkpoint in zip(spec.checkpoints, labels):
+                extra = spec.checkpoint_metadata.get(value, spec.checkpoint_metadata.get(checkpoint, {}))
+                source = ({"path": spec.path} if spec.path is not None else {"loader": _callable_id(spec.loader)})
+                identity = {"format": CELL_FORMAT, "model": label, "checkpoint": checkpoint, "source": source,
+                            "dtype": self.dtype if spec.path is not None else None, "texts": texts_sha,
+                            "analyses": analyses}
+                cells.append(Cell(
+                    model=label, checkpoint=checkpoint, checkpoint_value=value, step=parse_checkpoint_step(value)
+                    if value is not None else None, path=spec.path, loader=spec.loader, texts=texts,
+                    analyses=analyses, metadata={**metadata, **_scalar_metadata(extra, f"model {label!r} "
+                                                                                        f"checkpoint {checkpoint}")},
+                    resources=own_resources, dtype=self.dtype, device=self.device, spec_hash=_sha(identity),
+                    order=len(cells)))
+        return cells
