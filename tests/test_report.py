@@ -13,7 +13,8 @@ import torch
 
 from geolens.cli import main
 from geolens.cli.args import model_arg as _model_arg
-from geolens.report import DEFAULT_SECTIONS, QUICK, ReportSettings, report, versions
+from geolens.pages import versions
+from geolens.report import DEFAULT_SECTIONS, QUICK, REPORT_LENS_BUDGET, ReportSettings, report
 from geolens.results import Result
 
 # Tags whose start and end must nest properly in the page (void tags like <meta> have no end).
@@ -276,11 +277,14 @@ def test_lens_and_phases_sections_train_once_and_cache(neox_bridge, tmp_path, te
                    progress=False)
     meta = json.loads(paths["meta.json"].read_text())
     assert meta["errors"] == {}
-    assert len(list((tmp_path / "cache" / "tuned_lens").iterdir())) == 1  # one lens, trained once, shared
+    # one lens shared by both sections, and one per half of its texts (the stability of the phases)
+    assert len(list((tmp_path / "cache" / "tuned_lens").iterdir())) == 3
     written = check_strict_json_files(tmp_path / "r")  # the phases table holds NaNs (no RSS after the last layer)
     phases = written["phases"]
     assert phases["params"]["found"] is False and "needs at least" in phases["params"]["reason"]  # 2 layers only
-    assert phases["params"]["lens_budget"]["steps"] == 25 and written["lens"]["params"]["lens_budget"]["steps"] == 25
+    assert phases["params"]["lens_dir"] == written["lens"]["params"]["lens_dir"]
+    for section in (phases, written["lens"]):
+        assert section["params"]["lens_budget"] == REPORT_LENS_BUDGET
     assert "NaN" in [row["rss"] for row in phases["rows"]]
 
 
@@ -289,7 +293,7 @@ def test_quick_lens_budget_is_small_and_cached_apart(neox_bridge, tmp_path, text
     paths = report(neox_bridge, list(texts) * 4, tmp_path / "r", sections=["lens"], quick=True, n_tokens=30,
                    progress=False)
     lens = json.loads(paths["lens.json"].read_text())
-    assert lens["params"]["lens_budget"]["steps"] == QUICK["lens_budget"]["steps"]
+    assert lens["params"]["lens_budget"]["n_tokens"] == QUICK["lens_budget"]["n_tokens"]
     assert "-L2-" in lens["params"]["lens_dir"]
 
 

@@ -13,7 +13,7 @@ and ``l + 1``) is attributed to layer ``l``; layer ``L`` takes the last point's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -26,7 +26,7 @@ from geolens.model import as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["DEFAULT_FRACTIONS", "PhasesResult", "phases"]
+__all__ = ["DEFAULT_FRACTIONS", "STABILITY_FRACTIONS", "PhasesResult", "phase_stability", "phases"]
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.10, 0.15, 0.25, 0.50)
 
@@ -44,14 +44,70 @@ class PhasesResult(Result):
         return plotting.phases_figure(self)
 
 
+STABILITY_FRACTIONS = (0.05, 0.10, 0.15)
+
+
+def _split(rss: torch.Tensor, smoothing: float, sensitivity: float) -> PhaseSplit:
+    try:
+        return detect_phases(rss, smoothing=smoothing, sensitivity=sensitivity)
+    except ValueError as err:  # e.g. too few layers for a rise, a plateau and a fall
+        n = rss.numel()
+        return PhaseSplit(False, None, None, int(rss.argmax()), [None] * n, rss.tolist(), str(err))
+
+
+def phase_stability(
+    lens_a: TunedLens,
+    lens_b: TunedLens,
+    *,
+    fractions: Sequence[float] = STABILITY_FRACTIONS,
+    smoothing: float = 1.0,
+    sensitivity: float = 1.0,
+    max_shift: int = 1,
+    min_pearson: float = 0.9,
+) -> dict:
+    """Do two lenses (e.g. trained on disjoint halves of a text) give the same phases?
+
+    At each ``k = fraction * d``: both RSS curves, their Pearson correlation, and both
+    breakpoint pairs. Stable when, at every ``k``, both lenses find phases, the breakpoints
+    differ by at most ``max_shift`` layers and the curves correlate at ``min_pearson`` or more.
+    See docs/methods.md §C.9.
+
+    Example:
+        >>> lens = TunedLens(model)
+        >>> phase_stability(lens, lens)["stable"]   # two layers: no phases to agree on
+        False
+    """
+    maps = [torch.stack([lz.linear_map(layer) for layer in range(lz.n_layers)]) for lz in (lens_a, lens_b)]
+    sweeps = [resolution_sweep(m, list(fractions)) for m in maps]
+    rows, reasons = [], []
+    for a, b in zip(*sweeps):
+        split_a, split_b = (_split(s["rss"], smoothing, sensitivity) for s in (a, b))
+        ra, rb = a["rss"].double(), b["rss"].double()
+        pearson = float(torch.corrcoef(torch.stack([ra, rb]))[0, 1]) if ra.numel() > 1 else float("nan")
+        agree = (split_a.found and split_b.found and abs(split_a.b1 - split_b.b1) <= max_shift
+                 and abs(split_a.b2 - split_b.b2) <= max_shift)
+        ok = bool(agree and pearson >= min_pearson)
+        if not ok:
+            reasons.append(f"k = {a['k']}: " + (
+                f"breakpoints {split_a.b1, split_a.b2} vs {split_b.b1, split_b.b2}" if split_a.found and split_b.found
+                else "no phases in " + " and ".join(n for n, s in (("lens A", split_a), ("lens B", split_b))
+                                                    if not s.found))
+                + f", RSS Pearson {pearson:.2f}")
+        rows.append({"fraction": a["fraction"], "k": a["k"], "b1": [split_a.b1, split_b.b1],
+                     "b2": [split_a.b2, split_b.b2], "pearson": pearson, "agree": ok})
+    return {"stable": not reasons, "per_k": rows, "reason": "; ".join(reasons),
+            "max_shift": max_shift, "min_pearson": min_pearson}
+
+
 def phases(
     model: object,
     tokens,
     *,
     lens: TunedLens | None = None,
     lens_texts: Sequence[str] | None = None,
-    lens_budget: dict[str, int] | None = None,
+    lens_budget: dict[str, Any] | None = None,
     cache_dir=None,
+    stability: bool = True,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     k_fraction: float | None = None,
     smoothing: float = 1.0,
@@ -71,8 +127,11 @@ def phases(
         lens: a trained :class:`~geolens.lens.TunedLens`; ``None`` trains a
             small-budget one once and caches it (:func:`geolens.lens.cached_tuned_lens`)
             on ``lens_texts``, else on ``tokens`` (then the Hit@k diagnostics are
-            in-sample), with ``lens_budget`` (``steps``, ``tokens_per_step``, ``seq_len``)
-            under ``cache_dir``.
+            in-sample), with ``lens_budget`` (``method`` and its budget, see
+            :func:`geolens.lens.cached_tuned_lens`) under ``cache_dir``.
+        stability: with ``lens=None``, also train a lens on each half of the lens texts (every
+            other text) and compare their phases (:func:`phase_stability`); phases the halves do
+            not reproduce are reported as "no stable phases" instead of breakpoints.
         fractions: ``k`` as fractions of ``d`` for the resolution sweep.
         k_fraction: use this fraction instead of the visibility/energy choice.
         smoothing, sensitivity: Gaussian sigma (layers) and Kneedle ``S``.
@@ -92,6 +151,7 @@ def phases(
         (False, 'the curve has 1 points; phase detection needs at least 5')
     """
     adapter = as_adapter(model)
+    stability_report = None
     if lens is None:
         train_texts = lens_texts if lens_texts is not None else tokens
         if isinstance(train_texts, str):
@@ -99,8 +159,13 @@ def phases(
         if not isinstance(train_texts, (list, tuple)):
             raise TypeError("phases: without lens= it trains a tuned lens on text; pass lens_texts= (a list of str) "
                             "or tokens as texts")
-        lens = cached_tuned_lens(adapter, train_texts, cache_dir=cache_dir, seed=seed, progress=progress,
-                                 **(lens_budget or {}))
+        train_texts = list(train_texts)
+        budget = dict(lens_budget or {})
+        lens = cached_tuned_lens(adapter, train_texts, cache_dir=cache_dir, seed=seed, progress=progress, **budget)
+        if stability and len(train_texts) >= 4:
+            halves = [cached_tuned_lens(adapter, train_texts[i::2], cache_dir=cache_dir, seed=seed,
+                                        progress=progress, **budget) for i in (0, 1)]
+            stability_report = phase_stability(*halves, smoothing=smoothing, sensitivity=sensitivity)
     if getattr(lens, "n_layers", None) != adapter.n_layers or getattr(lens, "d_model", None) != adapter.d_model:
         raise ValueError("the lens was made for a model of another shape")
     fractions = list(fractions) + ([k_fraction] if k_fraction is not None and k_fraction not in fractions else [])
@@ -110,11 +175,13 @@ def phases(
         chosen = choose_resolution(sweep)
     else:
         chosen = next(row for row in sweep if row["fraction"] == float(k_fraction))
-    try:
-        split = detect_phases(chosen["rss"], smoothing=smoothing, sensitivity=sensitivity)
-    except ValueError as err:  # e.g. too few layers for a rise, a plateau and a fall
-        n = chosen["rss"].numel()
-        split = PhaseSplit(False, None, None, int(chosen["rss"].argmax()), [None] * n, chosen["rss"].tolist(), str(err))
+    split = _split(chosen["rss"], smoothing, sensitivity)
+    unstable = None
+    if split.found and stability_report is not None and not stability_report["stable"]:
+        unstable = (split.b1, split.b2)
+        split = PhaseSplit(False, None, None, split.peak, [None] * len(split.phases), split.smoothed,
+                           f"no stable phases: lenses on the two halves of the text disagree "
+                           f"({stability_report['reason']})")
 
     common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
                   attention_mask=attention_mask, progress=progress)
@@ -141,7 +208,8 @@ def phases(
         "model": adapter.name, "k": chosen["k"], "k_fraction": chosen["fraction"], "b1": split.b1, "b2": split.b2,
         "found": split.found, "reason": split.reason, "smoothing": smoothing, "sensitivity": sensitivity,
         "sweep": [{key: entry[key] for key in ("fraction", "k", "energy", "visibility")} for entry in sweep],
-        "lens_training": {k: v for k, v in getattr(lens, "training_info", {}).items() if k != "losses"}, "seed": seed,
+        "lens_training": {k: v for k, v in getattr(lens, "training_info", {}).items() if k not in ("losses", "history")},
+        "seed": seed, "stability": stability_report, "unstable_breakpoints": unstable,
         "n_tokens": evaluated.params["n_tokens"], "max_length": max_length,
     }
     if split.found:

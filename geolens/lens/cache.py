@@ -8,7 +8,7 @@ and a rerun loads the saved one.
 
 Example:
     >>> import os, tempfile
-    >>> budget = dict(steps=2, tokens_per_step=16, seq_len=8, progress=False)
+    >>> budget = dict(method="reference", steps=2, tokens_per_step=16, seq_len=8, progress=False)
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     lens = cached_tuned_lens(model, texts * 4, cache_dir=tmp, **budget)   # trains and saves
     ...     again = cached_tuned_lens(model, texts * 4, cache_dir=tmp, **budget)  # loads the saved lens
@@ -26,14 +26,17 @@ from pathlib import Path
 from typing import Sequence
 
 from geolens._cache import cache_root
+from geolens.lens.fit import FAST_BUDGET, fit_tuned_lens
 from geolens.lens.train import DEFAULT_SEQ_LEN, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import ModelAdapter, as_adapter
 
-__all__ = ["SMALL_BUDGET", "cached_tuned_lens"]
+__all__ = ["LENS_METHODS", "SMALL_BUDGET", "cached_tuned_lens"]
 
-# The report's CPU budget: far below the reference recipe (250 x 2^18 tokens), see the README's limits.
+LENS_METHODS = ("fast", "reference")
+# The reference recipe's small CPU budget: far below its 250 x 2^18 tokens, see the README's limits.
 SMALL_BUDGET = {"steps": 25, "tokens_per_step": 128, "seq_len": DEFAULT_SEQ_LEN}
+_REFERENCE_KEYS, _FAST_KEYS = ("steps", "tokens_per_step"), ("n_tokens", "max_steps", "max_seconds")
 
 
 def _cache_key(adapter: ModelAdapter, plan: dict) -> str:
@@ -49,10 +52,14 @@ def cached_tuned_lens(
     model: object,
     train_texts: Sequence[str],
     *,
+    method: str = "fast",
     cache_dir: str | Path | None = None,
-    steps: int = SMALL_BUDGET["steps"],
-    tokens_per_step: int = SMALL_BUDGET["tokens_per_step"],
-    seq_len: int = SMALL_BUDGET["seq_len"],
+    steps: int | None = None,
+    tokens_per_step: int | None = None,
+    n_tokens: int | None = None,
+    max_steps: int | None = None,
+    max_seconds: float | None = None,
+    seq_len: int = DEFAULT_SEQ_LEN,
     seed: int = 0,
     progress: bool = True,
 ) -> TunedLens:
@@ -61,30 +68,50 @@ def cached_tuned_lens(
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge``.
         train_texts: the training texts (their hash is part of the cache key).
+        method: ``"fast"`` (:func:`geolens.lens.fit_tuned_lens`: closed form on captured states, KL
+            refinement; budget ``n_tokens``, ``max_steps``, ``max_seconds``, default :data:`FAST_BUDGET`)
+            or ``"reference"`` (:func:`geolens.lens.train_tuned_lens`, the tuned-lens recipe; budget
+            ``steps``, ``tokens_per_step``, default :data:`SMALL_BUDGET`).
         cache_dir: where lenses are kept; default ``<cache root>/tuned_lens``
             (``$GEOLENS_CACHE`` or ``~/.cache/geolens``).
-        steps, tokens_per_step, seq_len: the training budget
-            (:func:`geolens.lens.train_tuned_lens`); default :data:`SMALL_BUDGET`.
-        seed: part of the key (training itself is deterministic for a budget).
+        seq_len: tokens per training window (both methods).
+        seed: part of the key; the fast method's position sample.
         progress: show the training bar.
 
     Returns:
-        The lens; ``lens.cache_dir`` says where it is saved.
+        The lens; ``lens.cache_dir`` says where it is saved. A budget key of the other method raises
+        ``TypeError``. The fast method's time limit makes a lens depend on the machine's speed where
+        it stops on time rather than on a plateau (``lens.training_info["stopped"]`` says which).
     """
     adapter = as_adapter(model)
+    if method not in LENS_METHODS:
+        raise ValueError(f"method must be one of {LENS_METHODS}, got {method!r}")
     if isinstance(train_texts, str) or not all(isinstance(t, str) for t in train_texts):
         raise TypeError("train_texts must be a list of str")
     train_texts = list(train_texts)
     if not train_texts:
         raise ValueError("train_texts is empty: a tuned lens needs text to train on")
-    plan = {"steps": steps, "tokens_per_step": tokens_per_step, "seq_len": seq_len, "seed": seed,
+    given = {"steps": steps, "tokens_per_step": tokens_per_step, "n_tokens": n_tokens, "max_steps": max_steps,
+             "max_seconds": max_seconds}
+    foreign = [k for k in (_FAST_KEYS if method == "reference" else _REFERENCE_KEYS) if given[k] is not None]
+    if foreign:
+        raise TypeError(f"{foreign} belong to the other lens method; method={method!r} takes "
+                        f"{list(_REFERENCE_KEYS if method == 'reference' else _FAST_KEYS)}")
+    defaults = SMALL_BUDGET if method == "reference" else FAST_BUDGET
+    budget = {k: (given[k] if given[k] is not None else defaults[k])
+              for k in (_REFERENCE_KEYS if method == "reference" else _FAST_KEYS)}
+    plan = {"method": method, **budget, "seq_len": seq_len, "seed": seed,
             "train_texts_sha": hashlib.sha256("\x00".join(train_texts).encode()).hexdigest()[:12]}
+    if method == "reference":  # keeps the keys of lenses cached before the fast method existed
+        plan.pop("method")
     folder = (Path(cache_dir) if cache_dir is not None else cache_root() / "tuned_lens") / _cache_key(adapter, plan)
     try:
         lens = TunedLens.load(folder, adapter)
     except FileNotFoundError:
-        lens = train_tuned_lens(adapter, train_texts, steps=steps, tokens_per_step=tokens_per_step, seq_len=seq_len,
-                                progress=progress)
+        if method == "reference":
+            lens = train_tuned_lens(adapter, train_texts, seq_len=seq_len, progress=progress, **budget)
+        else:
+            lens = fit_tuned_lens(adapter, train_texts, seq_len=seq_len, seed=seed, progress=progress, **budget)
         lens.save(folder)
     lens.cache_dir = str(folder)
     return lens

@@ -73,3 +73,39 @@ def test_flat_trajectory_reports_no_phases(deep_bridge, texts):
 def test_lens_of_another_model_is_refused(deep_bridge, native_bridge, texts):
     with pytest.raises(ValueError, match="another shape"):
         geolens.phases(deep_bridge, list(texts), lens=TunedLens(native_bridge), progress=False)
+
+
+def _nudged(lens, scale, seed):
+    """The same translators plus seeded noise of relative size ``scale``."""
+    other = TunedLens(lens.adapter)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mine, theirs in zip(lens.translators, other.translators):
+            theirs.weight.copy_(mine.weight + scale * mine.weight.abs().max() * torch.randn(mine.weight.shape, generator=g))
+    return other
+
+
+def test_two_lenses_that_agree_are_stable_and_unrelated_ones_are_not(deep_bridge):
+    from geolens.analyses.phases import phase_stability
+
+    lens = _planted_lens(deep_bridge)
+    fractions = (K / 32,)  # the planted structure lives at k = K
+    close = phase_stability(lens, _nudged(lens, 1e-3, 1), fractions=fractions, smoothing=0.0)
+    assert close["stable"], close["reason"]
+    for row in close["per_k"]:
+        assert row["pearson"] >= 0.9 and abs(row["b1"][0] - row["b1"][1]) <= 1 and abs(row["b2"][0] - row["b2"][1]) <= 1
+    unrelated = phase_stability(lens, _nudged(TunedLens(deep_bridge), 1.0, 2), fractions=fractions, smoothing=0.0)
+    assert not unrelated["stable"] and unrelated["reason"]
+
+
+def test_unstable_phases_are_reported_as_such(deep_bridge, texts, monkeypatch):
+    import geolens.analyses.phases as ph
+
+    lens = _planted_lens(deep_bridge)
+    monkeypatch.setattr(ph, "cached_tuned_lens", lambda model, train_texts, **kw: lens if len(train_texts) > 4
+                        else _nudged(TunedLens(deep_bridge), 1.0, len(train_texts)))
+    res = geolens.phases(deep_bridge, list(texts) * 2, lens_texts=list(texts) * 2, fractions=(K / 32, 0.5),
+                         k_fraction=K / 32, smoothing=0.0, n_tokens=None, progress=False)
+    assert not res.params["found"] and res.params["reason"].startswith("no stable phases")
+    assert res.params["unstable_breakpoints"][0] == 2 and res.params["stability"]["stable"] is False
+    assert res.to_pandas().phase.isna().all()

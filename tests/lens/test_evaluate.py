@@ -72,7 +72,7 @@ def test_evaluate_ce_matches_direct_computation(native_bridge):
 
 
 def test_cached_tuned_lens_trains_once(native_bridge, texts, train_texts, tmp_path):
-    lens = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, steps=3, tokens_per_step=16,
+    lens = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, method="reference", steps=3, tokens_per_step=16,
                              progress=False)
     quality = evaluate(native_bridge, texts, lens=lens, n_tokens=None, progress=False)
     assert {"tuned", "logit"} == set(quality.to_pandas().lens)
@@ -84,7 +84,8 @@ def test_cached_tuned_lens_trains_once(native_bridge, texts, train_texts, tmp_pa
     real = cache.train_tuned_lens
     cache.train_tuned_lens = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
-        again = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, steps=3, tokens_per_step=16,
+        again = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, method="reference", steps=3,
+                                  tokens_per_step=16,
                                   progress=False)
     finally:
         cache.train_tuned_lens = real
