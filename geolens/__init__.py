@@ -23,7 +23,7 @@ from geolens.sites import SITES
 from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import PGAResult, Result
-from geolens.data import default_texts, load_default_model
+from geolens.data import available_models, default_texts, load_default_model, load_model
 
 __version__ = "0.1.0"
 
@@ -48,6 +48,7 @@ __all__ = [
     "ablation_effect",
     "ablation_hooks",
     "as_adapter",
+    "available_models",
     "capture",
     "compare",
     "convergence",
@@ -56,6 +57,7 @@ __all__ = [
     "lens",
     "logit_diff",
     "load_default_model",
+    "load_model",
     "metrics",
     "over_checkpoints",
     "patch",
