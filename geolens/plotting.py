@@ -110,6 +110,8 @@ def convergence_figure(result, value: str = "rho_full") -> go.Figure:
     prefix = value.split("_")[0]
     label = _CONVERGENCE_MEASURES.get(prefix, value)
     if result.params.get("grid"):
+        if "comparison" in table:  # the report's table: the grid is the model with itself
+            table = table[table["comparison"] == "self"]
         pivot = table.pivot(index="layer_a", columns="layer_b", values=value)
         fig = go.Figure(go.Heatmap(z=pivot.values, x=pivot.columns, y=pivot.index, colorscale="Viridis",
                                    colorbar_title=label.split(" ")[0] if prefix == "rho" else label))

@@ -166,8 +166,8 @@ def depth_pairs(n_layers_a: int, n_layers_b: int) -> tuple[list[int], list[int]]
 
 
 def _nearest(layer: int, n_from: int, n_to: int) -> int:
-    # round half up, so the pairing does not depend on banker's rounding
-    return int((layer * n_to) / n_from + 0.5)
+    # round(layer * n_to / n_from), halves up, in integers (no float or banker's rounding)
+    return (2 * layer * n_to + n_from) // (2 * n_from)
 
 
 def _check_measures(measures: str | Sequence[str]) -> tuple[str, ...]:

@@ -45,8 +45,8 @@ from geolens.data.wheels import (
 from geolens.model import boot_bridge
 
 __all__ = [
-    "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "MODELS", "ModelSpec", "available_models", "default_model_path",
-    "load_default_model", "load_model", "model_path", "transformers_progress",
+    "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "MODELS", "ModelSpec", "available_models", "default_model_path", "get_spec",
+    "is_available", "load_default_model", "load_model", "model_path", "transformers_progress",
 ]
 
 
