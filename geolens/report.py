@@ -101,7 +101,7 @@ class ReportSettings:
     # only). "auto": CROSS_FAMILY_MODEL when the report runs the default model, else None.
     convergence_model: Any = "auto"
     # Null subspace pairs per relative-depth pair of the cross-family comparison: fewer than n_null, since each
-    # Spearman null draw sorts N(N-1)/2 distances twice (19 pairs x 30 draws: ~15 s at 512 positions on 2 cores).
+    # Spearman null draw sorts N(N-1)/2 distances twice (with 30, the sorts are about a quarter of that part's time).
     convergence_null: int = 30
     alpha_fit_range: tuple[int, int] | None = None  # default (5, 100), clipped to what the spectrum has
     lens_budget: dict[str, int] | None = None
