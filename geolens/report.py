@@ -37,14 +37,15 @@ from tqdm.auto import tqdm
 
 from geolens._io import atomic_write_text
 from geolens.analyses.compare import compare
-from geolens.analyses.convergence import convergence
+from geolens.analyses.convergence import ConvergenceResult, convergence, depth_pairs
 from geolens.analyses.pga import pga
 from geolens.analyses.phases import phases
 from geolens.analyses.probes import probes
 from geolens.analyses.spectrum import clipped_fit_range, spectrum, weight_geometry
 from geolens.analyses.updates import updates
 from geolens.capture import States, capture
-from geolens.data import default_texts, load_default_model
+from geolens.data import default_texts, load_default_model, load_model
+from geolens.data.models import MODELS, is_available
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
@@ -53,7 +54,11 @@ from geolens.pages import Section, versions, write_html
 from geolens.results import Result, json_text
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 
-__all__ = ["DEFAULT_SECTIONS", "QUICK", "REPORT_LENS_BUDGET", "SECTIONS", "ReportSettings", "report"]
+__all__ = ["CROSS_FAMILY_MODEL", "DEFAULT_SECTIONS", "QUICK", "REPORT_LENS_BUDGET", "SECTIONS", "ReportSettings",
+           "report"]
+
+# The convergence section of the default model's report compares it with this offline model of another family.
+CROSS_FAMILY_MODEL = "gemma-3-270m"
 
 # The tuned lens of the lens and phases sections: the fast method (closed form on 4096 captured
 # positions, a short KL refinement), on 200 default texts the report does not score.
@@ -72,6 +77,7 @@ QUICK: dict[str, Any] = {
     "probe_texts": 50,
     "probe_folds": 3,
     "convergence_positions": 128,
+    "convergence_null": 10,
     # A tuned lens fitted on 512 positions, no refinement: seconds; it has its own cache entry, so
     # it never stands in for a lens of the full budget.
     "lens_budget": {"method": "fast", "n_tokens": 512, "max_steps": 0, "seq_len": 64, "n_train_texts": 40},
@@ -105,6 +111,12 @@ class ReportSettings:
     probe_max_length: int = 64
     probe_folds: int = 5
     convergence_positions: int = 512
+    # Second model of the convergence section: an offline model name, a model, or None (the model with itself
+    # only). "auto": CROSS_FAMILY_MODEL when the report runs the default model, else None.
+    convergence_model: Any = "auto"
+    # Null subspace pairs per relative-depth pair of the cross-family comparison: fewer than n_null, since each
+    # Spearman null draw sorts N(N-1)/2 distances twice (with 30, the sorts are about a quarter of that part's time).
+    convergence_null: int = 30
     alpha_fit_range: tuple[int, int] | None = None  # default (5, 100), clipped to what the spectrum has
     lens_budget: dict[str, int] | None = None
     quick: bool = False  # made from the QUICK preset (recorded, so a quick report is never mistaken for a full one)
@@ -143,10 +155,12 @@ class ReportSettings:
         """The effective settings, for meta.json and the page (``lens_budget`` filled in from the default).
 
         Example:
-            >>> ReportSettings().as_dict()["lens_budget"]["steps"]
-            25
+            >>> ReportSettings().as_dict()["lens_budget"]["method"]
+            'fast'
         """
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _STATE_FIELDS}
+        if not (out["convergence_model"] is None or isinstance(out["convergence_model"], str)):
+            out["convergence_model"] = as_adapter(out["convergence_model"]).name  # a model: recorded by its name
         out["lens_budget"] = {**REPORT_LENS_BUDGET, **(self.lens_budget or {})}
         return out
 
@@ -233,12 +247,51 @@ def _probe_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
 
 
 def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
-    # One offline model: compare it with itself across depths (layer x layer grid). Where two
-    # layers' distance structures agree, the representation has not been reorganised between them.
-    result = convergence(adapter, texts, k=s.k, ccr=1, grid=True, n_positions=s.convergence_positions,
-                         max_length=s.max_length, seed=s.seed, progress=s.progress)
-    result.params["comparison"] = "the model with itself, every layer against every layer"
-    return result, [result.plot("rho_full"), result.plot("rho_readout")]
+    # The model with itself across depths (layer x layer grid): where two layers' distance structures agree,
+    # the representation has not been reorganised between them. Then, with a second offline model of another
+    # family (Gemma-3-270M for the default model), the two models at matching relative depth, with the null.
+    common = dict(k=s.k, ccr=1, n_positions=s.convergence_positions, max_length=s.max_length, seed=s.seed,
+                  progress=s.progress)
+    own = convergence(adapter, texts, grid=True, **common)
+    rows = [{"comparison": "self", **row} for row in own.rows]
+    figures = [own.plot("rho_full"), own.plot("rho_readout"), own.plot("cka_full"), own.plot("mknn_full")]
+    params = {"comparison": "the model with itself, every layer against every layer; then, by relative depth, "
+                            "against a model of another family",
+              **own.params}
+    other, why = _cross_family_model(adapter, s)
+    if other is None:
+        params["cross_family"] = f"absent: {why}"
+    else:
+        started = time.perf_counter()
+        layers_a, layers_b = depth_pairs(adapter.n_layers, other.n_layers)
+        cross = convergence(adapter, texts, other, layer_a=layers_a, layer_b=layers_b, n_null=s.convergence_null,
+                            **common)
+        rows += [{"comparison": "cross-family", **row} for row in cross.rows]
+        figures += [cross.plot("rho_full"), cross.plot("cka_full"), cross.plot("mknn_full")]
+        params["cross_family"] = {"model_b": cross.params["model_b"], "n_layers_b": cross.params["n_layers_b"],
+                                  "pairs": "every layer of the shallower model with the nearest relative depth",
+                                  "n_positions": cross.params["n_positions"], "n_null": s.convergence_null,
+                                  "time_s": round(time.perf_counter() - started, 1)}
+    return ConvergenceResult(rows=rows, params=params), figures
+
+
+def _cross_family_model(adapter: ModelAdapter, s: ReportSettings) -> tuple[ModelAdapter | None, str]:
+    """The second model of the convergence section, or ``None`` and the reason it is absent."""
+    choice = s.convergence_model
+    if choice is None or (isinstance(choice, str) and choice == "auto"):
+        return None, ("not asked (convergence_model=None); the default model's report compares it with "
+                      f"{CROSS_FAMILY_MODEL}")
+    if not isinstance(choice, str):
+        return as_adapter(choice), ""
+    spec = MODELS.get(choice)
+    if spec is not None and spec.display_name == adapter.name:
+        return None, f"the report's model is {choice} itself"
+    if spec is not None and not is_available(choice):
+        return None, f"the wheels of {choice} are not installed; install them with: {spec.install_command()}"
+    try:
+        return as_adapter(load_model(choice, device=adapter.device, progress=s.progress)), ""
+    except (RuntimeError, ValueError, OSError) as error:
+        return None, f"{choice} could not be loaded: {type(error).__name__}: {error}"
 
 
 SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
@@ -250,7 +303,8 @@ SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
     "lens": ("Logit lens and a small-budget tuned lens: KL, cross-entropy, Hit@1/Hit@5 (trained once, cached)",
              _lens_section),
     "probes": ("Linear probes (BBC News topic) next to PGA z", _probe_section),
-    "convergence": ("Convergence across depth (full space and readout subspace)", _convergence_section),
+    "convergence": ("Convergence (Spearman, linear CKA, mutual k-NN): across depth, and across families by relative "
+                    "depth (full space, readout subspaces, random subspaces)", _convergence_section),
     "phases": ("Three phases: readout-subspace similarity of the tuned lens, resolution sweep, Kneedle breakpoints",
                _phases_section),
 }
@@ -320,6 +374,8 @@ def report(
     unknown = [name for name in chosen if name not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
+    if isinstance(settings.convergence_model, str) and settings.convergence_model == "auto":
+        settings.convergence_model = CROSS_FAMILY_MODEL if model is None else None
     if model is None:
         model = load_default_model(device=device, progress=settings.progress)
     texts = list(default_texts(n=settings.n_texts, seed=settings.seed) if texts is None else texts)

