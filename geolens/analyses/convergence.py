@@ -257,22 +257,14 @@ def convergence(
         :class:`ConvergenceResult`.
 
     Example:
-<<<<<<< HEAD
-        >>> res = convergence(model, texts, other_model, k=4, n_null=5, n_positions=None, progress=False)
-        >>> res.to_pandas().columns.tolist()
-        ['layer_a', 'layer_b', 'rho_full', 'rho_readout', 'rho_random_mean', 'rho_random_std', 'z_readout']
+        >>> res = convergence(model, texts, other_model, k=4, n_null=5, n_positions=None, knn_k=3, progress=False)
+        >>> res.to_pandas()[["layer_a", "layer_b", "rho_full", "cka_full", "mknn_full"]].shape
+        (1, 5)
         >>> res.params["n_positions"]   # word ends shared by both tokenizations
         25
-        >>> grid = convergence(model, texts, k=4, grid=True, n_positions=None, progress=False)   # depths of one model
+        >>> grid = convergence(model, texts, k=4, grid=True, n_positions=None, knn_k=3, progress=False)
         >>> grid.to_pandas().pivot(index="layer_a", columns="layer_b", values="rho_full").shape
         (3, 3)
-        >>> fig = grid.plot()
-=======
-        >>> res = convergence(model, texts * 4, layer_a=1, layer_b=2, k=4, n_null=5, n_positions=None,
-        ...                   knn_k=3, progress=False)
-        >>> res.to_pandas()[["layer_a", "layer_b"]].values.tolist()
-        [[1, 2]]
->>>>>>> helper-gemma
     """
     if _is_model(tokens) and not _is_model(other):
         # geolens < 0.2 took convergence(model_a, model_b, texts, layer_a, layer_b)
