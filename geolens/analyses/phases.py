@@ -161,6 +161,8 @@ def phases(
                             "or tokens as texts")
         train_texts = list(train_texts)
         budget = dict(lens_budget or {})
+        # A budget written in the reference recipe's terms (steps, tokens_per_step) asks for that recipe.
+        budget.setdefault("method", "reference" if {"steps", "tokens_per_step"} & set(budget) else "fast")
         lens = cached_tuned_lens(adapter, train_texts, cache_dir=cache_dir, seed=seed, progress=progress, **budget)
         if stability and len(train_texts) >= 4:
             halves = [cached_tuned_lens(adapter, train_texts[i::2], cache_dir=cache_dir, seed=seed,
