@@ -198,17 +198,29 @@ def _sorted_dot(packed: np.ndarray, full: np.ndarray, buf: _Scratch) -> float:
 
 
 def _tie_terms(
-    packed: np.ndarray, full: np.ndarray, buf: _Scratch, index_mask: np.int64 = _LOW32
-) -> tuple[float, float, np.ndarray, np.ndarray]:
-    """Tie corrections ``(d_dot, d_sq, cols, offsets)`` of a sorted row (average ranks, as scipy)."""
+    packed: np.ndarray, full: np.ndarray, buf: _Scratch, index_mask: np.int64 = _LOW32, chunk: int = 1 << 20
+) -> tuple[float, float]:
+    """Tie corrections ``(d_dot, d_sq)`` of a sorted row (average ranks, as scipy).
+
+    float32 distances tie often at large N (tens of millions of values on a grid of
+    about 2^24 per octave), so the tie groups are handled a chunk of whole runs at a
+    time: memory stays ``O(chunk)`` however many ties there are.
+    """
     m = packed.shape[0]
-    _, cols, offsets = tie_offsets_from_pairs(_tie_pairs(packed, buf), m)
-    if not cols.numel():
-        return 0.0, 0.0, np.zeros(0, dtype=np.int64), np.zeros(0)
-    c, off = cols.numpy(), offsets.numpy()
-    base = c + 1 - (m + 1) / 2.0
-    gathered = full[packed[c] & index_mask]
-    return float(gathered @ off), float(((base + off) ** 2 - base**2).sum()), c, off
+    pairs = _tie_pairs(packed, buf)
+    d_dot = d_sq = 0.0
+    start = 0
+    while start < pairs.size:
+        stop = min(start + chunk, pairs.size)
+        while stop < pairs.size and pairs[stop] == pairs[stop - 1] + 1:  # never split a run of ties
+            stop += 1
+        _, cols, offsets = tie_offsets_from_pairs(pairs[start:stop], m)
+        c, off = cols.numpy(), offsets.numpy()
+        base = c + 1 - (m + 1) / 2.0
+        d_dot += float(full[packed[c] & index_mask] @ off)
+        d_sq += float(((base + off) ** 2 - base**2).sum())
+        start = stop
+    return d_dot, d_sq
 
 
 def _ranked_dots_numpy(flat, flat_index, full_centred):
@@ -224,7 +236,7 @@ def _ranked_dots_numpy(flat, flat_index, full_centred):
         buf = scratch.buffers(m)
         packed = _sort_keys(rows[i], pick, buf)
         dot = _sorted_dot(packed, full, buf)
-        d_dot, d_sq, _, _ = _tie_terms(packed, full, buf)
+        d_dot, d_sq = _tie_terms(packed, full, buf)
         results[i] = (dot + d_dot, sq_plain + d_sq)
 
     list(_pool().map(one_row, range(b)))

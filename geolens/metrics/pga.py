@@ -196,7 +196,7 @@ def subspace_pga(
     centred = center(states)
     check_spread(states, centred, dtype=input_dtype, what="the states")
     # One SVD gives both PC1 (for migration) and the CCR components.
-    _, sv, vh = torch.linalg.svd(centred, full_matrices=False)
+    sv, vh = _singular(centred)
     # Cosine distances of a cloud that is (numerically) one line are all 0 or 2: no geometry to rank.
     kept_rank = int((sv[ccr:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum())
     if kept_rank < 2:
@@ -250,6 +250,15 @@ def subspace_pga(
         rho_se=rho_se,
         z_se=z_se,
     )
+
+
+def _singular(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Singular values and right singular vectors of ``x``; for a tall ``x`` through its QR's ``R``
+    (the same decomposition, backward stable, without forming the ``[N, d]`` left vectors)."""
+    if x.shape[0] > x.shape[1]:
+        x = torch.linalg.qr(x, mode="r").R
+    _, sv, vh = torch.linalg.svd(x, full_matrices=False)
+    return sv, vh
 
 
 def check_n_pairs(n_pairs: object, n: int) -> int | None:
@@ -316,8 +325,7 @@ def rank_alignment(
     flat_index = condensed_indices(n, device=device)
     m = flat_index.numel()
     mean_rank = (m + 1) / 2.0  # the same with or without ties
-    full_ranks = rank_data(negated_cosines(states, flat_index=flat_index))
-    full_centred = full_ranks - mean_rank
+    full_centred = rank_data(negated_cosines(states, flat_index=flat_index)).sub_(mean_rank)
     full_norm = torch.linalg.vector_norm(full_centred)
     if full_norm == 0:
         raise DegenerateError("all full-space distances are equal: rank correlation undefined")

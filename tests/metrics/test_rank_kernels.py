@@ -60,3 +60,19 @@ def test_sampled_kernels_agree(coarse):
             c = torch.tensor([u[values[row] >= values[row, q]].sum() for q in range(p)], dtype=torch.float64) / p
             phi = torch.zeros(n_blocks, dtype=torch.float64).index_add_(0, blocks, u * v + a + c)
             torch.testing.assert_close(got[2][row], phi, rtol=1e-10, atol=1e-8)
+
+
+def test_tie_corrections_by_chunks_of_runs():
+    """Tie groups are corrected a chunk of whole runs at a time (bounded memory): any chunk size, same numbers."""
+    import numpy as np
+
+    from geolens.metrics._rank_kernels import _Scratch, _sort_keys, _tie_terms
+
+    g = torch.Generator().manual_seed(2)
+    row = (torch.round(torch.randn(5000, generator=g) * 3) / 3).numpy()  # long runs of ties
+    full = torch.randn(5000, generator=g, dtype=torch.float64).numpy()
+    buf = _Scratch().buffers(5000)
+    packed = _sort_keys(row, None, buf).copy()
+    ref = _tie_terms(packed, full, buf)
+    for chunk in (1, 7, 100, 4999):
+        np.testing.assert_allclose(_tie_terms(packed, full, buf, chunk=chunk), ref, rtol=1e-12)
