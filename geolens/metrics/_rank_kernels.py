@@ -274,10 +274,19 @@ class SampledRanks:
         value. ``12 (phi_p - mean phi)`` is the empirical influence function of
         Spearman's rho.
         """
+        return self.submit(values)()
+
+    def submit(self, values: torch.Tensor):
+        """Start :meth:`stats` on ``values``; returns a function that waits for and returns its result.
+
+        The NumPy kernel works in the rank pool's threads, so the caller can prepare the
+        next rows meanwhile; the torch kernel (CUDA, float64) runs before returning.
+        """
         p = self.p
         if uses_numpy_kernel(values.device, values.dtype, p) and p < 2**_BLOCK_SHIFT and self.n_blocks <= 32:
             return _sampled_numpy(values, self._numpy_side())
-        return _sampled_torch(values, self.full_centred, self.full_order, self.blocks, self.n_blocks)
+        result = _sampled_torch(values, self.full_centred, self.full_order, self.blocks, self.n_blocks)
+        return lambda: result
 
     def _numpy_side(self) -> dict:
         if self._numpy is None:
@@ -428,18 +437,20 @@ def _sampled_numpy(values, side: dict):
             v[cols] += offsets / p
         block_of = np.right_shift(packed, _BLOCK_SHIFT)
         block_of &= np.int64(31)
-        np.add(u, v, out=w)
-        w /= p
-        np.multiply(u, v, out=v_full)  # v_full is free until the scatter below
-        w += v_full
-        row_phi = np.bincount(block_of, weights=w, minlength=n_blocks)
-        np.cumsum(u, out=w)
+        np.cumsum(u, out=w)  # U
         total = float(w[-1])
-        row_phi -= np.bincount(block_of, weights=w, minlength=n_blocks) / p
+        row_phi = np.zeros(n_blocks)
         if cols.size:
             starts = _group_starts_np(cols, offsets)
             delta = (w[cols] - u[cols]) - (w[starts] - u[starts])
             row_phi += np.bincount(block_of[cols], weights=delta, minlength=n_blocks) / p
+        w /= -p  # w = u v + (u + v) / P - U / P, summed per block in one pass; v_full is scratch until the scatter
+        np.multiply(u, v, out=v_full)
+        w += v_full
+        np.add(u, v, out=v_full)
+        v_full /= p
+        w += v_full
+        row_phi += np.bincount(block_of, weights=w, minlength=n_blocks)
         np.put(v_full, order, v)
         np.cumsum(v_full, out=w)
         total += float(w[-1])
@@ -450,6 +461,12 @@ def _sampled_numpy(values, side: dict):
         row_phi += sizes * (total / p)
         phi[i] = row_phi
 
-    list(_pool().map(one_row, range(b)))
-    dots, sq_norms = torch.tensor(results, dtype=torch.float64).unbind(-1)
-    return dots, sq_norms, torch.from_numpy(phi)
+    futures = [_pool().submit(one_row, i) for i in range(b)]
+
+    def result():
+        for future in futures:
+            future.result()
+        dots, sq_norms = torch.tensor(results, dtype=torch.float64).unbind(-1)
+        return dots, sq_norms, torch.from_numpy(phi)
+
+    return result

@@ -196,7 +196,7 @@ def subspace_pga(
     centred = center(states)
     check_spread(states, centred, dtype=input_dtype, what="the states")
     # One SVD gives both PC1 (for migration) and the CCR components.
-    sv, vh = _singular(centred)
+    sv, vh = _singular(centred, top=max(ccr, 1))
     # Cosine distances of a cloud that is (numerically) one line are all 0 or 2: no geometry to rank.
     kept_rank = int((sv[ccr:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum())
     if kept_rank < 2:
@@ -252,13 +252,28 @@ def subspace_pga(
     )
 
 
-def _singular(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Singular values and right singular vectors of ``x``; for a tall ``x`` through its QR's ``R``
-    (the same decomposition, backward stable, without forming the ``[N, d]`` left vectors)."""
-    if x.shape[0] > x.shape[1]:
-        x = torch.linalg.qr(x, mode="r").R
-    _, sv, vh = torch.linalg.svd(x, full_matrices=False)
-    return sv, vh
+def _singular(x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All singular values of ``x`` (descending) and its top ``top`` right singular vectors ``[top, d]``.
+
+    float32 ``x``: from the eigendecomposition of the smaller Gram matrix, formed in float64
+    (BLAS products and one small ``eigh``, where LAPACK's float32 SVD of a tall matrix costs
+    many times more on a CPU); singular values come out accurate to ~1e-8 of the largest, far
+    below the float32 rounding that the rank test allows for (``SPREAD_RTOL * eps``). float64
+    ``x``: a plain SVD (its rank test needs the full float64 resolution).
+    """
+    if x.dtype != torch.float32:
+        _, sv, vh = torch.linalg.svd(x, full_matrices=False)
+        return sv, vh[:top]
+    x64 = x.double()
+    n, d = x.shape
+    lam, vec = torch.linalg.eigh(x64.T @ x64 if n >= d else x64 @ x64.T)  # ascending
+    sv = lam.flip(0).clamp_min(0.0).sqrt()
+    top_vectors = vec.flip(1)[:, :top]
+    if n >= d:
+        vh = top_vectors.T
+    else:  # left vectors of the wide x: v_i = x^T u_i / s_i (the top ones; their s_i are well above 0)
+        vh = (top_vectors.T @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
+    return sv.to(x.dtype), vh.to(x.dtype)
 
 
 def check_n_pairs(n_pairs: object, n: int) -> int | None:
@@ -385,18 +400,28 @@ def sampled_rank_alignment(
     blocks[perm] = torch.arange(p) % n_blocks
     sizes = torch.bincount(blocks, minlength=n_blocks).to(torch.float64)
     ranks = SampledRanks(full_centred, full_order, blocks.to(device), n_blocks)
-    # Scratch per subspace: coordinates, values and the kernel's sort buffers (~ 6 floats of 8 bytes per pair).
-    per_subspace = states.shape[0] * subspaces.shape[-1] * states.element_size() + 48 * p
+    # Scratch per subspace: coordinates, values and the kernel's sort buffers (~ 6 floats of 8 bytes per pair);
+    # two chunks are alive at once (one being ranked, the next being built).
+    per_subspace = 2 * (states.shape[0] * subspaces.shape[-1] * states.element_size() + 48 * p)
     chunk = max(1, int(chunk_bytes // per_subspace))
     rhos, phis = [], []
-    for start in range(0, subspaces.shape[0], chunk):
-        values = pair_negated_cosines(states @ subspaces[start : start + chunk], pairs)  # [b, P]
-        dots, sq_norms, phi = ranks.stats(values)
-        del values
+
+    def collect(pending) -> None:
+        dots, sq_norms, phi = pending()
         if bool((sq_norms <= 0).any()):
             raise DegenerateError("all sampled projected distances are equal in some subspace: rank correlation undefined")
         rhos.append((dots / (full_norm * sq_norms.sqrt())).cpu())
         phis.append(phi.cpu())
+
+    pending = None
+    for start in range(0, subspaces.shape[0], chunk):
+        values = pair_negated_cosines(states @ subspaces[start : start + chunk], pairs)  # [b, P]
+        submitted = ranks.submit(values)  # on the CPU, the workers rank this chunk while the next one is built
+        del values
+        if pending is not None:
+            collect(pending)
+        pending = submitted
+    collect(pending)
     rho = torch.cat(rhos)
     phi = torch.cat(phis)
     # Influence sums per block: 12 (sum_{p in g} phi_p - |g| mean phi); leaving block g out moves rho by -that / (P - |g|).
