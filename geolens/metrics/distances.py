@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -149,6 +149,7 @@ class PairSample:
     i: torch.Tensor
     j: torch.Tensor
     total: int
+    _patterns: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_pairs(self) -> int:
@@ -166,8 +167,9 @@ def pair_negated_cosines(
     """``-cos(x_i, x_j)`` for the sampled pairs only, in their (pdist) order; raises on a zero row.
 
     A sampled dense-dense product (``torch.sparse.sampled_addmm`` with the pairs as
-    a CSR pattern): ``P k`` multiply-adds per cloud instead of the ``N^2 k`` of the
-    Gram matrix. Where that kernel is missing (some devices), a blocked gather-and-dot.
+    a CSR pattern, built once per sample, device and batch size): ``P k``
+    multiply-adds per cloud instead of the ``N^2 k`` of the Gram matrix. Where that
+    kernel is missing (some devices), a blocked gather-and-dot.
 
     See docs/methods.md §A.4a.
     """
@@ -177,30 +179,36 @@ def pair_negated_cosines(
         raise ValueError(f"the pair sample is of {pairs.n} points, the states have {n}")
     batch_shape = unit.shape[:-2]
     flat = unit.reshape(-1, n, unit.shape[-1])
-    i, j = pairs.i.to(unit.device), pairs.j.to(unit.device)
     try:
-        out = _sampled_dots(flat, i, j)
+        out = _sampled_dots(flat, pairs)
     except (RuntimeError, NotImplementedError):  # no sampled_addmm for this device / dtype
+        i, j = pairs.i.to(unit.device), pairs.j.to(unit.device)
         out = torch.empty(flat.shape[0], i.numel(), dtype=unit.dtype, device=unit.device)
         for start in range(0, i.numel(), block):
             a = flat[:, i[start : start + block]]
             out[:, start : start + block] = -(a * flat[:, j[start : start + block]]).sum(-1)
-    return out.reshape(*batch_shape, i.numel())
+    return out.reshape(*batch_shape, pairs.n_pairs)
 
 
-def _sampled_dots(unit: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+def _sampled_dots(unit: torch.Tensor, pairs: PairSample) -> torch.Tensor:
     """``-<unit[b, i_p], unit[b, j_p]>`` for a ``[B, N, k]`` batch through a batched CSR pattern."""
     b, n, _ = unit.shape
-    crow = torch.zeros(n + 1, dtype=torch.int64, device=unit.device)
-    crow[1:] = torch.bincount(i, minlength=n).cumsum(0)
+    key = (str(unit.device), unit.dtype, b)
+    cache = pairs._patterns  # a few per sample: one per device, dtype and chunk size
+    if key not in cache:
+        i, j = pairs.i.to(unit.device), pairs.j.to(unit.device)
+        crow = torch.zeros(n + 1, dtype=torch.int64, device=unit.device)
+        crow[1:] = torch.bincount(i, minlength=n).cumsum(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+            cache[key] = torch.sparse_csr_tensor(
+                crow.expand(b, -1).contiguous(), j.expand(b, -1).contiguous(),
+                torch.zeros(b, i.numel(), dtype=unit.dtype, device=unit.device), size=(b, n, n),
+                check_invariants=False,
+            )
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-        pattern = torch.sparse_csr_tensor(
-            crow.expand(b, -1).contiguous(), j.expand(b, -1).contiguous(),
-            torch.zeros(b, i.numel(), dtype=unit.dtype, device=unit.device), size=(b, n, n),
-            check_invariants=False,
-        )
-        return torch.sparse.sampled_addmm(pattern, unit, unit.mT, beta=0.0, alpha=-1.0).values()
+        warnings.simplefilter("ignore")
+        return torch.sparse.sampled_addmm(cache[key], unit, unit.mT, beta=0.0, alpha=-1.0).values()
 
 
 def pairwise_cosine_distances(
