@@ -15,7 +15,11 @@ the approximate block (issue 17): exact against ``n_pairs`` (default 500,000) at
 N = 4096 and 8192, with the speed-up, |delta z| against the tolerance
 0.3 + 0.05 |z| and the jackknife z_se, from the same processes as the sweep.
 
+``--default-model`` instead compares exact and approximate PGA on every layer of the offline default
+model at CCR 1, 5 and 10 (``geolens.pga``; the same captured states for both).
+
 Run:  python bench/pga.py [--quick] [--sweep-only] [--no-sweep] [--no-approx] [--device cuda]
+      python bench/pga.py --default-model [--model-tokens 4096] [--n-pairs 500000]
       python bench/pga.py --sweep-only --sizes 256,512 --approx-sizes 512 --n-pairs 20000   # a small check
 """
 
@@ -155,6 +159,34 @@ def sweep_point(n: int, d: int, k: int, r: int, device: str, n_pairs: int | None
     return out
 
 
+def default_model_check(n_tokens: int, n_pairs: int, n_null: int) -> None:
+    """Exact against approximate PGA on every layer of the default model at CCR 1, 5, 10 (same states)."""
+    import geolens
+
+    model = geolens.load_default_model()
+    texts = geolens.default_texts(n=64)  # as the README's example: enough positions for N = 4096 at max_length 256
+    states = geolens.capture(model, texts, sites=("resid_post", "final"), n_tokens=n_tokens, max_length=256,
+                             progress=False)
+    kw = dict(k=100, n_null=n_null, ccr=[1, 5, 10], progress=False)
+    t = time.perf_counter()
+    exact = geolens.pga(model, states, **kw).to_pandas()
+    t_exact = time.perf_counter() - t
+    t = time.perf_counter()
+    approx = geolens.pga(model, states, n_pairs=n_pairs, **kw).to_pandas()
+    t_approx = time.perf_counter() - t
+    dz = (approx.z - exact.z).abs()
+    tol = 0.3 + 0.05 * exact.z.abs()
+    print(f"default model, N = {states.n_tokens}, n_pairs = {n_pairs}, R = {n_null}: exact {t_exact:.1f} s, "
+          f"approximate {t_approx:.1f} s ({t_exact / t_approx:.1f}x) for {len(exact)} cells")
+    for ccr in (1, 5, 10):
+        rows = exact.ccr == ccr
+        worst = int((dz[rows] - tol[rows]).idxmax())
+        print(f"  CCR-{ccr:<2} max |dz| {dz[rows].max():.3f} (tolerance there {tol[worst]:.2f}), "
+              f"cells within tolerance {int((dz[rows] <= tol[rows]).sum())}/{int(rows.sum())}, "
+              f"median z_se {approx.z_se[rows].median():.3f}, |dz| <= 3 z_se in "
+              f"{int((dz[rows] <= 3 * approx.z_se[rows]).sum())}/{int(rows.sum())}")
+
+
 def _sizes(text: str | None, default: list[int]) -> list[int]:
     return default if text is None else [int(v) for v in text.split(",") if v.strip()]
 
@@ -173,6 +205,8 @@ def main() -> None:
     parser.add_argument("--sizes", default=None, help="N sweep sizes, comma-separated (default 256..8192)")
     parser.add_argument("--approx-sizes", default=None, help="sizes of the approximate block (default 4096,8192)")
     parser.add_argument("--n-pairs", type=int, default=500_000, help="pairs of the approximate block")
+    parser.add_argument("--default-model", action="store_true", help="exact vs approximate on the default model")
+    parser.add_argument("--model-tokens", type=int, default=4096, help="positions of the default-model check")
     parser.add_argument("--sweep-point", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--point-pairs", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -182,6 +216,9 @@ def main() -> None:
         return
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}")
+    if args.default_model:
+        default_model_check(args.model_tokens, args.n_pairs, args.r)
+        return
     if not args.sweep_only:
         h = synthetic(args.n, args.d, device=args.device)
         q = readout_basis(torch.randn(args.d, 4 * args.d, generator=torch.Generator().manual_seed(1)), args.k)
