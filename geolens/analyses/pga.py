@@ -81,8 +81,9 @@ def pga(
             approximate PGA on a seeded uniform sample of that many pairs (the same pairs
             for every layer, CCR value and subspace); the table then has ``rho_se`` and
             ``z_se`` (jackknife standard errors, docs/methods.md §A.4a) next to
-            ``rho_readout`` and ``z``. Its cost no longer grows with ``N^2``: at
-            ``N = 4096``, ``n_pairs=500_000`` is about 15x faster than exact.
+            ``rho_readout`` and ``z``. Its cost hardly grows with ``N``: on 2 CPU
+            cores ``n_pairs=500_000`` measured ~14x faster than exact at ``N = 4096`` and
+            ~60x at ``N = 8192`` (bench/pga.py).
         n_tokens: positions sampled (seeded, the same for every layer); an upper bound.
         seed: seed for positions and null subspaces.
         batch_size, max_length, attention_mask: forward batching, truncation, mask of an id tensor.
