@@ -181,7 +181,8 @@ def default_model_check(n_tokens: int, n_pairs: int, n_null: int) -> None:
     for ccr in (1, 5, 10):
         rows = exact.ccr == ccr
         worst = int((dz[rows] - tol[rows]).idxmax())
-        print(f"  CCR-{ccr:<2} max |dz| {dz[rows].max():.3f} (tolerance there {tol[worst]:.2f}), "
+        print(f"  CCR-{ccr:<2} max |dz| {dz[rows].max():.3f}; closest to its tolerance: |dz| {dz[worst]:.3f} "
+              f"vs {tol[worst]:.2f} (layer {exact.layer[worst]}, {exact.site[worst]}); "
               f"cells within tolerance {int((dz[rows] <= tol[rows]).sum())}/{int(rows.sum())}, "
               f"median z_se {approx.z_se[rows].median():.3f}, |dz| <= 3 z_se in "
               f"{int((dz[rows] <= 3 * approx.z_se[rows]).sum())}/{int(rows.sum())}")
