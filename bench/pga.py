@@ -6,11 +6,21 @@ Prints, all measured in the same run:
   - scipy-naive time: ``pdist`` + ``spearmanr`` per subspace (R + 1 of them) on the same
     preprocessed states and the same subspaces;
   - their ratio and the max |delta rho| between the two;
-  - the floor: R + 1 float32 argsorts of a vector of N (N - 1) / 2 values (an exact
-    Spearman needs at least one sort of each subspace's distances);
-then an N sweep (256..4096) with time and peak memory, each N in its own process.
+  - two floors of an exact Spearman (it needs at least one sort of each subspace's
+    distances): R + 1 float32 ``torch.argsort``s of a vector of M = N (N - 1) / 2 values,
+    and (issue 17) R + 1 NumPy sorts of M int64 keys over the worker threads plus the
+    R + 1 Gram products, the work the CPU kernel cannot avoid;
+then an N sweep (256..8192) with time and peak memory, each N in its own process, and
+the approximate block (issue 17): exact against ``n_pairs`` (default 500,000) at
+N = 4096 and 8192, with the speed-up, |delta z| against the tolerance
+0.3 + 0.05 |z| and the jackknife z_se, from the same processes as the sweep.
 
-Run:  python bench/pga.py [--quick] [--sweep-only] [--no-sweep] [--device cuda]
+``--default-model`` instead compares exact and approximate PGA on every layer of the offline default
+model at CCR 1, 5 and 10 (``geolens.pga``; the same captured states for both).
+
+Run:  python bench/pga.py [--quick] [--sweep-only] [--no-sweep] [--no-approx] [--device cuda]
+      python bench/pga.py --default-model [--model-tokens 4096] [--n-pairs 500000]
+      python bench/pga.py --sweep-only --sizes 256,512 --approx-sizes 512 --n-pairs 20000   # a small check
 """
 
 from __future__ import annotations
@@ -28,6 +38,12 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from geolens.metrics import random_subspaces, readout_basis, remove_common_components, subspace_pga  # noqa: E402
+from geolens.metrics._rank_kernels import _pool  # noqa: E402
+
+DEFAULT_SIZES = [256, 512, 1024, 2048, 4096, 8192]
+QUICK_SIZES = [256, 512, 1024, 2048]
+APPROX_SIZES = [4096, 8192]
+MEMORY_LIMIT_MIB = 4096  # issue 17: PGA at N = 8192 under 4 GiB
 
 
 def _sync(device: str) -> None:
@@ -43,11 +59,11 @@ def synthetic(n: int, d: int, seed: int = 0, device: str = "cpu") -> torch.Tenso
     return h.to(device)
 
 
-def time_geolens(h, q, r, seed, device):
+def time_geolens(h, q, r, seed, device, n_pairs=None):
     subspace_pga(h[:64], q, n_null=2, seed=seed)  # warm-up
     _sync(device)
     t = time.perf_counter()
-    score = subspace_pga(h, q, n_null=r, ccr=1, seed=seed)
+    score = subspace_pga(h, q, n_null=r, ccr=1, seed=seed, n_pairs=n_pairs)
     _sync(device)
     return time.perf_counter() - t, score
 
@@ -75,6 +91,31 @@ def time_floor(n, r, device):
     return time.perf_counter() - t
 
 
+def time_key_floor(h, q, r, device):
+    """R + 1 int64 key sorts of M values over the rank kernel's worker threads, plus the R + 1 Gram products."""
+    n, k = h.shape[0], q.shape[1]
+    m = n * (n - 1) // 2
+    keys = np.random.default_rng(0).integers(-(2**62), 2**62, size=m)
+    buffers = [np.empty_like(keys) for _ in range(torch.get_num_threads())]
+
+    def one(i):
+        buf = buffers[i % len(buffers)]
+        buf[:] = keys
+        buf.sort(kind="quicksort")
+
+    list(_pool().map(one, range(min(r + 1, 2))))  # warm-up
+    t = time.perf_counter()
+    list(_pool().map(one, range(r + 1)))
+    t_sort = time.perf_counter() - t
+    subspaces = random_subspaces(h.shape[1], k, r + 1, seed=0, dtype=h.dtype, device=h.device)
+    t = time.perf_counter()
+    for start in range(0, r + 1, 2):
+        coords = h @ subspaces[start : start + 2]
+        _ = coords @ coords.transpose(-1, -2)
+    _sync(device)
+    return t_sort, time.perf_counter() - t
+
+
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
@@ -90,21 +131,65 @@ def _reset_peak_rss() -> int:
     return _status_kib("VmRSS")
 
 
-def sweep_point(n: int, d: int, k: int, r: int, device: str) -> dict:
-    """Time and peak memory of one PGA at N = n (run in a fresh process)."""
-    h = synthetic(n, d, device=device)
-    q = readout_basis(torch.randn(d, 4 * d, generator=torch.Generator().manual_seed(1)), k).to(device)
-    subspace_pga(h[:64], q, n_null=2)  # warm-up outside the measured peak
+def _measured(h, q, r, device, n_pairs=None):
+    """``(seconds, peak MiB above the inputs, score)`` of one PGA."""
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    base = _reset_peak_rss()
-    seconds, _ = time_geolens(h, q, r, 0, device)
+    base = _reset_peak_rss() if not device.startswith("cuda") else 0
+    seconds, score = time_geolens(h, q, r, 0, device, n_pairs=n_pairs)
     if device.startswith("cuda"):
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak_mb = (_status_kib("VmHWM") - base) / 1024
+    return seconds, peak_mb, score
 
-    return {"N": n, "pairs": n * (n - 1) // 2, "seconds": seconds, "peak_MiB": peak_mb}
+
+def sweep_point(n: int, d: int, k: int, r: int, device: str, n_pairs: int | None = None) -> dict:
+    """Time and peak memory of one PGA at N = n (run in a fresh process); with ``n_pairs``, the approximate one too."""
+    h = synthetic(n, d, device=device)
+    q = readout_basis(torch.randn(d, 4 * d, generator=torch.Generator().manual_seed(1)), k).to(device)
+    subspace_pga(h[:64], q, n_null=2)  # warm-up outside the measured peak
+    out = {"N": n, "pairs": n * (n - 1) // 2}
+    if n_pairs is not None:  # first, so the exact run's buffers do not count in its peak
+        seconds, peak, score = _measured(h, q, r, device, n_pairs=n_pairs)
+        out.update(approx_seconds=seconds, approx_peak_MiB=peak, n_pairs=score.n_pairs, z_approx=score.z,
+                   z_se=score.z_se, rho_approx=score.rho_readout, rho_se=score.rho_se)
+    seconds, peak, score = _measured(h, q, r, device)
+    out.update(seconds=seconds, peak_MiB=peak, z=score.z, rho=score.rho_readout)
+    return out
+
+
+def default_model_check(n_tokens: int, n_pairs: int, n_null: int) -> None:
+    """Exact against approximate PGA on every layer of the default model at CCR 1, 5, 10 (same states)."""
+    import geolens
+
+    model = geolens.load_default_model()
+    texts = geolens.default_texts(n=64)  # as the README's example: enough positions for N = 4096 at max_length 256
+    states = geolens.capture(model, texts, sites=("resid_post", "final"), n_tokens=n_tokens, max_length=256,
+                             progress=False)
+    kw = dict(k=100, n_null=n_null, ccr=[1, 5, 10], progress=False)
+    t = time.perf_counter()
+    exact = geolens.pga(model, states, **kw).to_pandas()
+    t_exact = time.perf_counter() - t
+    t = time.perf_counter()
+    approx = geolens.pga(model, states, n_pairs=n_pairs, **kw).to_pandas()
+    t_approx = time.perf_counter() - t
+    dz = (approx.z - exact.z).abs()
+    tol = 0.3 + 0.05 * exact.z.abs()
+    print(f"default model, N = {states.n_tokens}, n_pairs = {n_pairs}, R = {n_null}: exact {t_exact:.1f} s, "
+          f"approximate {t_approx:.1f} s ({t_exact / t_approx:.1f}x) for {len(exact)} cells")
+    for ccr in (1, 5, 10):
+        rows = exact.ccr == ccr
+        worst = int((dz[rows] - tol[rows]).idxmax())
+        print(f"  CCR-{ccr:<2} max |dz| {dz[rows].max():.3f}; closest to its tolerance: |dz| {dz[worst]:.3f} "
+              f"vs {tol[worst]:.2f} (layer {exact.layer[worst]}, {exact.site[worst]}); "
+              f"cells within tolerance {int((dz[rows] <= tol[rows]).sum())}/{int(rows.sum())}, "
+              f"median z_se {approx.z_se[rows].median():.3f}, |dz| <= 3 z_se in "
+              f"{int((dz[rows] <= 3 * approx.z_se[rows]).sum())}/{int(rows.sum())}")
+
+
+def _sizes(text: str | None, default: list[int]) -> list[int]:
+    return default if text is None else [int(v) for v in text.split(",") if v.strip()]
 
 
 def main() -> None:
@@ -114,23 +199,34 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--r", type=int, default=100)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="smaller sweep (256..2048)")
+    parser.add_argument("--quick", action="store_true", help="smaller sweep (256..2048), no approximate block")
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--sweep-only", action="store_true")
+    parser.add_argument("--no-approx", action="store_true", help="skip the approximate block")
+    parser.add_argument("--sizes", default=None, help="N sweep sizes, comma-separated (default 256..8192)")
+    parser.add_argument("--approx-sizes", default=None, help="sizes of the approximate block (default 4096,8192)")
+    parser.add_argument("--n-pairs", type=int, default=500_000, help="pairs of the approximate block")
+    parser.add_argument("--default-model", action="store_true", help="exact vs approximate on the default model")
+    parser.add_argument("--model-tokens", type=int, default=4096, help="positions of the default-model check")
     parser.add_argument("--sweep-point", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--point-pairs", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.sweep_point is not None:
-        print(json.dumps(sweep_point(args.sweep_point, args.d, args.k, args.r, args.device)))
+        print(json.dumps(sweep_point(args.sweep_point, args.d, args.k, args.r, args.device, args.point_pairs)))
         return
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}")
+    if args.default_model:
+        default_model_check(args.model_tokens, args.n_pairs, args.r)
+        return
     if not args.sweep_only:
         h = synthetic(args.n, args.d, device=args.device)
         q = readout_basis(torch.randn(args.d, 4 * args.d, generator=torch.Generator().manual_seed(1)), args.k)
         q = q.to(args.device)
         t_geo, score = time_geolens(h, q, args.r, 0, args.device)
         t_floor = time_floor(args.n, args.r, args.device)
+        t_keys, t_gram = time_key_floor(h, q, args.r, args.device) if args.device == "cpu" else (float("nan"),) * 2
         t_sci, rhos = time_scipy(h, q, args.r, 0)
         ours = np.concatenate([[score.rho_readout], score.null_rhos.numpy()])
         print(f"N={args.n} d={args.d} k={args.k} R={args.r} (CCR-1)")
@@ -138,17 +234,42 @@ def main() -> None:
         print(f"  scipy naive      {t_sci:8.2f} s   ({t_sci / t_geo:.1f}x slower than geolens)")
         print(f"  floor (R+1 argsorts of {args.n * (args.n - 1) // 2} float32) {t_floor:8.2f} s"
               f"   geolens / floor = {t_geo / t_floor:.2f}")
+        if args.device == "cpu":
+            print(f"  floor (R+1 int64 key sorts over {torch.get_num_threads()} threads {t_keys:.2f} s + Gram products "
+                  f"{t_gram:.2f} s) {t_keys + t_gram:8.2f} s   geolens / floor = {t_geo / (t_keys + t_gram):.2f}")
         print(f"  max |delta rho| vs scipy: {np.abs(ours - rhos).max():.2e}")
     if args.no_sweep:
         return
-    sizes = [256, 512, 1024, 2048] if args.quick else [256, 512, 1024, 2048, 4096]
+    sizes = _sizes(args.sizes, QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    approx_sizes = [] if args.no_approx or (args.quick and args.approx_sizes is None) else _sizes(
+        args.approx_sizes, APPROX_SIZES)
     print(f"N sweep (d={args.d}, k={args.k}, R={args.r}): each N in a fresh process")
     print(f"  {'N':>6} {'pairs':>10} {'seconds':>9} {'peak MiB':>9}   (peak: resident memory above the inputs)")
-    for n in sizes:
+    points = {}
+    for n in sorted(set(sizes) | set(approx_sizes)):
         cmd = [sys.executable, __file__, "--sweep-point", str(n), "--d", str(args.d), "--k", str(args.k),
                "--r", str(args.r), "--device", args.device]
+        if n in approx_sizes:
+            cmd += ["--point-pairs", str(args.n_pairs)]
         point = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip())
-        print(f"  {point['N']:>6} {point['pairs']:>10} {point['seconds']:>9.2f} {point['peak_MiB']:>9.0f}")
+        points[n] = point
+        over = "  OVER 4 GiB" if point["peak_MiB"] > MEMORY_LIMIT_MIB else ""
+        print(f"  {point['N']:>6} {point['pairs']:>10} {point['seconds']:>9.2f} {point['peak_MiB']:>9.0f}{over}",
+              flush=True)
+    if not approx_sizes:
+        return
+    print(f"approximate PGA (n_pairs = {args.n_pairs}) against exact, same processes as the sweep; "
+          "tolerance |dz| <= 0.3 + 0.05 |z|")
+    print(f"  {'N':>6} {'exact s':>8} {'approx s':>9} {'speed-up':>9} {'z exact':>8} {'z approx':>16} "
+          f"{'|dz|':>7} {'tol':>5} {'approx MiB':>10}")
+    for n in approx_sizes:
+        pt = points[n]
+        dz = abs(pt["z_approx"] - pt["z"])
+        tol = 0.3 + 0.05 * abs(pt["z"])
+        verdict = "ok" if dz <= tol else "OUT"
+        print(f"  {n:>6} {pt['seconds']:>8.2f} {pt['approx_seconds']:>9.2f} {pt['seconds'] / pt['approx_seconds']:>8.1f}x "
+              f"{pt['z']:>8.3f} {pt['z_approx']:>9.3f}±{pt['z_se']:<6.3f} {dz:>7.3f} {tol:>5.2f} "
+              f"{pt['approx_peak_MiB']:>10.0f}  {verdict}")
 
 
 if __name__ == "__main__":

@@ -262,7 +262,8 @@ def capture(
         progress: show a tqdm bar over batches.
         attention_mask: ``[B, T]`` mask for a token tensor (1 = real token).
         max_length: truncate sequences to this many tokens.
-        dtype: dtype of the stored states.
+        dtype: dtype of the stored states (float32: a bf16/fp16 model's sampled rows are
+            upcast as they are copied out; the model runs in its own dtype).
         positions: explicit ``(batch_index [N], position [N])`` rows to capture
             instead of a sample (e.g. positions aligned across two tokenizers);
             they must be real (unpadded) tokens. ``n_tokens``/``seed``/``skip_first``
@@ -270,7 +271,8 @@ def capture(
         min_tokens: fewest positions accepted (3 by default: geometry needs them).
 
     Returns:
-        :class:`States` with ``[n_layers, N, d]`` per site.
+        :class:`States` with ``[n_layers, N, d]`` per site, on the model's device (that
+        of its first parameter; a model split over devices has its states gathered there).
 
     Example:
         >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=8, progress=False)
@@ -311,8 +313,8 @@ def capture(
     for start in tqdm(starts, desc="capture", disable=not progress, leave=False):
         in_batch = (rows_batch >= start) & (rows_batch < start + batch_size)
         row_ids = in_batch.nonzero(as_tuple=True)[0].to(device)
-        local_b = (rows_batch[in_batch] - start).to(device)
-        local_p = rows_pos[in_batch].to(device)
+        local_b = rows_batch[in_batch] - start  # moved to each activation's device by its hook
+        local_p = rows_pos[in_batch]
         seq_mask = batch.attention_mask[start : start + batch_size]
         length = int(seq_mask.any(dim=0).nonzero().max()) + 1  # trim trailing all-padding columns
         ids = batch.tokens[start : start + batch_size, :length].to(device)
@@ -359,19 +361,27 @@ class _AllCaptured(Exception):
 def _writer(out, slots, row_ids, local_b, local_p, name, fired, n_hooks, plan):
     """A hook that copies the sampled rows of its activation into the output slots.
 
+    The rows are picked where the activation is (a model split over devices runs
+    its blocks on several) and only they are moved, to the output's device and
+    dtype (float32 by default: a bf16/fp16 model's rows are upcast here).
     Non-finite values raise (naming the site and layer): no NaN reaches a metric.
     When it is the last of the ``n_hooks`` capture hooks to fire, it stops the
     forward pass: nothing after it is needed.
     """
+    indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def hook(activation, hook=None):
-        picked = activation[local_b, local_p]
+        where = activation.device
+        if where not in indices:
+            indices[where] = (local_b.to(where), local_p.to(where))
+        picked = activation[indices[where]]
         if not bool(torch.isfinite(picked).all()):
-            where = ", ".join(f"{site} layer {plan[site][slot]}" for site, slot in slots)
-            raise ValueError(f"the model's activations hold NaN or infinite values at {where} ({name}); "
+            sites = ", ".join(f"{site} layer {plan[site][slot]}" for site, slot in slots)
+            raise ValueError(f"the model's activations hold NaN or infinite values at {sites} ({name}); "
                              "no geometry can be measured from them (check the weights and the dtype)")
         for site, slot in slots:
-            out[site][slot, row_ids] = picked.to(out[site].dtype)
+            target = out[site]
+            target[slot, row_ids] = picked.to(device=target.device, dtype=target.dtype)
         fired.add(name)
         if len(fired) == n_hooks:
             raise _AllCaptured

@@ -3,7 +3,8 @@
 See docs/methods.md §D.1–D.5.
 
 Two pure edits of a batch of states ``h`` (``[..., d]``) against an orthonormal
-basis ``Q`` (``[d, m]``, projector ``P = Q Q^T``):
+basis ``Q`` (``[d, m]``, projector ``P = Q Q^T``), computed in float32 at least and
+returned in ``h``'s dtype, so hooks on a bf16/fp16 model hand back bf16/fp16:
 
 * :func:`remove_subspace` — ``h - P h`` (the component in ``span(Q)`` is removed);
 * :func:`replace_subspace` — ``h - P h + P mu`` (that component is replaced by the
@@ -76,6 +77,11 @@ HookFn = Callable[..., Any]
 
 
 # ---------------------------------------------------------------- pure edits
+def _edit_dtype(h: torch.Tensor) -> torch.dtype:
+    """Edits of half-precision activations are computed in float32 and cast back (float64 stays float64)."""
+    return torch.promote_types(h.dtype, torch.float32)
+
+
 def remove_subspace(h: Float[torch.Tensor, "... d"], basis: Float[torch.Tensor, "d m"]) -> Float[torch.Tensor, "... d"]:
     """``h - Q Q^T h``: remove the component of every row in the span of the orthonormal ``basis``.
 
@@ -84,8 +90,9 @@ def remove_subspace(h: Float[torch.Tensor, "... d"], basis: Float[torch.Tensor, 
         >>> remove_subspace(torch.tensor([[3.0, 4.0]]), q).tolist()
         [[0.0, 4.0]]
     """
-    basis = basis.to(device=h.device, dtype=h.dtype)
-    return h - (h @ basis) @ basis.T
+    work = _edit_dtype(h)
+    x, basis = h.to(work), basis.to(device=h.device, dtype=work)
+    return (x - (x @ basis) @ basis.T).to(h.dtype)
 
 
 def replace_subspace(
@@ -98,9 +105,9 @@ def replace_subspace(
         >>> replace_subspace(torch.tensor([[3.0, 4.0]]), q, torch.tensor([1.0, 9.0])).tolist()
         [[1.0, 4.0]]
     """
-    basis = basis.to(device=h.device, dtype=h.dtype)
-    mean = mean.to(device=h.device, dtype=h.dtype)
-    return h - ((h - mean) @ basis) @ basis.T
+    work = _edit_dtype(h)
+    x, basis, mean = h.to(work), basis.to(device=h.device, dtype=work), mean.to(device=h.device, dtype=work)
+    return (x - ((x - mean) @ basis) @ basis.T).to(h.dtype)
 
 
 def subspace_basis(basis: torch.Tensor, d_model: int, name: str = "basis") -> Float[torch.Tensor, "d m"]:
@@ -332,11 +339,12 @@ def patch_subspace(
         [[3.0, 0.0]]
     """
     if basis is None:
-        return clean if not complement else corrupted  # complement of the whole space is {0}
-    basis = basis.to(device=corrupted.device, dtype=corrupted.dtype)
-    diff = clean - corrupted
+        return (clean if not complement else corrupted).to(corrupted.dtype)  # complement of the whole space is {0}
+    work = _edit_dtype(corrupted)
+    corr, basis = corrupted.to(work), basis.to(device=corrupted.device, dtype=work)
+    diff = clean.to(device=corrupted.device, dtype=work) - corr
     inside = (diff @ basis) @ basis.T
-    return corrupted + (diff - inside if complement else inside)
+    return (corr + (diff - inside if complement else inside)).to(corrupted.dtype)
 
 
 def record_activations(adapter: ModelAdapter, tokens: torch.Tensor, names: set[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -357,9 +365,11 @@ def patching_hook(rows: torch.Tensor, pos: torch.Tensor, pairs: torch.Tensor, cl
     """A hook that replaces ``act[rows[i], pos[i]]`` by the patch from ``clean[pairs[i], pos[i]]``."""
 
     def hook(activation: torch.Tensor, hook: Any = None) -> torch.Tensor:
-        edited = activation.clone()
-        target = clean[pairs, pos].to(activation.dtype)
-        edited[rows, pos] = patch_subspace(activation[rows, pos], target, basis, complement)
+        edited = activation.clone()  # the model's dtype and device (the edit is computed in float32 at least)
+        where = activation.device
+        target = clean[pairs.to(clean.device), pos.to(clean.device)].to(where)
+        at_rows, at_pos = rows.to(where), pos.to(where)
+        edited[at_rows, at_pos] = patch_subspace(activation[at_rows, at_pos], target, basis, complement)
         return edited
 
     return hook

@@ -492,8 +492,9 @@ class ModelAdapter:
         if ln_final is None:
             return h
         shape = h.shape
-        x = h.reshape(1, -1, shape[-1]).to(self.dtype)  # [1, N, d]: every norm module accepts [batch, pos, d]
-        return ln_final(x).reshape(shape)
+        param = next(iter(ln_final.parameters()), None)  # its device: the last one of a split model
+        x = h.reshape(1, -1, shape[-1]).to(dtype=self.dtype, device=param.device if param is not None else h.device)
+        return ln_final(x).reshape(shape)  # [1, N, d]: every norm module accepts [batch, pos, d]
 
     def unembed_bias(self) -> Tensor | None:
         """``b_U`` as a detached [d_vocab] tensor, or ``None`` if the model has none."""

@@ -47,20 +47,21 @@ def unembed(
     """``ln_final(h) @ W_U + b_U`` in float32 (differentiable in ``h``; the model gets no gradients).
 
     ``w_u``/``b_u`` default to the adapter's raw unembedding and bias (pass cached
-    copies to save the look-up). ``matmul_dtype=torch.bfloat16`` runs the
+    copies to save the look-up). The logits are on ``w_u``'s device (the last one of a
+    model split over devices). ``matmul_dtype=torch.bfloat16`` runs the
     ``[.., d] @ [d, V]`` product in bfloat16 (several times faster on CPUs with
     bf16 units; used for training, never for evaluation).
     """
     shape = h.shape
-    x = adapter.final_norm(h).to(torch.float32).reshape(-1, shape[-1])
     w_u = adapter.unembed_matrix("raw") if w_u is None else w_u
+    x = adapter.final_norm(h).to(device=w_u.device, dtype=torch.float32).reshape(-1, shape[-1])
     if matmul_dtype is not None and matmul_dtype != torch.float32:
         logits = (x.to(matmul_dtype) @ w_u.to(matmul_dtype)).to(torch.float32)
     else:
         logits = x @ w_u.to(torch.float32)
     b_u = adapter.unembed_bias() if b_u is None else b_u
     if b_u is not None:
-        logits = logits + b_u.to(torch.float32)
+        logits = logits + b_u.to(device=logits.device, dtype=torch.float32)
     return logits.reshape(*shape[:-1], logits.shape[-1])
 
 
@@ -122,10 +123,11 @@ def residual_stream(
     batch = prepare_tokens(adapter, tokens, attention_mask)
     names = [adapter.hook_name("resid_pre", 0)] + [adapter.hook_name("resid_post", b) for b in range(adapter.n_layers)]
     store: list[Tensor | None] = [None] * len(names)
+    device = adapter.device
 
     def keeper(slot: int):
         def keep(activation, hook=None):  # bridges report the canonical hook name, so key by slot
-            store[slot] = activation.detach()
+            store[slot] = activation.detach().to(device)  # one device, also for a model split over several
 
         return keep
 

@@ -250,8 +250,9 @@ def train_tuned_lens(
                 continue
             taken += b_idx.numel()
             n_seen += b_idx.numel()
-            states = resid[:, b_idx, p_idx].to(torch.float32)  # [L + 1, n, d]
-            log_p = torch.log_softmax(final_logits[b_idx, p_idx].to(torch.float32), dim=-1)
+            states = resid[:, b_idx, p_idx].to(torch.float32)  # [L + 1, n, d], upcast from a bf16/fp16 model
+            picked = final_logits[b_idx.to(final_logits.device), p_idx.to(final_logits.device)]
+            log_p = torch.log_softmax(picked.to(device=w_u.device, dtype=torch.float32), dim=-1)
             _accumulate(lens, states, log_p, step_kl, tokens_per_step, w_u, b_u, matmul_dtype)
         if taken == 0 and not losses:
             raise ValueError("the training text holds no token to train on (each sequence's first token is skipped): "

@@ -16,6 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 from jaxtyping import Float, Int
@@ -23,11 +26,15 @@ from jaxtyping import Float, Int
 from geolens._validation import check_float_matrix
 
 __all__ = [
+    "PairSample",
     "condensed_indices",
+    "condensed_pairs",
     "negated_cosine_gram",
     "negated_cosines",
+    "pair_negated_cosines",
     "pairwise_cosine_distances",
     "rank_data",
+    "sample_pairs",
     "sorted_average_ranks",
     "spearman",
     "tie_offsets_from_pairs",
@@ -48,6 +55,160 @@ def condensed_indices(n: int, device: torch.device | str | None = None) -> Int[t
     """
     i, j = torch.triu_indices(n, n, offset=1, device=device)
     return i * n + j
+
+
+def condensed_pairs(positions: Int[torch.Tensor, "P"], n: int) -> tuple[Int[torch.Tensor, "P"], Int[torch.Tensor, "P"]]:
+    """The pairs ``(i, j)``, ``i < j``, at condensed (pdist-order) ``positions`` of an ``n``-point set.
+
+    Row ``i`` starts at ``s(i) = i (2n - i - 1) / 2``; ``i`` is the root of that
+    quadratic, corrected by one step either way for floating-point rounding.
+
+    Example:
+        >>> condensed_pairs(torch.tensor([0, 1, 2]), 3)     # (0,1), (0,2), (1,2)
+        (tensor([0, 0, 1]), tensor([1, 2, 2]))
+    """
+    c = torch.as_tensor(positions, dtype=torch.int64).cpu().numpy()
+    total = n * (n - 1) // 2
+    if c.size and (int(c.min()) < 0 or int(c.max()) >= total):
+        raise ValueError(f"condensed positions must lie in [0, {total}) for n = {n}")
+    b = 2.0 * n - 1.0
+    i = np.floor((b - np.sqrt(np.maximum(b * b - 8.0 * c, 0.0))) / 2.0).astype(np.int64)
+    np.clip(i, 0, max(n - 2, 0), out=i)
+
+    def start(row: np.ndarray) -> np.ndarray:
+        return row * (2 * n - row - 1) // 2
+
+    i -= start(i) > c
+    i += start(i + 1) <= c
+    return torch.from_numpy(i), torch.from_numpy(c - start(i) + i + 1)
+
+
+def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
+    """A seeded uniform sample of ``n_pairs`` distinct pairs ``i < j`` of ``n`` points, in pdist order.
+
+    Every set of ``n_pairs`` pairs is equally likely. Positions are drawn in the
+    condensed index space ``[0, M)``, ``M = n (n - 1) / 2``, without materialising
+    it: i.i.d. draws, deduplicated and topped up until there are enough, then a
+    uniform subset of the distinct ones (when more than half of the pairs are
+    wanted, the pairs left *out* are drawn that way instead). ``n_pairs >= M``
+    gives all pairs. The generator is NumPy's ``default_rng`` seeded with ``seed``.
+
+    See docs/methods.md §A.4a.
+
+    Example:
+        >>> s = sample_pairs(100, 50, seed=0)
+        >>> s.n_pairs, s.total, bool((s.i < s.j).all())
+        (50, 4950, True)
+    """
+    total = n * (n - 1) // 2
+    if n < 2:
+        raise ValueError(f"pairs need at least 2 points, got n = {n}")
+    if n_pairs >= total:
+        i, j = torch.triu_indices(n, n, offset=1)
+        return PairSample(n=n, i=i, j=j, total=total)
+    rng = np.random.default_rng([0x9A17, int(seed)])
+    if 2 * n_pairs > total:
+        keep = np.ones(total, dtype=bool)  # total < 2 n_pairs bytes: below the int64 sample itself
+        keep[_distinct_positions(total, total - n_pairs, rng)] = False
+        positions = np.flatnonzero(keep)
+    else:
+        positions = _distinct_positions(total, n_pairs, rng)
+    i, j = condensed_pairs(torch.from_numpy(positions.astype(np.int64)), n)
+    return PairSample(n=n, i=i, j=j, total=total)
+
+
+def _distinct_positions(total: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` distinct integers of ``[0, total)``, uniformly, sorted (``size <= total / 2``)."""
+    chosen = _sorted_distinct(rng.integers(0, total, size=size + size // 4 + 16))
+    while chosen.size < size:
+        more = rng.integers(0, total, size=2 * (size - chosen.size) + 16)
+        chosen = _sorted_distinct(np.concatenate([chosen, more]))
+    if chosen.size > size:  # a uniform subset of a uniform set of distinct positions is uniform
+        chosen = np.sort(rng.choice(chosen, size=size, replace=False))
+    return chosen
+
+
+def _sorted_distinct(x: np.ndarray) -> np.ndarray:
+    x = np.sort(x)
+    keep = np.ones(x.size, dtype=bool)
+    keep[1:] = x[1:] != x[:-1]
+    return x[keep]
+
+
+@dataclass(frozen=True)
+class PairSample:
+    """Pairs ``(i[p], j[p])``, ``i < j``, of ``n`` points, sorted in pdist order (all of them, or a sample).
+
+    Attributes:
+        n: number of points.
+        i, j: ``[P]`` int64 CPU tensors.
+        total: ``M = n (n - 1) / 2``, the number of all pairs.
+    """
+
+    n: int
+    i: torch.Tensor
+    j: torch.Tensor
+    total: int
+    _patterns: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.i.numel())
+
+    @property
+    def exact(self) -> bool:
+        """All pairs (no sampling)."""
+        return self.n_pairs == self.total
+
+
+def pair_negated_cosines(
+    x: Float[torch.Tensor, "*batch N d"], pairs: PairSample, *, block: int = 1 << 16
+) -> Float[torch.Tensor, "*batch P"]:
+    """``-cos(x_i, x_j)`` for the sampled pairs only, in their (pdist) order; raises on a zero row.
+
+    A sampled dense-dense product (``torch.sparse.sampled_addmm`` with the pairs as
+    a CSR pattern, built once per sample, device and batch size): ``P k``
+    multiply-adds per cloud instead of the ``N^2 k`` of the Gram matrix. Where that
+    kernel is missing (some devices), a blocked gather-and-dot.
+
+    See docs/methods.md §A.4a.
+    """
+    unit = _unit_rows(x)
+    n = unit.shape[-2]
+    if n != pairs.n:
+        raise ValueError(f"the pair sample is of {pairs.n} points, the states have {n}")
+    batch_shape = unit.shape[:-2]
+    flat = unit.reshape(-1, n, unit.shape[-1])
+    try:
+        out = _sampled_dots(flat, pairs)
+    except (RuntimeError, NotImplementedError):  # no sampled_addmm for this device / dtype
+        i, j = pairs.i.to(unit.device), pairs.j.to(unit.device)
+        out = torch.empty(flat.shape[0], i.numel(), dtype=unit.dtype, device=unit.device)
+        for start in range(0, i.numel(), block):
+            a = flat[:, i[start : start + block]]
+            out[:, start : start + block] = -(a * flat[:, j[start : start + block]]).sum(-1)
+    return out.reshape(*batch_shape, pairs.n_pairs)
+
+
+def _sampled_dots(unit: torch.Tensor, pairs: PairSample) -> torch.Tensor:
+    """``-<unit[b, i_p], unit[b, j_p]>`` for a ``[B, N, k]`` batch through a batched CSR pattern."""
+    b, n, _ = unit.shape
+    key = (str(unit.device), unit.dtype, b)
+    cache = pairs._patterns  # a few per sample: one per device, dtype and chunk size
+    if key not in cache:
+        i, j = pairs.i.to(unit.device), pairs.j.to(unit.device)
+        crow = torch.zeros(n + 1, dtype=torch.int64, device=unit.device)
+        crow[1:] = torch.bincount(i, minlength=n).cumsum(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+            cache[key] = torch.sparse_csr_tensor(
+                crow.expand(b, -1).contiguous(), j.expand(b, -1).contiguous(),
+                torch.zeros(b, i.numel(), dtype=unit.dtype, device=unit.device), size=(b, n, n),
+                check_invariants=False,
+            )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.sparse.sampled_addmm(cache[key], unit, unit.mT, beta=0.0, alpha=-1.0).values()
 
 
 def pairwise_cosine_distances(
@@ -94,6 +255,11 @@ def negated_cosine_gram(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Ten
 
     See docs/methods.md §A.3.
     """
+    unit = _unit_rows(x)
+    return (-unit) @ unit.transpose(-1, -2)
+
+
+def _unit_rows(x: torch.Tensor) -> torch.Tensor:
     norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     floor = _NORM_FLOOR.get(x.dtype, 1e-30)
     if bool((norms <= floor).any()):
@@ -101,8 +267,7 @@ def negated_cosine_gram(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Ten
             "a state has zero norm, so its cosine distance is undefined "
             "(after centring/CCR this means a row equal to the mean, or lying entirely in the removed components)"
         )
-    unit = x / norms
-    return (-unit) @ unit.transpose(-1, -2)
+    return x / norms
 
 
 def tie_rank_offsets(

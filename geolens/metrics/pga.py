@@ -18,6 +18,11 @@ and the correlation is a gather-and-dot against the fixed ranks. Ties get
 average ranks, as in scipy. Subspaces are processed in chunks so memory stays
 bounded for large ``N``.
 
+Approximate mode (``n_pairs``): the same Spearman on a seeded uniform sample of
+pairs (the same pairs for the readout and every null subspace), with a
+delete-a-group jackknife standard error for rho and z; the cost no longer
+grows with ``N^2``. See docs/methods.md §A.4a.
+
 See docs/methods.md §A.
 
 Example:
@@ -39,20 +44,28 @@ from jaxtyping import Float
 
 from geolens._validation import DegenerateError, check_int, working_dtype
 from geolens.metrics.distances import (
+    PairSample,
     check_states,
     condensed_indices,
     negated_cosine_gram,
     negated_cosines,
+    pair_negated_cosines,
     rank_data,
+    sample_pairs,
+    sorted_average_ranks,
 )
-from geolens.metrics._rank_kernels import ranked_dots, scratch_bytes_per_matrix
+from geolens.metrics._rank_kernels import SampledRanks, ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
 
-__all__ = ["PGAScore", "subspace_pga", "rank_alignment"]
+__all__ = ["PGAScore", "subspace_pga", "rank_alignment", "sampled_rank_alignment", "JACKKNIFE_BLOCKS",
+           "MIN_SAMPLED_PAIRS"]
 
 # Bytes of scratch memory a chunk of subspaces may use (Gram + sort buffers).
 _DEFAULT_CHUNK_BYTES = 512 * 2**20
+# Approximate PGA: groups of the delete-a-group jackknife, and the fewest pairs worth sampling.
+JACKKNIFE_BLOCKS = 20
+MIN_SAMPLED_PAIRS = 1000
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,9 @@ class PGAScore:
         p_value: empirical one-sided p-value ``(1 + #{null >= rho}) / (n_null + 1)``.
         pc1_readout_energy: ``||V_k^T pc1||^2`` of the centred states' first PC
             (before CCR); compare with ``random_energy = k / d``.
+        n_pairs: pairs the rhos were computed on (``N (N - 1) / 2`` when exact).
+        rho_se, z_se: jackknife standard errors of ``rho_readout`` and ``z`` from
+            the sampling of pairs (``0.0`` when exact); see docs/methods.md §A.4a.
     """
 
     rho_readout: float
@@ -84,12 +100,25 @@ class PGAScore:
     n_null: int
     ccr: int
     seed: int | None
+    n_pairs: int = 0
+    rho_se: float = 0.0
+    z_se: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        """The rhos use every pair (no sampling error)."""
+        return self.n_pairs == self.n_tokens * (self.n_tokens - 1) // 2
 
     def __repr__(self) -> str:
+        if self.exact:
+            z, rho, pairs = f"{self.z:.2f}", f"{self.rho_readout:.4f}", ""
+        else:
+            z, rho = f"{self.z:.2f}±{self.z_se:.2f}", f"{self.rho_readout:.4f}±{self.rho_se:.4f}"
+            pairs = f", n_pairs={self.n_pairs}"
         return (
-            f"PGAScore(z={self.z:.2f}, rho_readout={self.rho_readout:.4f}, "
+            f"PGAScore(z={z}, rho_readout={rho}, "
             f"null={self.null_mean:.4f}±{self.null_std:.4f}, p={self.p_value:.3g}, "
-            f"k={self.k}, d={self.d}, N={self.n_tokens}, ccr={self.ccr}, n_null={self.n_null})"
+            f"k={self.k}, d={self.d}, N={self.n_tokens}, ccr={self.ccr}, n_null={self.n_null}{pairs})"
         )
 
 
@@ -101,6 +130,7 @@ def subspace_pga(
     ccr: int = 1,
     seed: int | None = 0,
     null_subspaces: Float[torch.Tensor, "R d k"] | None = None,
+    n_pairs: int | None = None,
     chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
 ) -> PGAScore:
     """Subspace PGA z-score of ``states`` against the readout subspace ``readout``.
@@ -115,8 +145,13 @@ def subspace_pga(
         n_null: number ``R >= 2`` of Haar-random subspaces of ``Gr(k, d)``.
         ccr: number of top principal components removed after centring
             (``0`` = centring only; the paper's default is 1).
-        seed: seed of the random subspaces (ignored if ``null_subspaces`` given).
+        seed: seed of the random subspaces (not used for them if ``null_subspaces`` is
+            given) and of the pair sample (``n_pairs``).
         null_subspaces: optional ``[R, d, k]`` orthonormal bases to use as the null.
+        n_pairs: ``None`` (default): exact, every pair. An int: Spearman on a seeded
+            uniform sample of that many pairs ``i < j``, the same for the readout and
+            every null subspace (at least ``MIN_SAMPLED_PAIRS``; ``n_pairs >= N (N - 1) / 2``
+            is exact); ``rho_se``/``z_se`` then hold jackknife standard errors.
         chunk_bytes: scratch memory budget; more subspaces per chunk is faster.
 
     Returns:
@@ -131,9 +166,13 @@ def subspace_pga(
         >>> s = subspace_pga(h, readout_basis(w_u, 8), n_null=30, ccr=1)
         >>> s.n_null, s.k, s.d
         (30, 8, 32)
+        >>> a = subspace_pga(h, readout_basis(w_u, 8), n_null=30, ccr=1, n_pairs=20_000)  # about half the pairs
+        >>> a.n_pairs, a.z_se > 0, abs(a.z - s.z) < 3 * a.z_se      # the exact z within 3 standard errors
+        (20000, True, True)
     """
     states = check_states(states)
     n, d = states.shape
+    n_pairs = check_n_pairs(n_pairs, n)
     input_dtype = states.dtype
     dtype = working_dtype(states)
     states = states.to(dtype)
@@ -156,8 +195,8 @@ def subspace_pga(
 
     centred = center(states)
     check_spread(states, centred, dtype=input_dtype, what="the states")
-    # One SVD gives both PC1 (for migration) and the CCR components.
-    _, sv, vh = torch.linalg.svd(centred, full_matrices=False)
+    # One decomposition gives both PC1 (for migration) and the CCR components.
+    sv, vh = _singular(centred, top=max(ccr, 1))
     # Cosine distances of a cloud that is (numerically) one line are all 0 or 2: no geometry to rank.
     kept_rank = int((sv[ccr:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum())
     if kept_rank < 2:
@@ -172,7 +211,17 @@ def subspace_pga(
         check_spread(centred, processed, dtype=input_dtype, what=f"the states after CCR-{ccr}")
 
     subspaces = torch.cat([readout.unsqueeze(0), null_subspaces], dim=0)
-    rhos = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes).cpu()
+    total = n * (n - 1) // 2
+    rho_se = z_se = 0.0
+    if n_pairs is None or n_pairs >= total:
+        rhos = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes).cpu()
+        used = total
+    else:
+        pairs = sample_pairs(n, n_pairs, seed=0 if seed is None else seed)
+        rhos, deleted = sampled_rank_alignment(processed, subspaces, pairs, seed=0 if seed is None else seed,
+                                               chunk_bytes=chunk_bytes)
+        rho_se, z_se = _jackknife_errors(deleted, 1.0 - pairs.n_pairs / total)
+        used = pairs.n_pairs
     rho_readout = float(rhos[0])
     null_rhos = rhos[1:]
     null_mean = float(null_rhos.mean())
@@ -180,7 +229,7 @@ def subspace_pga(
     if not null_std > 1e-9:  # rho lies in [-1, 1]: a spread below 1e-9 is rounding
         raise DegenerateError(f"the null rhos have (numerically) zero spread ({null_std:.2g}), so the z-score is undefined; "
                          "the states' distance structure is degenerate")
-    z = (rho_readout - null_mean) / null_std
+    z = _z_score(rhos)
     p_value = (1 + int((null_rhos >= rho_readout).sum())) / (n_null + 1)
     return PGAScore(
         rho_readout=rho_readout,
@@ -197,7 +246,72 @@ def subspace_pga(
         n_null=n_null,
         ccr=ccr,
         seed=seed,
+        n_pairs=used,
+        rho_se=rho_se,
+        z_se=z_se,
     )
+
+
+def _singular(x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All singular values of ``x`` (descending) and its top ``top`` right singular vectors ``[top, d]``.
+
+    float32 ``x``: from the eigendecomposition of the smaller Gram matrix, formed in float64
+    (BLAS products and one small ``eigh``, where LAPACK's float32 SVD of a tall matrix costs
+    many times more on a CPU); singular values come out accurate to ~1e-8 of the largest, far
+    below the float32 rounding that the rank test allows for (``SPREAD_RTOL * eps``). float64
+    ``x``: a plain SVD (its rank test needs the full float64 resolution).
+    """
+    if x.dtype != torch.float32:
+        _, sv, vh = torch.linalg.svd(x, full_matrices=False)
+        return sv, vh[:top]
+    x64 = x.double()
+    n, d = x.shape
+    lam, vec = torch.linalg.eigh(x64.T @ x64 if n >= d else x64 @ x64.T)  # ascending
+    sv = lam.flip(0).clamp_min(0.0).sqrt()
+    top_vectors = vec.flip(1)[:, :top]
+    if n >= d:
+        vh = top_vectors.T
+    else:  # left vectors of the wide x: v_i = x^T u_i / s_i (the top ones; their s_i are well above 0)
+        vh = (top_vectors.T @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
+    return sv.to(x.dtype), vh.to(x.dtype)
+
+
+def check_n_pairs(n_pairs: object, n: int) -> int | None:
+    """``n_pairs`` as an int (or ``None``, exact), checked: at least ``MIN_SAMPLED_PAIRS`` unless it covers all pairs.
+
+    Example:
+        >>> check_n_pairs(None, 100), check_n_pairs(500_000, 100)
+        (None, 500000)
+    """
+    if n_pairs is None:
+        return None
+    n_pairs = check_int(n_pairs, "n_pairs", low=2)
+    total = n * (n - 1) // 2
+    if n_pairs < min(total, MIN_SAMPLED_PAIRS):
+        raise ValueError(f"n_pairs = {n_pairs} is too few pairs to rank with a usable error estimate; pass at least "
+                         f"{MIN_SAMPLED_PAIRS} (or None: all {total} pairs of N = {n})")
+    return n_pairs
+
+
+def _z_score(rhos: torch.Tensor) -> float | torch.Tensor:
+    """``(rhos[0] - mean(rhos[1:])) / std(rhos[1:])`` along the first axis (one z per column of a 2-D input)."""
+    null = rhos[1:]
+    z = (rhos[0] - null.mean(0)) / null.std(0, unbiased=True)
+    return float(z) if rhos.ndim == 1 else z
+
+
+def _jackknife_errors(deleted: torch.Tensor, fpc: float) -> tuple[float, float]:
+    """Standard errors of ``rho_readout`` and ``z`` from the ``[S, G]`` delete-a-group rhos.
+
+    ``v = (G - 1) / G * sum_g (theta_(g) - mean theta)^2``, times the finite-population
+    correction ``1 - P / M`` (pairs are drawn without replacement from all ``M``).
+    """
+    g = deleted.shape[1]
+
+    def se(theta: torch.Tensor) -> float:
+        return float(((g - 1) / g * (theta - theta.mean()).pow(2).sum() * fpc).sqrt())
+
+    return se(deleted[0]), se(_z_score(deleted))
 
 
 def rank_alignment(
@@ -226,8 +340,7 @@ def rank_alignment(
     flat_index = condensed_indices(n, device=device)
     m = flat_index.numel()
     mean_rank = (m + 1) / 2.0  # the same with or without ties
-    full_ranks = rank_data(negated_cosines(states, flat_index=flat_index))
-    full_centred = full_ranks - mean_rank
+    full_centred = rank_data(negated_cosines(states, flat_index=flat_index)).sub_(mean_rank)
     full_norm = torch.linalg.vector_norm(full_centred)
     if full_norm == 0:
         raise DegenerateError("all full-space distances are equal: rank correlation undefined")
@@ -240,3 +353,78 @@ def rank_alignment(
             raise DegenerateError("all projected distances are equal in some subspace: rank correlation undefined")
         out.append(dots / (full_norm * sq_norms.sqrt()))
     return torch.cat(out)
+
+
+def sampled_rank_alignment(
+    states: Float[torch.Tensor, "N d"],
+    subspaces: Float[torch.Tensor, "S d k"],
+    pairs: PairSample,
+    *,
+    seed: int = 0,
+    n_blocks: int = JACKKNIFE_BLOCKS,
+    chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+) -> tuple[Float[torch.Tensor, "S"], Float[torch.Tensor, "S G"]]:
+    """:func:`rank_alignment` on a sample of pairs, with its delete-a-group jackknife replicates.
+
+    Returns ``(rhos [S], deleted [S, G])`` in float64 on the CPU: the Spearman of
+    each subspace over the sampled pairs, and the same with each of ``G`` random,
+    equal-sized blocks of pairs left out, to first order: ``rho - sum_{p in g}
+    IF_p / (P - |g|)`` with ``IF`` the empirical influence function of Spearman's
+    rho (docs/methods.md §A.4a). ``seed`` seeds the split into blocks.
+
+    Example:
+        >>> import torch
+        >>> from geolens.metrics.distances import sample_pairs
+        >>> _ = torch.manual_seed(0)
+        >>> h = torch.randn(300, 6, dtype=torch.float64)
+        >>> eye = torch.eye(6, dtype=torch.float64).unsqueeze(0)
+        >>> rhos, deleted = sampled_rank_alignment(h, eye, sample_pairs(300, 5000, seed=0))
+        >>> round(float(rhos[0]), 6), tuple(deleted.shape)
+        (1.0, (1, 20))
+    """
+    p = pairs.n_pairs
+    n_blocks = min(n_blocks, p)
+    device = states.device
+    full = pair_negated_cosines(states, pairs)
+    full_sorted, full_order = torch.sort(full)
+    del full
+    full_centred = torch.empty(p, dtype=torch.float64, device=device).scatter_(
+        0, full_order, sorted_average_ranks(full_sorted)).sub_((p + 1) / 2.0)
+    del full_sorted
+    full_norm = torch.linalg.vector_norm(full_centred)
+    if full_norm == 0:
+        raise DegenerateError("all sampled full-space distances are equal: rank correlation undefined")
+    # Random, equal-sized blocks: block g holds the pairs at positions perm[g::G] of a seeded permutation.
+    perm = torch.randperm(p, generator=torch.Generator().manual_seed(int(seed) + 0x5EED))
+    blocks = torch.empty(p, dtype=torch.int64)
+    blocks[perm] = torch.arange(p) % n_blocks
+    sizes = torch.bincount(blocks, minlength=n_blocks).to(torch.float64)
+    ranks = SampledRanks(full_centred, full_order, blocks.to(device), n_blocks)
+    # Scratch per subspace: coordinates, values and the kernel's sort buffers (~ 6 floats of 8 bytes per pair);
+    # two chunks are alive at once (one being ranked, the next being built).
+    per_subspace = 2 * (states.shape[0] * subspaces.shape[-1] * states.element_size() + 48 * p)
+    chunk = max(1, int(chunk_bytes // per_subspace))
+    rhos, phis = [], []
+
+    def collect(pending) -> None:
+        dots, sq_norms, phi = pending()
+        if bool((sq_norms <= 0).any()):
+            raise DegenerateError("all sampled projected distances are equal in some subspace: rank correlation undefined")
+        rhos.append((dots / (full_norm * sq_norms.sqrt())).cpu())
+        phis.append(phi.cpu())
+
+    pending = None
+    for start in range(0, subspaces.shape[0], chunk):
+        values = pair_negated_cosines(states @ subspaces[start : start + chunk], pairs)  # [b, P]
+        submitted = ranks.submit(values)  # on the CPU, the workers rank this chunk while the next one is built
+        del values
+        if pending is not None:
+            collect(pending)
+        pending = submitted
+    collect(pending)
+    rho = torch.cat(rhos)
+    phi = torch.cat(phis)
+    # Influence sums per block: 12 (sum_{p in g} phi_p - |g| mean phi); leaving block g out moves rho by -that / (P - |g|).
+    influence = 12.0 * (phi - sizes * (phi.sum(1, keepdim=True) / p))
+    deleted = rho.unsqueeze(1) - influence / (p - sizes)
+    return rho, deleted

@@ -83,3 +83,30 @@ def test_pga_of_given_states_equals_pga_of_tokens(native_bridge):
     pd.testing.assert_frame_equal(direct.to_pandas(), reused.to_pandas())
     with pytest.raises(ValueError, match="not 'mlp_out'"):
         geolens.pga(native_bridge, states, k=4, site="mlp_out", progress=False)
+
+
+def test_approximate_pga_table_has_errors_next_to_the_numbers(native_bridge):
+    adapter = as_adapter(native_bridge)
+    tokens = torch.randint(0, adapter.d_vocab, (8, 16))
+    exact = geolens.pga(native_bridge, tokens, k=4, n_null=8, ccr=[0, 1], n_tokens=100, progress=False)
+    approx = geolens.pga(native_bridge, tokens, k=4, n_null=8, ccr=[0, 1], n_tokens=100, n_pairs=2000,
+                         progress=False)
+    table, ref = approx.to_pandas(), exact.to_pandas()
+    assert list(table.columns) == ["layer", "site", "ccr", "rho_readout", "rho_se", "null_mean", "null_std", "z",
+                                   "z_se", "p_value", "pc1_readout_energy", "random_energy"]
+    assert approx.params["n_pairs"] == 2000 and approx.params["exact"] is False and "n_pairs" not in exact.params
+    assert (table.z_se > 0).all() and (table.rho_se > 0).all()
+    # the same pairs for every layer: the error of each z is its own, the tolerance the issue's
+    assert ((table.z - ref.z).abs() <= 0.3 + 0.05 * ref.z.abs() + 4 * table.z_se).all()
+    # n_pairs covering all 4950 pairs: the exact table, with zero errors
+    full = geolens.pga(native_bridge, tokens, k=4, n_null=8, ccr=[0, 1], n_tokens=100, n_pairs=10_000,
+                       progress=False).to_pandas()
+    pd.testing.assert_frame_equal(full.drop(columns=["rho_se", "z_se"]), ref)
+    assert (full.z_se == 0).all() and (full.rho_se == 0).all()
+
+
+@pytest.mark.parametrize("n_pairs, error", [(0, ValueError), (1, ValueError), (1e6, TypeError), (500, ValueError)])
+def test_bad_n_pairs_raise_naming_it(native_bridge, n_pairs, error):
+    tokens = torch.randint(0, as_adapter(native_bridge).d_vocab, (8, 16))
+    with pytest.raises(error, match="n_pairs"):
+        geolens.pga(native_bridge, tokens, k=4, n_null=5, n_tokens=100, n_pairs=n_pairs, progress=False)

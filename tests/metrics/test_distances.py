@@ -58,3 +58,57 @@ def test_zero_row_raises():
 def test_constant_input_spearman_raises():
     with pytest.raises(ValueError, match="constant"):
         spearman(torch.ones(5), torch.randn(5))
+
+
+# ---------------------------------------------------------------- pair samples (approximate PGA)
+def test_condensed_pairs_invert_condensed_order():
+    from geolens.metrics.distances import condensed_pairs
+
+    for n in (2, 3, 7, 64):
+        i, j = condensed_pairs(torch.arange(n * (n - 1) // 2), n)
+        ref_i, ref_j = torch.triu_indices(n, n, offset=1)
+        assert torch.equal(i, ref_i) and torch.equal(j, ref_j)
+    n = 200_000  # large positions: the float root is corrected to the exact row
+    total = n * (n - 1) // 2
+    c = torch.tensor([0, total - 1, total // 2, 12_345_678_901])
+    i, j = condensed_pairs(c, n)
+    assert torch.equal(i * (2 * n - i - 1) // 2 + j - i - 1, c) and bool((i < j).all())
+
+
+@pytest.mark.parametrize("n, n_pairs", [(50, 100), (50, 1000), (1000, 20_000)])  # sparse, dense (> M/2), larger
+def test_sample_pairs_distinct_sorted_and_seeded(n, n_pairs):
+    from geolens.metrics.distances import sample_pairs
+
+    s = sample_pairs(n, n_pairs, seed=3)
+    flat = s.i * n + s.j
+    assert s.n_pairs == n_pairs and s.total == n * (n - 1) // 2 and not s.exact
+    assert bool((s.i < s.j).all()) and bool((flat[1:] > flat[:-1]).all())  # distinct, in pdist order
+    again = sample_pairs(n, n_pairs, seed=3)
+    assert torch.equal(again.i, s.i) and torch.equal(again.j, s.j)
+    assert not torch.equal(sample_pairs(n, n_pairs, seed=4).j, s.j)
+
+
+def test_sample_pairs_is_uniform():
+    """Every pair is drawn equally often across seeds (chi-square on 10 points, 45 pairs, both regimes)."""
+    from scipy.stats import chisquare
+
+    from geolens.metrics.distances import sample_pairs
+
+    for n_pairs in (9, 30):  # below and above half of the 45 pairs
+        counts = torch.zeros(45)
+        for seed in range(600):
+            s = sample_pairs(10, n_pairs, seed=seed)
+            counts.index_add_(0, s.i * 9 - s.i * (s.i + 1) // 2 + s.j - 1, torch.ones(n_pairs))
+        assert chisquare(counts.numpy()).pvalue > 1e-3
+
+
+def test_pair_negated_cosines_equal_the_condensed_ones():
+    from geolens.metrics.distances import negated_cosines, pair_negated_cosines, sample_pairs
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 40, 5, generator=g, dtype=torch.float64)
+    s = sample_pairs(40, 300, seed=1)
+    full = negated_cosines(x)  # [3, 780]
+    torch.testing.assert_close(pair_negated_cosines(x, s), full[:, s.i * 40 - s.i * (s.i + 1) // 2 + s.j - s.i - 1])
+    with pytest.raises(ValueError, match="zero norm"):
+        pair_negated_cosines(torch.zeros(40, 5), s)

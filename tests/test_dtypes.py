@@ -1,0 +1,147 @@
+"""A model stored in bf16 or fp16 works everywhere, and agrees with the same model in fp32 (issue 17, part 3).
+
+The half-precision model is the ``neox_bridge`` fixture's weights booted with ``dtype=`` (the same
+checkpoint folder). geolens keeps its own numbers in float32/float64: capture upcasts the sampled
+rows, metrics compute in float32 at least, the tuned lens keeps fp32 translators; edits made by
+ablation and patching hooks are computed in float32 and handed back in the model's dtype.
+
+Tolerances. bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2 % per operation), fp16
+keeps 11; through two blocks the residual stream of this model moves by about 0.1-0.5 % (bf16).
+So: states and spectral numbers within 3 % relative; lens KL within 1e-3 nats and cross-entropy
+within 1 %; PGA z within 0.3 (a z moves with the rhos' rounding over its null spread: measured
+<= 0.06 here); logit-diff patching values within 0.01 (a bf16 logit of size ~1 is stored to
+~0.004); Hit@k within 0.1 (an argmax may flip between two near-equal logits). fp16 uses the
+same (looser than needed) tolerances.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import geolens
+from geolens.interventions import ablation_hooks, patching_hook
+from geolens.lens import TunedLens, evaluate, train_tuned_lens
+from geolens.model import as_adapter
+from tests.helpers import same_weights, weights
+
+HALF = (torch.bfloat16, torch.float16)
+TEXTS = ["the cat sat on the mat", "a dog ran in the park", "my friend reads a book every night",
+         "the bird sang a song", "a fish swam under the bridge"] * 3
+
+
+@pytest.fixture(scope="module")
+def half_models(neox_dir):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from tests.conftest import warm_up
+
+    return {dtype: warm_up(TransformerBridge.boot_transformers(str(neox_dir), dtype=dtype).eval()) for dtype in HALF}
+
+
+@pytest.fixture(params=HALF, ids=["bf16", "fp16"])
+def pair(request, half_models, neox_bridge):
+    """``(half-precision model, the same model in fp32)``."""
+    model = half_models[request.param]
+    assert as_adapter(model).dtype == request.param and as_adapter(neox_bridge).dtype == torch.float32
+    return model, neox_bridge
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+
+
+def test_capture_upcasts_the_sampled_rows(pair):
+    half, full = pair
+    a = geolens.capture(half, TEXTS, sites=("resid_post", "final", "attn_out"), n_tokens=60, progress=False)
+    b = geolens.capture(full, TEXTS, sites=("resid_post", "final", "attn_out"), n_tokens=60, progress=False)
+    for site in a.sites:
+        assert a[site].dtype == torch.float32
+        assert _relative(a[site], b[site]) < 0.03, site
+    assert torch.equal(a.token_ids, b.token_ids)
+
+
+def test_pga_agrees(pair):
+    half, full = pair
+    before = weights(half)
+    a = geolens.pga(half, TEXTS, k=4, n_null=20, ccr=[0, 1], n_tokens=60, progress=False).to_pandas()
+    b = geolens.pga(full, TEXTS, k=4, n_null=20, ccr=[0, 1], n_tokens=60, progress=False).to_pandas()
+    assert same_weights(before, half)
+    assert np.abs(a.z.to_numpy() - b.z.to_numpy()).max() <= 0.3
+    assert np.abs(a.rho_readout.to_numpy() - b.rho_readout.to_numpy()).max() <= 0.01
+    approx = geolens.pga(half, TEXTS, k=4, n_null=20, n_tokens=60, n_pairs=1000, progress=False).to_pandas()
+    assert np.isfinite(approx.z).all() and (approx.z_se > 0).all()
+
+
+def test_spectrum_and_updates_agree(pair):
+    half, full = pair
+    kw = dict(n_tokens=60, alpha_fit_range=(2, 10), progress=False)
+    a, b = geolens.spectrum(half, TEXTS, **kw).to_pandas(), geolens.spectrum(full, TEXTS, **kw).to_pandas()
+    assert {"effective_rank", "rankme", "condition_number"} <= set(b.columns)
+    for column in ("effective_rank", "rankme", "condition_number"):
+        np.testing.assert_allclose(a[column], b[column], rtol=0.03)
+    a, b = geolens.updates(half, TEXTS, n_tokens=60, progress=False), geolens.updates(full, TEXTS, n_tokens=60,
+                                                                                       progress=False)
+    numeric = b.to_pandas().select_dtypes("number").columns
+    np.testing.assert_allclose(a.to_pandas()[numeric], b.to_pandas()[numeric], rtol=0.03, atol=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore:the training text was read")
+def test_lens_training_and_evaluation_keep_fp32_translators(pair):
+    half, full = pair
+    lens = train_tuned_lens(half, TEXTS, steps=3, tokens_per_step=32, progress=False)
+    ref = train_tuned_lens(full, TEXTS, steps=3, tokens_per_step=32, progress=False)
+    assert all(p.dtype == torch.float32 for p in lens.parameters())
+    assert isinstance(lens, TunedLens) and np.isfinite(lens.training_info["losses"]).all()
+    np.testing.assert_allclose(lens.training_info["losses"], ref.training_info["losses"], rtol=0.05, atol=1e-4)
+    a = evaluate(half, TEXTS, lens=lens, n_tokens=60, progress=False).to_pandas()
+    b = evaluate(full, TEXTS, lens=ref, n_tokens=60, progress=False).to_pandas()
+    assert list(a.columns) == list(b.columns)
+    np.testing.assert_allclose(a.kl, b.kl, atol=1e-3)
+    np.testing.assert_allclose(a.ce, b.ce, rtol=0.01)
+    np.testing.assert_allclose(a["hit@1"], b["hit@1"], atol=0.1)
+
+
+def test_patching_agrees_and_its_hook_keeps_the_dtype(pair):
+    half, full = pair
+    kw = dict(metric=geolens.logit_diff("mat", "park"), sites=("resid_pre", "mlp_out"), progress=False)
+    a = geolens.patch(half, "the cat sat on the mat", "the dog sat on the mat", **kw).to_pandas()
+    b = geolens.patch(full, "the cat sat on the mat", "the dog sat on the mat", **kw).to_pandas()
+    pd.testing.assert_frame_equal(a.drop(columns="value"), b.drop(columns="value"))
+    np.testing.assert_allclose(a.value, b.value, atol=0.01)
+
+    dtype = as_adapter(half).dtype
+    g = torch.Generator().manual_seed(0)
+    act, clean = torch.randn(2, 5, 32, generator=g), torch.randn(1, 5, 32, generator=g)
+    basis = torch.linalg.qr(torch.randn(32, 3, generator=g))[0]
+    rows, pos, pairs = torch.tensor([0, 1]), torch.tensor([2, 4]), torch.tensor([0, 0])
+    out = patching_hook(rows, pos, pairs, clean.to(dtype), basis, False)(act.to(dtype))
+    assert out.dtype == dtype
+    ref = patching_hook(rows, pos, pairs, clean.to(dtype).float(), basis, False)(act.to(dtype).float())
+    torch.testing.assert_close(out, ref.to(dtype))  # computed in float32, cast back once
+
+
+def test_ablation_agrees_and_its_hook_keeps_the_dtype(pair):
+    half, full = pair
+    dtype = as_adapter(half).dtype
+    tokens = torch.tensor([[0, 3, 4, 5, 6, 7]])
+    basis = torch.linalg.qr(torch.randn(32, 2, generator=torch.Generator().manual_seed(1)))[0]
+    for mode, reference in (("project", None), ("mean", TEXTS)):
+        logits = {}
+        for model in (half, full):
+            with geolens.ablate(model, 1, basis, mode=mode, reference=reference):
+                logits[model] = model(tokens)
+        assert logits[half].dtype == dtype
+        torch.testing.assert_close(logits[half].float(), logits[full], atol=0.05, rtol=0.02)
+    (name, hook), = ablation_hooks(half, 1, basis)
+    act = torch.randn(1, 4, 32).to(dtype)
+    out = hook(act)
+    assert out.dtype == dtype and torch.equal(out[:, 0], act[:, 0])  # BOS untouched
+    ref = act.float()[:, 1:] - (act.float()[:, 1:] @ basis) @ basis.T
+    torch.testing.assert_close(out[:, 1:], ref.to(dtype))
+    a = geolens.ablation_effect(half, TEXTS, layer=1, m=1, n_tokens=60, n_null=10, progress=False).to_pandas()
+    b = geolens.ablation_effect(full, TEXTS, layer=1, m=1, n_tokens=60, n_null=10, progress=False).to_pandas()
+    np.testing.assert_allclose(a.z_clean, b.z_clean, atol=0.3)
+    np.testing.assert_allclose(a.z_ablated, b.z_ablated, atol=0.3)
