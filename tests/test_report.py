@@ -52,6 +52,13 @@ class PageChecker(HTMLParser):
             self.stack.pop()
 
 
+
+@pytest.fixture(autouse=True)
+def _lens_cache_in_tmp(request, tmp_path, monkeypatch):
+    """Tuned lenses of the tiny models go to the test's folder, not the user's cache (the default model's stay)."""
+    if "default_model" not in request.node.name:
+        monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "geolens-cache"))
+
 def check_page(page: str) -> PageChecker:
     """Parse ``page`` and assert it is one balanced, self-contained HTML5 document."""
     checker = PageChecker()
