@@ -144,8 +144,14 @@ def phases_findings(result: Any) -> list[str]:
         return [f"No stable phases found: {p.get('reason') or 'the RSS curve has no rise-plateau-fall'}."]
     line = (f"Phases at k = {p.get('k')}: I = layers 0–{p['b1'] - 1}, II = {p['b1']}–{p['b2'] - 1}, "
             f"III = {p['b2']} onward.")
-    if "stability" in p:
-        line += f" Stability: {p['stability']}."
+    stability = p.get("stability")
+    if isinstance(stability, dict) and stability.get("per_k"):
+        rows = stability["per_k"]
+        line += (f" Lenses fitted on the two halves of the text agree (breakpoints within "
+                 f"{stability.get('max_shift', 1)} layer, RSS Pearson ≥ {min(r['pearson'] for r in rows):.2f} "
+                 f"at k = {', '.join(str(r['k']) for r in rows)}).")
+    else:
+        line += " Their stability was not measured (a lens was given)."
     return [line]
 
 

@@ -300,7 +300,7 @@ SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
                  _spectrum_section),
     "weights": ("Spectral metrics of W_U (raw, folded) and W_E", _weights_section),
     "updates": ("Update geometry: orthogonality, norms, FFN/MHA ratio, effective ranks", _updates_section),
-    "lens": ("Logit lens and a small-budget tuned lens: KL, cross-entropy, Hit@1/Hit@5 (trained once, cached)",
+    "lens": ("Logit lens and a fast tuned lens: KL, cross-entropy, Hit@1/Hit@5 (fitted once, cached)",
              _lens_section),
     "probes": ("Linear probes (BBC News topic) next to PGA z", _probe_section),
     "convergence": ("Convergence (Spearman, linear CKA, mutual k-NN): across depth, and across families by relative "
