@@ -59,14 +59,7 @@ def int_at_least(low: int):
     return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+positive_int = int_at_least(1)  # sizes and counts: --k, --n-texts, --layers, ...
 
 
 def looks_like_path(text: str) -> bool:
