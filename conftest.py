@@ -41,22 +41,9 @@ DOCTEST_ZOO = dict(widths=(16,), n_layers=1, d_head=8, vocab_size=260, seq_len=8
 
 def _save_doctest_neox(path: Path, d_model: int = DOCTEST_D_MODEL, seed: int = 0) -> Path:
     """A seeded GPT-NeoX (parallel residual, 2 layers, vocab 200) and the test tokenizer in ``path``."""
-    import torch
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    from tests.conftest import save_neox
 
-    from tests.conftest import N_CTX, N_HEADS, N_LAYERS, NEOX_VOCAB, build_tokenizer, jitter_norms
-
-    cfg = GPTNeoXConfig(
-        vocab_size=NEOX_VOCAB, hidden_size=d_model, num_hidden_layers=N_LAYERS,
-        num_attention_heads=N_HEADS, intermediate_size=4 * d_model, max_position_embeddings=N_CTX,
-        use_parallel_residual=True, rotary_pct=0.25, bos_token_id=0, eos_token_id=0, pad_token_id=2,
-    )
-    torch.manual_seed(seed)
-    hf_model = GPTNeoXForCausalLM(cfg)
-    jitter_norms(hf_model, seed=seed)
-    hf_model.save_pretrained(str(path))
-    build_tokenizer(path)
-    return path
+    return save_neox(path, d_model=d_model, seed=seed)
 
 
 @pytest.fixture(scope="session")

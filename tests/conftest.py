@@ -159,18 +159,23 @@ def make_native_bridge(tokenizer: Any = None, **overrides: Any) -> Any:
     return warm_up(bridge.eval())
 
 
-def save_neox(path: Path, tokenizer_dir: Path) -> Path:
-    """Save a seeded tiny GPT-NeoX (parallel residual) and the test tokenizer into ``path``."""
+def save_neox(path: Path, tokenizer_dir: Path | None = None, *, d_model: int = D_MODEL, n_layers: int = N_LAYERS,
+              n_heads: int = N_HEADS, seed: int = SEED) -> Path:
+    """Save a seeded tiny GPT-NeoX (parallel residual) and the test tokenizer into ``path``.
+
+    The one builder of the suite's GPT-NeoX models (fixtures, doctests, studies); the tokenizer is
+    rebuilt beside the weights, so ``tokenizer_dir`` is not read.
+    """
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     cfg = GPTNeoXConfig(
-        vocab_size=NEOX_VOCAB, hidden_size=D_MODEL, num_hidden_layers=N_LAYERS,
-        num_attention_heads=N_HEADS, intermediate_size=4 * D_MODEL, max_position_embeddings=N_CTX,
+        vocab_size=NEOX_VOCAB, hidden_size=d_model, num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, intermediate_size=4 * d_model, max_position_embeddings=N_CTX,
         use_parallel_residual=True, rotary_pct=0.25, bos_token_id=0, eos_token_id=0, pad_token_id=2,
     )
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = GPTNeoXForCausalLM(cfg)
-    jitter_norms(model)
+    jitter_norms(model, seed=seed)
     model.save_pretrained(str(path))
     build_tokenizer(path)  # same vocabulary as tokenizer_dir, saved beside the weights
     return path

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.conftest import N_CTX, NEOX_VOCAB, build_tokenizer, jitter_norms
+from tests.conftest import save_neox as save_tiny_neox
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song",
          "a fish swam under the bridge", "my friend reads a book every night"]
@@ -19,18 +18,7 @@ BUDGET = dict(n_tokens=20, seed=0)
 
 def save_neox(path: Path, *, d_model: int = 16, n_layers: int = 2, seed: int = 0) -> Path:
     """A seeded GPT-NeoX (parallel residual) of the given width and depth, with the test tokenizer."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    n_heads = max(1, d_model // 8)
-    cfg = GPTNeoXConfig(vocab_size=NEOX_VOCAB, hidden_size=d_model, num_hidden_layers=n_layers,
-                        num_attention_heads=n_heads, intermediate_size=4 * d_model, max_position_embeddings=N_CTX,
-                        use_parallel_residual=True, rotary_pct=0.25, bos_token_id=0, eos_token_id=0, pad_token_id=2)
-    torch.manual_seed(seed)
-    model = GPTNeoXForCausalLM(cfg)
-    jitter_norms(model, seed=seed)
-    model.save_pretrained(str(path))
-    build_tokenizer(path)
-    return path
+    return save_tiny_neox(path, d_model=d_model, n_layers=n_layers, n_heads=max(1, d_model // 8), seed=seed)
 
 
 @pytest.fixture(scope="session")
