@@ -22,8 +22,6 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-import pandas as pd
-
 __all__ = ["FINDINGS", "Z_CHANCE", "findings", "layer_ranges", "pga_findings"]
 
 Z_CHANCE = 1.96  # two-sided 95 % of the null
@@ -133,7 +131,7 @@ def lens_findings(result: Any) -> list[str]:
         return []
     inner = table[(table["layer"] > 0) & (table["layer"] < table["layer"].max())]
     means = inner.groupby("lens")["kl"].mean()
-    lines = [f"Mean KL to the final distribution over layers 1..L−1: "
+    lines = ["Mean KL to the final distribution over layers 1..L−1: "
              + ", ".join(f"{kind} lens {value:.2f} nats" for kind, value in means.items()) + "."]
     return lines
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import warnings
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import torch
 
 import geolens
 from geolens._validation import DegenerateError
-from geolens.lens import LogitLens, TunedLens, evaluate, train_tuned_lens
+from geolens.lens import TunedLens, evaluate, train_tuned_lens
 from geolens.model import as_adapter
 from tests.conftest import make_native_bridge
 from tests.helpers import hook_count, same_weights, weights

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -42,6 +42,9 @@ from geolens.lens import tuned_lens_format as tl_format
 from geolens.lens.logit_lens import LogitLens
 from geolens.model import as_adapter
 from geolens.sites import RESIDUAL_SITE, check_layer
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["TunedLens", "CONFIG_FILE", "WEIGHTS_FILE"]
 

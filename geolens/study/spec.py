@@ -43,7 +43,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from geolens.analyses.checkpoints import ANALYSES
 from geolens.analyses.phases import phases

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import pytest
 
 from geolens.study import ModelSpec, Study, run_study, study_report
 from tests.study.conftest import BUDGET, PGA, SPECTRUM, TEXTS

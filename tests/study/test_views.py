@@ -6,7 +6,6 @@ import functools
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 from scipy import stats
 
