@@ -13,6 +13,10 @@ final LayerNorm weights are jittered away from 1 so that the "folded" readout
 differs from the raw one. Each model has run one forward pass already (bridges
 wire internal hooks lazily on the first one). Fixtures are session-scoped: tests
 must not edit the models (the adapter never does; tests check that).
+
+``gemma3_bridge`` (a tiny Gemma-3 with the same tokenizer, whose RMSNorms store
+``w - 1`` and multiply by ``1 + w``) is built only for the tests of offset norms
+that ask for it.
 """
 
 from __future__ import annotations
@@ -181,6 +185,34 @@ def save_neox(path: Path, tokenizer_dir: Path | None = None, *, d_model: int = D
     return path
 
 
+def save_gemma3(path: Path, *, d_model: int = D_MODEL, n_layers: int = N_LAYERS, n_heads: int = N_HEADS,
+                seed: int = SEED) -> Path:
+    """Save a seeded tiny Gemma-3 (offset RMSNorm: weights stored as ``w - 1``) and the test tokenizer into ``path``.
+
+    Skips where ``transformers`` has no Gemma-3. The norms are jittered like the
+    other fixtures' (stored weights near 1, so the effective ``1 + w`` is near 2):
+    a readout that forgets the offset is off by far more than any tolerance.
+    """
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Gemma3TextConfig"):
+        pytest.skip("this transformers has no Gemma-3")
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(
+        vocab_size=NEOX_VOCAB, hidden_size=d_model, intermediate_size=2 * d_model, num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, num_key_value_heads=1, head_dim=d_model // n_heads,
+        max_position_embeddings=N_CTX, sliding_window=16, layer_types=["sliding_attention", "full_attention"] * (n_layers // 2)
+        + ["full_attention"] * (n_layers % 2), final_logit_softcapping=None,
+        bos_token_id=0, eos_token_id=0, pad_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(cfg)
+    jitter_norms(model, seed=seed)
+    model.save_pretrained(str(path))
+    build_tokenizer(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def hooked_model(tiny_tokenizer: Any) -> Any:
     return make_hooked_model(tiny_tokenizer)
@@ -201,6 +233,20 @@ def neox_bridge(neox_dir: Path) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
     return warm_up(TransformerBridge.boot_transformers(str(neox_dir)).eval())
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Gemma-3 saved by :func:`save_gemma3` (built only by the tests that ask for it)."""
+    return save_gemma3(tmp_path_factory.mktemp("gemma3"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_bridge(gemma3_dir: Path) -> Any:
+    """The tiny Gemma-3 as a raw (unprocessed) bridge: an offset RMSNorm ``ln_final``."""
+    from geolens.model import boot_bridge
+
+    return warm_up(boot_bridge(gemma3_dir).eval())
 
 
 @pytest.fixture(params=MODEL_FIXTURES)

@@ -13,7 +13,9 @@ from geolens.sites import FINAL_SITE, SITES as _ALL_SITES
 
 SITES = tuple(s for s in _ALL_SITES if s != FINAL_SITE)  # the sites every block has a hook for
 
-from tests.conftest import D_MODEL, D_VOCAB, N_LAYERS, NEOX_VOCAB, make_hooked_model, make_native_bridge
+from tests.conftest import (
+    D_MODEL, D_VOCAB, N_LAYERS, NEOX_VOCAB, make_hooked_model, make_native_bridge, warm_up,
+)
 
 ATOL = 1e-5
 EXPECTED_KIND = {"hooked_model": "hooked_transformer", "native_bridge": "bridge", "neox_bridge": "bridge"}
@@ -221,6 +223,60 @@ def _check_final_readout(adapter: ModelAdapter) -> None:
     logits, final = _capture(adapter, tokens, torch.ones_like(tokens), adapter.final_hook_name)
     b_u = adapter.unembed_bias()
     torch.testing.assert_close(final @ adapter.unembed_matrix() + (0 if b_u is None else b_u), logits, atol=ATOL, rtol=0)
+
+
+# --------------------------------------------------------------------------- offset RMSNorm (Gemma)
+def _rms_normalize(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS normalisation without a weight: what the folded readout reads."""
+    return h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def test_offset_rmsnorm_folded_readout_matches_hf(gemma3_bridge: Any, gemma3_dir: Any, texts: list[str]) -> None:
+    """Gemma stores ln_final's weight as ``w - 1``: the folded readout is ``diag(1 + w) @ W_U``.
+
+    rms_normalize(h_L) @ folded + b_U reproduces the bridge's logits and those of
+    Hugging Face's own Gemma3ForCausalLM; ``diag(w) @ W_U`` (the offset forgotten) does not.
+    """
+    from transformers import AutoModelForCausalLM
+
+    adapter = ModelAdapter(gemma3_bridge)
+    assert adapter.processing["fold_ln"] is False and adapter.processing["normalization_type"] == "RMS"
+    hf = AutoModelForCausalLM.from_pretrained(str(gemma3_dir), dtype=torch.float32).eval()
+    stored = hf.model.norm.weight.detach()  # w - 1, as Hugging Face keeps it
+    raw, folded = adapter.unembed_matrix("raw"), adapter.unembed_matrix("folded")
+    torch.testing.assert_close(folded, (1.0 + stored).unsqueeze(-1) * raw, atol=1e-6, rtol=0)
+    b_u = adapter.unembed_bias()
+    eps = hf.config.rms_norm_eps
+    last = adapter.hook_name("resid_post", N_LAYERS - 1)  # the state ln_final reads
+    for text in texts:  # one text at a time: no padding
+        tokens = gemma3_bridge.to_tokens(text)
+        logits, h_last = _capture(adapter, tokens, torch.ones_like(tokens), last)
+        with torch.no_grad():
+            theirs = hf(tokens).logits
+        normalized = _rms_normalize(h_last, eps)
+        predicted = normalized @ folded + (0 if b_u is None else b_u)
+        torch.testing.assert_close(predicted, logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(predicted, theirs, atol=ATOL, rtol=0)
+        forgot_offset = normalized @ (stored.unsqueeze(-1) * raw) + (0 if b_u is None else b_u)
+        assert float((forgot_offset - logits).abs().max()) > 1000 * ATOL
+
+
+def test_offset_rmsnorm_after_fold_ln(gemma3_dir: Any) -> None:
+    """Processing folds ``1 + w`` into W_U and leaves a stored 0 (effective 1): folded == raw, fold_ln inferred."""
+    from geolens.model import boot_bridge
+
+    bridge = warm_up(boot_bridge(gemma3_dir).eval())
+    adapter = ModelAdapter(bridge)
+    assert not torch.allclose(adapter.unembed_matrix("folded"), adapter.unembed_matrix("raw"))
+    bridge.enable_compatibility_mode(disable_warnings=True)
+    assert adapter.processing["fold_ln"] is True and "fold_ln" in adapter.processing["inferred"]
+    torch.testing.assert_close(adapter.unembed_matrix("folded"), adapter.unembed_matrix("raw"))
+    _check_final_readout(adapter)
+    tokens = torch.tensor([[0, 3, 4, 5, 6]])
+    logits, h_last = _capture(adapter, tokens, torch.ones_like(tokens), adapter.hook_name("resid_post", N_LAYERS - 1))
+    b_u = adapter.unembed_bias()
+    predicted = _rms_normalize(h_last, bridge.cfg.eps) @ adapter.unembed_matrix("folded") + (0 if b_u is None else b_u)
+    torch.testing.assert_close(predicted, logits, atol=ATOL, rtol=0)
 
 
 # --------------------------------------------------------------------------- tokens

@@ -175,3 +175,48 @@ def test_gemma_matches_hf_and_runs_pga(gemma):
                       max_length=48, progress=False)
     table = res.to_pandas()
     assert set(table.layer) == {1, 9, 18} and table.z.notna().all() and (table.rho_readout.abs() <= 1).all()
+
+
+@pytest.mark.slow
+def test_gemma_folded_readout_and_logit_lens_reproduce_the_logits(gemma):
+    """Gemma-3's final RMSNorm multiplies by 1 + w (w stored as w - 1): both readouts give the model's logits.
+
+    rms_normalize(h_L) @ unembed_matrix("folded") + b_U, and the logit lens (raw
+    readout through ln_final) at layer L, match the bridge's logits and those of
+    Hugging Face's Gemma3ForCausalLM, to 1e-4 of the logits' scale (measured on
+    these texts, |logits| up to 26 and 33: folded vs bridge 7e-6 and 8e-6, vs HF
+    3e-5 and 1e-4; the lens equals the bridge exactly; forgetting the offset: 23).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from geolens.lens import LogitLens, residual_stream
+
+    adapter = geolens.as_adapter(gemma)
+    hf = AutoModelForCausalLM.from_pretrained(models.model_path("gemma-3-270m", progress=False),
+                                              dtype=torch.float32).eval()
+    assert hf.config.final_logit_softcapping is None  # else neither readout is linear in the normalised state
+    eps = hf.config.rms_norm_eps
+    stored = hf.model.norm.weight.detach()
+    raw, folded, b_u = adapter.unembed_matrix("raw"), adapter.unembed_matrix("folded"), adapter.unembed_bias()
+    torch.testing.assert_close(folded, (1.0 + stored).unsqueeze(-1) * raw, atol=0, rtol=1e-6)
+    lens = LogitLens(adapter)
+    texts = ("The capital of France is Paris, and the capital of Germany is Berlin. Both cities are large.",
+             "In mathematics, a prime number is a natural number greater than one that has no divisors")
+    for text in texts:
+        tokens = gemma.to_tokens(text)
+        assert 15 <= tokens.shape[1] <= 30
+        resid, logits = residual_stream(gemma, tokens)
+        with torch.no_grad():
+            theirs = hf(tokens).logits
+            h = resid[-1]
+            normalized = h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + eps)  # RMSNorm without its weight
+            folded_logits = normalized @ folded
+            if b_u is not None:
+                folded_logits = folded_logits + b_u
+            lens_logits = lens(h, layer=adapter.n_layers)
+        tol = 1e-4 * float(theirs.abs().max())
+        for ours in (folded_logits, lens_logits):
+            assert float((ours - logits).abs().max()) <= tol
+            assert float((ours - theirs).abs().max()) <= tol
+        forgot_offset = normalized @ (stored.unsqueeze(-1) * raw)  # diag(w) W_U: the offset forgotten
+        assert float((forgot_offset - logits).abs().max()) > 1.0

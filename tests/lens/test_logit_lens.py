@@ -45,6 +45,15 @@ def test_logit_lens_equals_hand_normalisation(native_bridge):
     torch.testing.assert_close(by_hand[-1].float(), logits, atol=1e-5, rtol=1e-5)
 
 
+def test_logit_lens_last_layer_is_the_logits_of_an_offset_rmsnorm_model(gemma3_bridge):
+    """Gemma-3 (ln_final multiplies by 1 + w): the raw readout at layer L is the model's own output."""
+    adapter = as_adapter(gemma3_bridge)
+    tokens = gemma3_bridge.to_tokens("the cat sat on the mat")
+    resid, logits = residual_stream(gemma3_bridge, tokens)
+    torch.testing.assert_close(LogitLens(adapter)(resid[-1], layer=adapter.n_layers), logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer_logits(gemma3_bridge, tokens)[-1], logits, atol=1e-5, rtol=1e-5)
+
+
 def test_bad_layer_and_width(native_bridge):
     lens = LogitLens(native_bridge)
     with pytest.raises(ValueError, match="layer"):
