@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from geolens._cache import cache_root
-from geolens.lens.fit import FAST_BUDGET, fit_tuned_lens
+from geolens.lens.fit import DEFAULT_RIDGE, FAST_BUDGET, fit_tuned_lens
 from geolens.lens.train import DEFAULT_SEQ_LEN, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import ModelAdapter, as_adapter
@@ -61,6 +61,7 @@ def cached_tuned_lens(
     max_seconds: float | None = None,
     seq_len: int = DEFAULT_SEQ_LEN,
     seed: int = 0,
+    halves: bool = False,
     progress: bool = True,
 ) -> TunedLens:
     """A tuned lens for ``model`` trained on ``train_texts``: loaded from the cache, else trained once and saved.
@@ -76,6 +77,8 @@ def cached_tuned_lens(
             (``$GEOLENS_CACHE`` or ``~/.cache/geolens``).
         seq_len: tokens per training window (both methods).
         seed: part of the key; the fast method's position sample.
+        halves: (fast method) also fit a lens on each half of the texts from the same capture
+            (``lens.halves``, see :func:`geolens.lens.fit_tuned_lens`); part of the key.
         progress: show the training bar.
 
     Returns:
@@ -102,6 +105,12 @@ def cached_tuned_lens(
               for k in (_REFERENCE_KEYS if method == "reference" else _FAST_KEYS)}
     plan = {"method": method, **budget, "seq_len": seq_len, "seed": seed,
             "train_texts_sha": hashlib.sha256("\x00".join(train_texts).encode()).hexdigest()[:12]}
+    if method == "fast":
+        plan["ridge"] = DEFAULT_RIDGE
+    if halves:
+        if method != "fast":
+            raise ValueError("halves=True needs method='fast' (the reference recipe trains each lens on its own)")
+        plan["halves"] = True  # a lens cached without its halves is not reused for a call that wants them
     if method == "reference":  # keeps the keys of lenses cached before the fast method existed
         plan.pop("method")
     folder = (Path(cache_dir) if cache_dir is not None else cache_root() / "tuned_lens") / _cache_key(adapter, plan)
@@ -111,7 +120,8 @@ def cached_tuned_lens(
         if method == "reference":
             lens = train_tuned_lens(adapter, train_texts, seq_len=seq_len, progress=progress, **budget)
         else:
-            lens = fit_tuned_lens(adapter, train_texts, seq_len=seq_len, seed=seed, progress=progress, **budget)
+            lens = fit_tuned_lens(adapter, train_texts, seq_len=seq_len, seed=seed, halves=halves, progress=progress,
+                                  **budget)
         lens.save(folder)
     lens.cache_dir = str(folder)
     return lens

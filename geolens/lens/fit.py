@@ -57,11 +57,16 @@ from geolens.sites import RESIDUAL_SITE
 
 __all__ = ["FAST_BUDGET", "fit_tuned_lens"]
 
-# The default fast budget: measured on the default model (2 cores) in bench/lens.py and the closing note.
-FAST_BUDGET: dict[str, Any] = {"n_tokens": 4096, "max_steps": 100, "max_seconds": 90.0}
+# The default fast budget, measured on the default model (2 cores) in bench/lens.py: the capture of
+# 8192 + 2048 positions takes ~16 s, the closed form ~8 s, a refinement step ~1.7 s; the held-out KL
+# flattens after ~150 steps, so 200 steps or 4 minutes of refinement keep the whole fit under 5 minutes.
+FAST_BUDGET: dict[str, Any] = {"n_tokens": 8192, "max_steps": 200, "max_seconds": 240.0}
+# Relative ridge of the closed form; part of the lens cache key, so a change refits cached lenses.
+DEFAULT_RIDGE = 0.01
 _HELD_OUT_EVERY = 5  # every fifth window is held out
 _EVAL_ROWS = 256  # held-out rows scored at each evaluation
 _ROW_CHUNK = 256
+_CLOSED_FORM_CHUNK = 2048  # rows of every layer in float64 at once (~0.3 GB for 30 layers, d = 576)
 
 
 def _check_float(value: object, name: str, *, low: float = 0.0, open_low: bool = False) -> float:
@@ -73,10 +78,12 @@ def _check_float(value: object, name: str, *, low: float = 0.0, open_low: bool =
     return value
 
 
-def _windows(adapter: ModelAdapter, texts: Any, seq_len: int, needed: int, attention_mask: Tensor | None):
-    """``(tokens, mask)`` of enough ``seq_len`` windows of the text for ``needed`` eligible positions."""
+def _windows(adapter: ModelAdapter, texts: Any, seq_len: int, needed: int, attention_mask: Tensor | None,
+             origins: list[int] | None = None):
+    """``(tokens, mask)`` of enough ``seq_len`` windows of the text for ``needed`` eligible positions
+    (``origins`` receives the text index of each window)."""
     rows, masks, eligible = [], [], 0
-    for tokens, mask in _micro_batches(adapter, texts, seq_len, 8, attention_mask):
+    for tokens, mask in _micro_batches(adapter, texts, seq_len, 8, attention_mask, origins):
         rows.append(tokens)
         masks.append(mask)
         eligible += int(mask.sum()) - mask.shape[0]  # the first token of each window is never sampled
@@ -92,17 +99,24 @@ def _windows(adapter: ModelAdapter, texts: Any, seq_len: int, needed: int, atten
 
 
 def _closed_form(lens: TunedLens, train: Tensor, ridge: float) -> None:
-    """Ridge regression of ``H_L - H_l`` on ``[H_l, 1]`` for every layer ``l < L``, written into the translators."""
-    h = train[:-1].double()  # [L, N, d]
-    final = train[-1].double()
-    target = final.unsqueeze(0) - h  # [L, N, d]
-    n, d = h.shape[1], h.shape[2]
-    x = torch.cat([h, h.new_ones(h.shape[0], n, 1)], dim=-1)  # [L, N, d + 1]
-    gram = x.transpose(1, 2) @ x  # [L, d + 1, d + 1]
+    """Ridge regression of ``H_L - H_l`` on ``[H_l, 1]`` for every layer ``l < L``, written into the translators.
+
+    The normal equations are accumulated in float64 over row chunks, so memory stays at one chunk
+    of all layers whatever the number of rows.
+    """
+    n_layers, n, d = train.shape[0] - 1, train.shape[1], train.shape[2]
+    gram = torch.zeros(n_layers, d + 1, d + 1, dtype=torch.float64, device=train.device)
+    cross = torch.zeros(n_layers, d + 1, d, dtype=torch.float64, device=train.device)
+    for start in range(0, n, _CLOSED_FORM_CHUNK):
+        h = train[:-1, start:start + _CLOSED_FORM_CHUNK].double()  # [L, n_chunk, d]
+        target = train[-1, start:start + _CLOSED_FORM_CHUNK].double().unsqueeze(0) - h
+        x = torch.cat([h, h.new_ones(h.shape[0], h.shape[1], 1)], dim=-1)  # [L, n_chunk, d + 1]
+        gram += x.transpose(1, 2) @ x
+        cross += x.transpose(1, 2) @ target
     scale = torch.diagonal(gram[:, :d, :d], dim1=1, dim2=2).mean(dim=1)  # ridge relative to each layer's scale
     penalty = torch.zeros_like(gram)
     penalty[:, range(d), range(d)] = (ridge * scale).unsqueeze(1)
-    w = torch.linalg.solve(gram + penalty, x.transpose(1, 2) @ target)  # [L, d + 1, d]
+    w = torch.linalg.solve(gram + penalty, cross)  # [L, d + 1, d]
     with torch.no_grad():
         for layer, translator in enumerate(lens.translators):
             translator.weight.copy_(w[layer, :d].T.to(translator.weight.dtype))
@@ -123,80 +137,12 @@ def _held_out_kl(lens: TunedLens, states: Tensor, w_u: Tensor, b_u: Tensor | Non
     return total / states.shape[1]
 
 
-def fit_tuned_lens(
-    model: object,
-    texts,
-    *,
-    lens: TunedLens | None = None,
-    n_tokens: int = FAST_BUDGET["n_tokens"],
-    seq_len: int = DEFAULT_SEQ_LEN,
-    ridge: float = 0.1,
-    refine: bool = True,
-    lr: float = 1e-3,
-    batch_tokens: int = 64,
-    max_steps: int = FAST_BUDGET["max_steps"],
-    max_seconds: float = FAST_BUDGET["max_seconds"],
-    eval_every: int = 10,
-    patience: int = 3,
-    tol: float = 0.01,
-    attention_mask: Tensor | None = None,
-    seed: int = 0,
-    progress: bool = True,
-) -> TunedLens:
-    """A tuned lens in minutes on a CPU: closed-form translators from captured states, refined on the exact KL.
-
-    Args:
-        model: ``HookedTransformer`` or ``TransformerBridge`` (frozen; never changed).
-        texts: training texts (a list of str) or ``[B, T]`` token ids.
-        lens: a lens to refine (its translators are replaced by the closed form first).
-        n_tokens: positions captured (an upper bound: with less text, what there is, with a warning);
-            a fifth of the windows is held out.
-        seq_len: tokens per window.
-        ridge: the ridge penalty relative to the mean variance of each layer's states (0.1: measured
-            best of 1e-3, 1e-2, 0.1, 1 on the default model; a per-token weighting by ``1 / ||h_L||^2``
-            measured no better and was dropped).
-        refine: run the KL refinement after the closed form (``False``: closed form only).
-        lr, batch_tokens: Adam's learning rate and the training rows per step.
-        max_steps, max_seconds: the refinement budget; training stops earlier on a plateau.
-        eval_every, patience, tol: the held-out KL is measured every ``eval_every`` steps; a relative
-            improvement below ``tol`` over ``patience`` evaluations is a plateau.
-        attention_mask: for token ids.
-        seed: seed of the position sample and of the minibatches.
-        progress: tqdm bar with the held-out KL.
-
-    Returns:
-        the :class:`TunedLens`; ``lens.history`` (a DataFrame of ``step, seconds, split, layer, kl``),
-        ``lens.training_info["converged"]`` (per layer), ``["stopped"]`` (``plateau``, ``steps``, ``time``).
-    """
-    adapter = as_adapter(model)
-    n_tokens = check_int(n_tokens, "n_tokens", low=16)
-    seq_len = check_int(seq_len, "seq_len", low=3)
-    ridge = _check_float(ridge, "ridge")
-    lr = _check_float(lr, "lr", open_low=True)
-    batch_tokens = check_int(batch_tokens, "batch_tokens", low=1)
-    max_steps = check_int(max_steps, "max_steps", low=0)
-    max_seconds = _check_float(max_seconds, "max_seconds")
-    eval_every = check_int(eval_every, "eval_every", low=1)
-    patience = check_int(patience, "patience", low=1)
-    tol = _check_float(tol, "tol")
-    lens = TunedLens(adapter) if lens is None else lens
-    if not isinstance(lens, TunedLens):
-        raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
-    if (lens.n_layers, lens.d_model, lens.d_vocab) != (adapter.n_layers, adapter.d_model, adapter.d_vocab):
-        raise ValueError("the lens was made for another model shape")
+def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u: Tensor | None, *,
+              ridge: float, refine: bool, lr: float, batch_tokens: int, max_steps: int, max_seconds: float,
+              eval_every: int, patience: int, tol: float, seed: int, progress: bool, desc: str) -> dict[str, Any]:
+    """Closed form on ``train`` ``[L + 1, N, d]``, then the KL refinement; the training record."""
+    adapter = lens.adapter
     started = time.perf_counter()
-
-    tokens, mask = _windows(adapter, texts, seq_len, n_tokens + n_tokens // (_HELD_OUT_EVERY - 1), attention_mask)
-    states = capture(adapter, tokens, attention_mask=mask, sites=(RESIDUAL_SITE,), n_tokens=UpperBound(n_tokens),
-                     seed=seed, progress=progress)
-    stack = states[RESIDUAL_SITE]  # [L + 1, N, d] float32
-    held = (states.batch_index % _HELD_OUT_EVERY) == 0
-    if int(held.sum()) < 2 or int((~held).sum()) < 8:
-        raise ValueError(f"{states.n_tokens} positions are too few to hold some out: pass more text")
-    train, held_out = stack[:, ~held.to(stack.device)], stack[:, held.to(stack.device)][:, :_EVAL_ROWS]
-    w_u = adapter.unembed_matrix("raw").to(torch.float32)
-    b_u = adapter.unembed_bias()
-
     _closed_form(lens, train, ridge)
     history: list[dict[str, Any]] = []
 
@@ -214,7 +160,7 @@ def fit_tuned_lens(
         opt = torch.optim.Adam(params, lr=lr)
         generator = torch.Generator().manual_seed(seed)
         n_train = train.shape[1]
-        bar = tqdm(total=max_steps, desc="tuned lens (fast)", disable=not progress, leave=False)
+        bar = tqdm(total=max_steps, desc=desc, disable=not progress, leave=False)
         stopped = "steps"
         train_kl, last_eval = torch.zeros(adapter.n_layers, dtype=torch.float64), 0
         lens.train()
@@ -225,7 +171,8 @@ def fit_tuned_lens(
             opt.zero_grad(set_to_none=True)
             for layer in range(adapter.n_layers):  # one layer's [rows, V] logits alive at a time
                 kl = kl_rows(log_p, lens(train[layer, rows], layer, w_u=w_u, b_u=b_u)).mean()
-                kl.backward()
+                # Gradients of this layer's translator only: none may reach the model's norm or unembedding.
+                kl.backward(inputs=list(lens.translators[layer].parameters()))
                 train_kl[layer] += float(kl.detach())
             opt.step()
             bar.update()
@@ -256,12 +203,127 @@ def fit_tuned_lens(
     converged = ([bool(c) for c in ((window.max(0).values - window.min(0).values)
                                     <= tol * window.max(0).values.clamp_min(1e-12))]
                  if window is not None else [stopped == "closed form only"] * adapter.n_layers)
+    return {"n_train": int(train.shape[1]), "steps": step, "stopped": stopped,
+            "held_out_kl": [float(v) for v in evals[-1]], "best_held_out_kl_mean": best[0],
+            "converged": converged, "history": history, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def fit_tuned_lens(
+    model: object,
+    texts,
+    *,
+    lens: TunedLens | None = None,
+    n_tokens: int = FAST_BUDGET["n_tokens"],
+    seq_len: int = DEFAULT_SEQ_LEN,
+    ridge: float = DEFAULT_RIDGE,
+    refine: bool = True,
+    lr: float = 1e-3,
+    batch_tokens: int = 64,
+    max_steps: int = FAST_BUDGET["max_steps"],
+    max_seconds: float = FAST_BUDGET["max_seconds"],
+    eval_every: int = 10,
+    patience: int = 3,
+    tol: float = 0.01,
+    halves: bool = False,
+    attention_mask: Tensor | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> TunedLens:
+    """A tuned lens in minutes on a CPU: closed-form translators from captured states, refined on the exact KL.
+
+    Args:
+        model: ``HookedTransformer`` or ``TransformerBridge`` (frozen; never changed).
+        texts: training texts (a list of str) or ``[B, T]`` token ids (each row counts as one text).
+        lens: a lens to refine (its translators are replaced by the closed form first).
+        n_tokens: positions captured (an upper bound: with less text, what there is, with a warning);
+            a fifth of the windows is held out.
+        seq_len: tokens per window.
+        ridge: the ridge penalty relative to the mean variance of each layer's states (0.01: on the
+            default model the best of 1e-3, 1e-2, 0.1 from 2,048 to 32,768 positions within 1 %,
+            see bench/lens.py; 0.1 over-shrinks towards the logit lens once there is data).
+        refine: run the KL refinement after the closed form (``False``: closed form only).
+        lr, batch_tokens: Adam's learning rate and the training rows per step.
+        max_steps, max_seconds: the refinement budget (steps, and seconds from the end of the capture);
+            training stops earlier on a plateau.
+        eval_every, patience, tol: the held-out KL is measured every ``eval_every`` steps; a relative
+            improvement below ``tol`` over ``patience`` evaluations is a plateau.
+        halves: also fit two lenses with the same settings, each on the training windows of one half
+            of the texts (even and odd texts; the same capture), as ``lens.halves`` — for
+            :func:`geolens.analyses.phases.phase_stability` and for ``training_info["data_gain"]``.
+        attention_mask: for token ids.
+        seed: seed of the position sample and of the minibatches.
+        progress: tqdm bar with the held-out KL.
+
+    Returns:
+        the :class:`TunedLens`; ``lens.history`` (a DataFrame of ``step, seconds, split, layer, kl``),
+        ``lens.training_info["converged"]`` (per layer), ``["stopped"]`` (``plateau``, ``steps``, ``time``,
+        ``closed form only``). With ``halves=True``, ``["data_gain"]``: per layer, the relative drop in
+        held-out KL from a half-text lens (mean of the two) to this lens, which sees twice the data —
+        near 0 where more text would not change the lens; ``["halves_held_out_kl"]``: the halves' KL.
+    """
+    adapter = as_adapter(model)
+    n_tokens = check_int(n_tokens, "n_tokens", low=16)
+    seq_len = check_int(seq_len, "seq_len", low=3)
+    ridge = _check_float(ridge, "ridge")
+    lr = _check_float(lr, "lr", open_low=True)
+    batch_tokens = check_int(batch_tokens, "batch_tokens", low=1)
+    max_steps = check_int(max_steps, "max_steps", low=0)
+    max_seconds = _check_float(max_seconds, "max_seconds")
+    eval_every = check_int(eval_every, "eval_every", low=1)
+    patience = check_int(patience, "patience", low=1)
+    tol = _check_float(tol, "tol")
+    if not isinstance(halves, bool):
+        raise TypeError(f"halves must be a bool, got {halves!r}")
+    lens = TunedLens(adapter) if lens is None else lens
+    if not isinstance(lens, TunedLens):
+        raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
+    if (lens.n_layers, lens.d_model, lens.d_vocab) != (adapter.n_layers, adapter.d_model, adapter.d_vocab):
+        raise ValueError("the lens was made for another model shape")
+    started = time.perf_counter()
+
+    origins: list[int] = []
+    tokens, mask = _windows(adapter, texts, seq_len, n_tokens + n_tokens // (_HELD_OUT_EVERY - 1), attention_mask,
+                            origins)
+    states = capture(adapter, tokens, attention_mask=mask, sites=(RESIDUAL_SITE,), n_tokens=UpperBound(n_tokens),
+                     seed=seed, progress=progress)
+    stack = states[RESIDUAL_SITE]  # [L + 1, N, d] float32
+    held = (states.batch_index % _HELD_OUT_EVERY) == 0
+    if int(held.sum()) < 2 or int((~held).sum()) < 8:
+        raise ValueError(f"{states.n_tokens} positions are too few to hold some out: pass more text")
+    train, held_out = stack[:, ~held.to(stack.device)], stack[:, held.to(stack.device)][:, :_EVAL_ROWS]
+    w_u = adapter.unembed_matrix("raw").to(torch.float32)
+    b_u = adapter.unembed_bias()
+    settings = dict(ridge=ridge, refine=refine, lr=lr, batch_tokens=batch_tokens, max_steps=max_steps,
+                    max_seconds=max_seconds, eval_every=eval_every, patience=patience, tol=tol, seed=seed,
+                    progress=progress)
+    capture_seconds = round(time.perf_counter() - started, 2)
+    half_lenses, half_infos = None, []
+    if halves:
+        # The half of a training row is its text's parity: disjoint texts, not disjoint windows of one text.
+        text_of_row = torch.tensor(origins, dtype=torch.long)[states.batch_index[~held].cpu()]
+        half_lenses = (TunedLens(adapter), TunedLens(adapter))
+        for part, half_lens in enumerate(half_lenses):
+            rows = (text_of_row % 2 == part).to(train.device)
+            if int(rows.sum()) < 8:
+                raise ValueError(f"halves=True: the training windows of {'even' if part == 0 else 'odd'} texts hold "
+                                 f"{int(rows.sum())} positions; pass at least two texts (or rows of ids) with text")
+            info = _fit_rows(half_lens, train[:, rows], held_out, w_u, b_u, desc=f"tuned lens (half {part})",
+                             **settings)
+            half_lens.training_info = {"method": "fast", "half": part, "seq_len": seq_len, **settings, **info}
+            half_infos.append(info)
+    info = _fit_rows(lens, train, held_out, w_u, b_u, desc="tuned lens (fast)", **settings)
     lens.training_info = {
-        "method": "fast", "n_tokens": states.n_tokens, "n_train": int(train.shape[1]),
-        "n_held_out": int(held_out.shape[1]), "seq_len": seq_len, "ridge": ridge, "refine": refine, "lr": lr,
-        "batch_tokens": batch_tokens, "steps": step, "max_steps": max_steps, "max_seconds": max_seconds,
-        "eval_every": eval_every, "patience": patience, "tol": tol, "stopped": stopped,
-        "held_out_kl": [float(v) for v in evals[-1]], "best_held_out_kl_mean": best[0],
-        "converged": converged, "history": history, "seconds": round(time.perf_counter() - started, 2),
+        "method": "fast", "n_tokens": states.n_tokens, "n_held_out": int(held_out.shape[1]), "seq_len": seq_len,
+        **settings, **info, "capture_seconds": capture_seconds,
+        "seconds": round(time.perf_counter() - started, 2),
     }
+    lens.training_info.pop("progress")
+    if half_lenses is not None:
+        for half_lens in half_lenses:
+            half_lens.training_info.pop("progress")
+        halves_kl = torch.tensor([h["held_out_kl"] for h in half_infos]).mean(0)
+        full_kl = torch.tensor(info["held_out_kl"])
+        lens.training_info["halves_held_out_kl"] = [h["held_out_kl"] for h in half_infos]
+        lens.training_info["data_gain"] = ((halves_kl - full_kl) / halves_kl.clamp_min(1e-12)).tolist()
+    lens.halves = half_lenses
     return lens

@@ -57,16 +57,20 @@ def kl_rows(log_p: Tensor, logits_q: Tensor) -> Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-def _windows_of_texts(adapter: ModelAdapter, texts: Iterable[str], seq_len: int) -> Iterator[Tensor]:
+def _windows_of_texts(adapter: ModelAdapter, texts: Iterable[str], seq_len: int,
+                      origins: list[int] | None = None) -> Iterator[Tensor]:
     """Token windows of at most ``seq_len`` ids, text by text; a long text is cut into several,
-    each later window re-starting with the BOS the model put first."""
+    each later window re-starting with the BOS the model put first. ``origins`` (if given)
+    receives the index of the text of each window."""
     bos = getattr(adapter.tokenizer, "bos_token_id", None)
-    for text in texts:
+    for index, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts must be str, got {type(text).__name__}")
         ids, mask = adapter.tokenize([text])
         row = ids[0, : int(mask[0].sum())].cpu()
         if row.numel() <= seq_len:
+            if origins is not None:
+                origins.append(index)
             yield row
             continue
         head = row[:1] if bos is not None and int(row[0]) == bos else row[:0]
@@ -75,26 +79,33 @@ def _windows_of_texts(adapter: ModelAdapter, texts: Iterable[str], seq_len: int)
         for start in range(0, body.numel(), step):
             window = torch.cat([head, body[start : start + step]])
             if window.numel() >= 3:
+                if origins is not None:
+                    origins.append(index)
                 yield window
 
 
-def _windows(adapter: ModelAdapter, data: Any, seq_len: int, attention_mask: Tensor | None) -> Iterator[Tensor]:
+def _windows(adapter: ModelAdapter, data: Any, seq_len: int, attention_mask: Tensor | None,
+             origins: list[int] | None = None) -> Iterator[Tensor]:
     if isinstance(data, Tensor):
         if data.ndim != 2 or data.dtype.is_floating_point:
             raise ValueError(f"token ids must be an integer [B, T] tensor, got {data.dtype} {tuple(data.shape)}")
         mask = torch.ones_like(data) if attention_mask is None else attention_mask
-        for row, row_mask in zip(data.cpu(), mask.cpu()):
+        for index, (row, row_mask) in enumerate(zip(data.cpu(), mask.cpu())):
+            if origins is not None:
+                origins.append(index)  # each row of ids counts as its own text
             yield row[row_mask != 0][:seq_len]
         return
     if isinstance(data, str):
         data = [data]
-    yield from _windows_of_texts(adapter, data, seq_len)
+    yield from _windows_of_texts(adapter, data, seq_len, origins)
 
 
-def _micro_batches(adapter, data, seq_len, batch_size, attention_mask) -> Iterator[tuple[Tensor, Tensor]]:
-    """Right-padded ``(tokens, mask)`` batches of ``batch_size`` windows, made lazily."""
+def _micro_batches(adapter, data, seq_len, batch_size, attention_mask,
+                   origins: list[int] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
+    """Right-padded ``(tokens, mask)`` batches of ``batch_size`` windows, made lazily (``origins``: see
+    :func:`_windows_of_texts`)."""
     buffer: list[Tensor] = []
-    for window in _windows(adapter, data, seq_len, attention_mask):
+    for window in _windows(adapter, data, seq_len, attention_mask, origins):
         buffer.append(window)
         if len(buffer) == batch_size:
             yield _pad(buffer, adapter)

@@ -62,6 +62,8 @@ class TunedLens(LogitLens):
         translators: ``nn.ModuleList`` of ``L`` ``nn.Linear(d_model, d_model)``
             (float32, zero-initialised); ``translators[l]`` maps layer ``l``.
         training_info: budget and loss curve of the last training run (saved with the lens).
+        halves: ``None``, or two lenses fitted on disjoint halves of the same text
+            (``fit_tuned_lens(..., halves=True)``; saved with the lens, in ``half-0`` and ``half-1``).
 
     Example:
         >>> lens = TunedLens(model)
@@ -86,6 +88,7 @@ class TunedLens(LogitLens):
             layers.append(translator)
         self.translators = nn.ModuleList(layers).to(self.adapter.device)
         self.training_info: dict[str, Any] = {}
+        self.halves: tuple[TunedLens, TunedLens] | None = None
 
     def transform(self, h: Float[Tensor, "... d"], layer: int) -> Float[Tensor, "... d"]:
         """``T_l(h) = h + A_l h + b_l`` (float32); the identity at the last layer ``L``."""
@@ -131,15 +134,22 @@ class TunedLens(LogitLens):
         }
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``config.json`` and ``translators.safetensors`` into ``directory`` (created if needed)."""
+        """Write ``config.json`` and ``translators.safetensors`` into ``directory`` (created if needed),
+        and the :attr:`halves`, if any, into its ``half-0`` and ``half-1`` folders."""
+        directory = Path(directory)
+        with atomic_directory(directory) as staging:  # a killed save leaves the old lens or none, never half of one
+            self._write(staging)
+        return directory
+
+    def _write(self, folder: Path) -> None:
         from safetensors.torch import save_file
 
-        directory = Path(directory)
         tensors = {name: value.detach().cpu().contiguous() for name, value in self.translators.state_dict().items()}
-        with atomic_directory(directory) as staging:  # a killed save leaves the old lens or none, never half of one
-            save_file(tensors, str(staging / WEIGHTS_FILE))
-            (staging / CONFIG_FILE).write_text(json.dumps(self.config(), indent=1))
-        return directory
+        save_file(tensors, str(folder / WEIGHTS_FILE))
+        (folder / CONFIG_FILE).write_text(json.dumps(self.config(), indent=1))
+        for part, half in enumerate(self.halves or ()):
+            (folder / f"half-{part}").mkdir()
+            half._write(folder / f"half-{part}")
 
     @classmethod
     def load(cls, directory: str | Path, model: object) -> "TunedLens":
@@ -187,6 +197,8 @@ class TunedLens(LogitLens):
                              f"(the lens expects {len(expected)} tensors of shape {next(iter(expected.values()))})")
         lens.translators.load_state_dict(state)
         lens.training_info = dict(config.get("training") or {})
+        if (directory / "half-0").is_dir():
+            lens.halves = tuple(cls.load(directory / f"half-{part}", model) for part in (0, 1))
         return lens
 
     # ------------------------------------------------------------------ tuned-lens package format

@@ -1,0 +1,146 @@
+"""The fast tuned lens: closed form against a numpy ridge solution and planted maps, the refinement's
+stops and history, the halves, the cache; the model is never changed."""
+
+import numpy as np
+import pytest
+import torch
+
+import geolens.lens.fit as fit_module
+from geolens.lens import TunedLens, cached_tuned_lens, evaluate, fit_tuned_lens
+from geolens.lens.fit import _closed_form
+from tests.helpers import hook_count, same_weights, weights
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*positions")
+
+
+def _numpy_ridge(train: np.ndarray, ridge: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per layer: ``(A, b)`` minimising ||[H_l, 1] W - (H_L - H_l)||^2 + lam ||A||^2, lam = ridge * mean diag(H_l^T H_l)."""
+    out = []
+    final = train[-1]
+    for h in train[:-1]:
+        x = np.hstack([h, np.ones((h.shape[0], 1))])
+        gram = x.T @ x
+        d = h.shape[1]
+        lam = ridge * np.mean(np.diag(gram)[:d])
+        penalty = np.diag(np.r_[np.full(d, lam), 0.0])
+        w = np.linalg.solve(gram + penalty, x.T @ (final - h))
+        out.append((w[:d].T, w[d]))
+    return out
+
+
+def _planted_states(lens: TunedLens, n: int, seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``[L + 1, n, d]`` states whose last layer is an exact affine image of every other layer."""
+    g = torch.Generator().manual_seed(seed)
+    d, layers = lens.d_model, lens.n_layers
+    final = torch.randn(n, d, generator=g, dtype=torch.float64)
+    maps, states = [], []
+    for _ in range(layers):
+        m = torch.eye(d, dtype=torch.float64) + 0.3 * torch.randn(d, d, generator=g, dtype=torch.float64)
+        c = torch.randn(d, generator=g, dtype=torch.float64)
+        states.append(torch.linalg.solve(m, (final - c).T).T)  # final = m h + c
+        maps.append((m, c))
+    return torch.stack(states + [final]), maps
+
+
+def test_closed_form_recovers_a_planted_affine_map(native_bridge):
+    lens = TunedLens(native_bridge)
+    states, maps = _planted_states(lens, 400)
+    _closed_form(lens, states.float(), ridge=0.0)
+    for layer, (m, c) in enumerate(maps):
+        eye = torch.eye(lens.d_model)
+        torch.testing.assert_close(lens.linear_map(layer).double(), m, atol=2e-3, rtol=0)
+        torch.testing.assert_close(lens.translators[layer].bias.double(), c, atol=2e-3, rtol=0)
+        h = states[layer].float()
+        torch.testing.assert_close(lens.transform(h, layer), states[-1].float(), atol=5e-3, rtol=0)
+        assert not torch.equal(lens.linear_map(layer), eye)
+
+
+@pytest.mark.parametrize("ridge", [0.0, 0.01, 1.0])
+def test_closed_form_equals_numpy_ridge_in_any_chunking(native_bridge, monkeypatch, ridge):
+    lens = TunedLens(native_bridge)
+    g = torch.Generator().manual_seed(1)
+    train = torch.randn(lens.n_layers + 1, 300, lens.d_model, generator=g) * torch.linspace(0.5, 3, lens.d_model)
+    train[-1] += 0.5 * train[0] @ torch.randn(lens.d_model, lens.d_model, generator=g)
+    expected = _numpy_ridge(train.double().numpy(), ridge)
+    for chunk in (7, 2048):  # rows accumulated in chunks give the one-shot normal equations
+        monkeypatch.setattr(fit_module, "_CLOSED_FORM_CHUNK", chunk)
+        _closed_form(lens, train, ridge)
+        for layer, (a, b) in enumerate(expected):
+            np.testing.assert_allclose(lens.translators[layer].weight.detach().double().numpy(), a, atol=2e-5)
+            np.testing.assert_allclose(lens.translators[layer].bias.detach().double().numpy(), b, atol=2e-5)
+
+
+def test_fit_lowers_kl_records_history_and_leaves_model_unchanged(native_bridge, train_texts):
+    hooks, before = hook_count(native_bridge), weights(native_bridge)
+    lens = fit_tuned_lens(native_bridge, train_texts, n_tokens=96, max_steps=6, eval_every=2, patience=10,
+                          tol=0.0, seq_len=16, progress=False)
+    assert hook_count(native_bridge) == hooks and same_weights(before, native_bridge)
+    assert all(p.grad is None for p in native_bridge.parameters())
+    info = lens.training_info
+    assert info["method"] == "fast" and info["stopped"] == "steps" and info["steps"] == 6
+    history = lens.history
+    held = history[history.split == "held_out"]
+    assert sorted(held.step.unique()) == [0, 2, 4, 6]
+    assert sorted(history[history.split == "train"].step.unique()) == [2, 4, 6]
+    assert set(held.layer) == set(range(lens.n_layers)) and (history.kl >= 0).all()
+    # The best evaluated translators are kept: never worse than the closed form alone.
+    by_step = held.groupby("step").kl.mean()
+    assert info["best_held_out_kl_mean"] == pytest.approx(by_step.min())
+    assert info["best_held_out_kl_mean"] <= by_step.loc[0]
+    assert len(info["converged"]) == lens.n_layers
+    res = evaluate(native_bridge, train_texts, lens=lens, n_tokens=None, progress=False).to_pandas()
+    inner = res[res.layer < lens.n_layers]
+    assert inner[inner.lens == "tuned"].kl.mean() < 0.8 * inner[inner.lens == "logit"].kl.mean()
+    assert lens.plot_history() is not None
+
+
+def test_refinement_stops_on_plateau_on_time_or_not_at_all(native_bridge, train_texts):
+    common = dict(n_tokens=96, seq_len=16, progress=False)
+    plateau = fit_tuned_lens(native_bridge, train_texts, max_steps=50, eval_every=1, patience=1, tol=10.0, **common)
+    assert plateau.training_info["stopped"] == "plateau" and plateau.training_info["steps"] == 1
+    timed = fit_tuned_lens(native_bridge, train_texts, max_steps=50, max_seconds=0.0, **common)
+    assert timed.training_info["stopped"] == "time" and timed.training_info["steps"] == 1
+    closed = fit_tuned_lens(native_bridge, train_texts, max_steps=0, **common)
+    assert closed.training_info["stopped"] == "closed form only" and set(closed.history.step) == {0}
+    no_refine = fit_tuned_lens(native_bridge, train_texts, refine=False, **common)
+    assert torch.equal(no_refine.linear_map(1), closed.linear_map(1))
+
+
+def test_halves_fit_disjoint_texts_and_survive_save_and_load(native_bridge, tmp_path):
+    texts = [f"{a} {b}" for a in ("the cat sat on the mat", "a dog ran in the park", "my friend reads a book")
+             for b in ("every night", "under the bridge", "a song", "in the park")]
+    lens = fit_tuned_lens(native_bridge, texts, n_tokens=120, max_steps=0, seq_len=16, halves=True, progress=False)
+    a, b = lens.halves
+    info = lens.training_info
+    assert a.training_info["n_train"] + b.training_info["n_train"] == info["n_train"]
+    assert min(a.training_info["n_train"], b.training_info["n_train"]) > 0
+    assert not torch.equal(a.linear_map(1), b.linear_map(1)) and not torch.equal(a.linear_map(1), lens.linear_map(1))
+    assert len(info["data_gain"]) == lens.n_layers and len(info["halves_held_out_kl"]) == 2
+    halves_kl = np.mean(info["halves_held_out_kl"], axis=0)
+    np.testing.assert_allclose(info["data_gain"], (halves_kl - info["held_out_kl"]) / halves_kl)
+    lens.save(tmp_path / "lens")
+    loaded = TunedLens.load(tmp_path / "lens", native_bridge)
+    assert loaded.halves is not None
+    for mine, theirs in zip(lens.halves, loaded.halves):
+        assert torch.equal(mine.linear_map(2), theirs.linear_map(2))
+    assert TunedLens.load(tmp_path / "lens" / "half-0", native_bridge).halves is None
+
+
+def test_halves_need_two_texts_and_the_fast_method(native_bridge, tmp_path):
+    with pytest.raises(ValueError, match="halves=True"):
+        fit_tuned_lens(native_bridge, ["the cat sat on the mat " * 30], n_tokens=64, max_steps=0, seq_len=16,
+                       halves=True, progress=False)
+    with pytest.raises(ValueError, match="halves=True needs method='fast'"):
+        cached_tuned_lens(native_bridge, ["the cat sat"] * 4, method="reference", halves=True, cache_dir=tmp_path)
+    with pytest.raises(TypeError, match="halves"):
+        fit_tuned_lens(native_bridge, ["the cat sat"] * 4, halves="yes", progress=False)
+
+
+def test_cache_keys_the_halves(native_bridge, train_texts, tmp_path):
+    common = dict(n_tokens=96, max_steps=0, seq_len=16, cache_dir=tmp_path, progress=False)
+    plain = cached_tuned_lens(native_bridge, train_texts, **common)
+    with_halves = cached_tuned_lens(native_bridge, train_texts, halves=True, **common)
+    assert plain.halves is None and with_halves.halves is not None and plain.cache_dir != with_halves.cache_dir
+    again = cached_tuned_lens(native_bridge, train_texts, halves=True, **common)
+    assert again.cache_dir == with_halves.cache_dir
+    assert torch.equal(again.halves[1].linear_map(0), with_halves.halves[1].linear_map(0))
