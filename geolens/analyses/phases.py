@@ -108,6 +108,7 @@ def phases(
     lens_budget: dict[str, Any] | None = None,
     cache_dir=None,
     stability: bool = True,
+    lens_evaluation: Result | None = None,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     k_fraction: float | None = None,
     smoothing: float = 1.0,
@@ -129,9 +130,13 @@ def phases(
             on ``lens_texts``, else on ``tokens`` (then the Hit@k diagnostics are
             in-sample), with ``lens_budget`` (``method`` and its budget, see
             :func:`geolens.lens.cached_tuned_lens`) under ``cache_dir``.
-        stability: with ``lens=None``, also train a lens on each half of the lens texts (every
-            other text) and compare their phases (:func:`phase_stability`); phases the halves do
-            not reproduce are reported as "no stable phases" instead of breakpoints.
+        stability: with ``lens=None``, also fit a lens on each half of the lens texts (every
+            other text; the fast method fits them from the same capture, ``lens.halves``) and
+            compare their phases (:func:`phase_stability`); phases the halves do not reproduce
+            are reported as "no stable phases" instead of breakpoints.
+        lens_evaluation: an :func:`geolens.lens.evaluate` result of this lens on ``tokens`` with the
+            same ``n_tokens``, ``seed`` and ``max_length`` (e.g. the report's lens section), reused for
+            the Hit@k diagnostics instead of evaluating the lens again.
         fractions: ``k`` as fractions of ``d`` for the resolution sweep.
         k_fraction: use this fraction instead of the visibility/energy choice.
         smoothing, sensitivity: Gaussian sigma (layers) and Kneedle ``S``.
@@ -163,8 +168,14 @@ def phases(
         budget = dict(lens_budget or {})
         # A budget written in the reference recipe's terms (steps, tokens_per_step) asks for that recipe.
         budget.setdefault("method", "reference" if {"steps", "tokens_per_step"} & set(budget) else "fast")
-        lens = cached_tuned_lens(adapter, train_texts, cache_dir=cache_dir, seed=seed, progress=progress, **budget)
-        if stability and len(train_texts) >= 4:
+        # The fast method fits the halves from the lens's own capture (one forward pass for all three);
+        # the reference recipe trains a lens on each half of the texts.
+        with_halves = stability and len(train_texts) >= 4 and budget["method"] == "fast"
+        lens = cached_tuned_lens(adapter, train_texts, cache_dir=cache_dir, seed=seed, progress=progress,
+                                 halves=with_halves, **budget)
+        if with_halves:
+            stability_report = phase_stability(*lens.halves, smoothing=smoothing, sensitivity=sensitivity)
+        elif stability and len(train_texts) >= 4:
             halves = [cached_tuned_lens(adapter, train_texts[i::2], cache_dir=cache_dir, seed=seed,
                                         progress=progress, **budget) for i in (0, 1)]
             stability_report = phase_stability(*halves, smoothing=smoothing, sensitivity=sensitivity)
@@ -188,7 +199,14 @@ def phases(
     common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
                   attention_mask=attention_mask, progress=progress)
     upd = updates(adapter, tokens, **common).to_pandas().set_index("layer")
-    evaluated = evaluate(adapter, tokens, lens=lens, **common)
+    if lens_evaluation is None:
+        evaluated = evaluate(adapter, tokens, lens=lens, **common)
+    else:
+        lenses = lens_evaluation.params.get("lenses", [])
+        if "tuned" not in lenses or lens_evaluation.params.get("n_layers") != adapter.n_layers:
+            raise ValueError("lens_evaluation must be an evaluate() result of a tuned lens of this model, "
+                             f"got lenses {lenses} for {lens_evaluation.params.get('n_layers')} layers")
+        evaluated = lens_evaluation
     quality = evaluated.to_pandas()
     hits = {kind: part.set_index("layer") for kind, part in quality.groupby("lens")}
 

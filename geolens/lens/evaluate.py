@@ -29,7 +29,6 @@ from tqdm.auto import tqdm
 from geolens._validation import DEFAULT_N_TOKENS, check_int
 from geolens.capture import capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
-from geolens.lens.train import kl_rows
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import as_adapter
 from geolens import plotting
@@ -137,25 +136,34 @@ def evaluate(
     n = resid.shape[1]
     sums = {(lz.kind, l): torch.zeros(2 + len(ks), dtype=torch.float64) for lz in lenses for l in range(adapter.n_layers + 1)}
     bar = tqdm(total=-(-n // _ROW_CHUNK), desc="lens eval", disable=not progress, leave=False)
+    k_max = max(ks)
     with torch.no_grad():
         for start in range(0, n, _ROW_CHUNK):
             rows = slice(start, start + _ROW_CHUNK)
             final_logits = lenses[-1](resid[-1, rows], adapter.n_layers, w_u=w_u, b_u=b_u)
-            log_p = torch.log_softmax(final_logits, dim=-1)
-            top1 = final_logits.argmax(-1)
+            log_p = torch.log_softmax(final_logits.to(torch.float32), dim=-1)
+            p = log_p.exp().unsqueeze(1)  # [n, 1, V]
+            neg_entropy = torch.bmm(p, log_p.unsqueeze(2)).view(-1)  # sum p log p, once per chunk
+            top1 = final_logits.argmax(-1).view(-1, 1)
             target, valid = next_ids[rows].to(final_logits.device), has_next[rows].to(final_logits.device)
+            # Few passes over each [n, V] block (the evaluation is memory-bound): one log-softmax, one
+            # batched dot for KL(p || q) = sum p log p - sum p log q, one top-k for every Hit@k.
             for lz in lenses:
                 for layer in range(adapter.n_layers + 1):
                     logits = lz(resid[layer, rows], layer, w_u=w_u, b_u=b_u)
-                    if not bool(torch.isfinite(logits).all()):
+                    log_q = torch.log_softmax(logits.to(torch.float32), dim=-1)
+                    kl = neg_entropy - torch.bmm(p, log_q.unsqueeze(2)).view(-1)
+                    if not bool(torch.isfinite(kl).all()):  # a NaN or infinite logit makes its row's KL so
                         raise ValueError(f"the {lz.kind} lens gives NaN or infinite logits at layer {layer}; "
                                          "KL and Hit@k would be meaningless (check the lens's weights)")
-                    ce = torch.nn.functional.cross_entropy(logits, target, reduction="none")
+                    ce = -log_q.gather(1, target.view(-1, 1)).squeeze(1)
+                    kth = logits.topk(k_max, dim=-1).values  # the k-th largest logit of each row, for every k
+                    top1_logit = logits.gather(1, top1).squeeze(1)
                     acc = sums[(lz.kind, layer)]
-                    acc[0] += float(kl_rows(log_p, logits).sum())
+                    acc[0] += float(kl.sum())
                     acc[1] += float(ce[valid].sum())
-                    for j, k in enumerate(ks):
-                        acc[2 + j] += float(hit_at_k(logits, top1, k).sum())
+                    for j, k in enumerate(ks):  # ties at the k-th value count as hits, as in hit_at_k
+                        acc[2 + j] += float((top1_logit >= kth[:, k - 1]).sum())
             bar.update()
     bar.close()
 

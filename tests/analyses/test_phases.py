@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import geolens
-from geolens.lens import TunedLens
+from geolens.lens import TunedLens, evaluate
 from geolens.metrics.phases import PHASE_NAMES
 from tests.conftest import make_native_bridge
 
@@ -102,10 +102,52 @@ def test_unstable_phases_are_reported_as_such(deep_bridge, texts, monkeypatch):
     import geolens.analyses.phases as ph
 
     lens = _planted_lens(deep_bridge)
-    monkeypatch.setattr(ph, "cached_tuned_lens", lambda model, train_texts, **kw: lens if len(train_texts) > 4
-                        else _nudged(TunedLens(deep_bridge), 1.0, len(train_texts)))
+
+    def fitted(model, train_texts, *, halves=False, **kw):  # the halves disagree: one is unrelated
+        assert halves and len(train_texts) > 4
+        lens.halves = (_nudged(lens, 1e-3, 1), _nudged(TunedLens(deep_bridge), 1.0, 2))
+        return lens
+
+    monkeypatch.setattr(ph, "cached_tuned_lens", fitted)
     res = geolens.phases(deep_bridge, list(texts) * 2, lens_texts=list(texts) * 2, fractions=(K / 32, 0.5),
                          k_fraction=K / 32, smoothing=0.0, n_tokens=None, progress=False)
     assert not res.params["found"] and res.params["reason"].startswith("no stable phases")
     assert res.params["unstable_breakpoints"][0] == 2 and res.params["stability"]["stable"] is False
     assert res.to_pandas().phase.isna().all()
+
+
+def test_stability_lenses_come_from_the_halves_or_from_each_half_of_the_texts(deep_bridge, texts, monkeypatch):
+    """The fast method: one fit with its halves; the reference recipe: a lens per half of the lens texts."""
+    import geolens.analyses.phases as ph
+
+    lens, calls = _planted_lens(deep_bridge), []
+
+    def fitted(model, train_texts, *, halves=False, **kw):
+        calls.append((list(train_texts), halves, kw.get("method")))
+        lens.halves = (lens, lens) if halves else None
+        return lens
+
+    monkeypatch.setattr(ph, "cached_tuned_lens", fitted)
+    lens_texts = [f"{t} {i}" for i, t in enumerate(list(texts) * 2)]
+    common = dict(lens_texts=lens_texts, fractions=(K / 32, 0.5), k_fraction=K / 32, smoothing=0.0, n_tokens=None,
+                  progress=False)
+    fast = geolens.phases(deep_bridge, list(texts), **common)
+    assert calls == [(lens_texts, True, "fast")]
+    assert all(row["pearson"] == pytest.approx(1.0) for row in fast.params["stability"]["per_k"])  # identical halves
+    calls.clear()
+    geolens.phases(deep_bridge, list(texts), lens_budget={"steps": 1, "tokens_per_step": 8}, **common)
+    assert calls == [(lens_texts, False, "reference"), (lens_texts[0::2], False, "reference"),
+                     (lens_texts[1::2], False, "reference")]
+
+
+def test_a_given_lens_evaluation_gives_the_same_table(deep_bridge, texts):
+    """The report hands its lens section's evaluation to phases: the same numbers as evaluating again."""
+    lens = _planted_lens(deep_bridge)
+    common = dict(lens=lens, n_tokens=None, progress=False, fractions=(K / 32, 0.5), k_fraction=K / 32, smoothing=0.0)
+    own = geolens.phases(deep_bridge, list(texts), **common).to_pandas()
+    evaluation = evaluate(deep_bridge, list(texts), lens=lens, n_tokens=None, progress=False)
+    given = geolens.phases(deep_bridge, list(texts), lens_evaluation=evaluation, **common).to_pandas()
+    assert own.equals(given)
+    with pytest.raises(ValueError, match="lens_evaluation"):
+        geolens.phases(deep_bridge, list(texts), lens_evaluation=evaluate(deep_bridge, list(texts), n_tokens=None,
+                                                                          progress=False), **common)

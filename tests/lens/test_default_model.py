@@ -9,6 +9,7 @@ import geolens
 from geolens.analyses.updates import updates
 from geolens.lens import TunedLens, evaluate, layer_logits, residual_stream
 from geolens.model import as_adapter
+from tests.conftest import warm_up
 from tests.helpers import hook_count, same_weights, weights
 
 pytestmark = pytest.mark.slow
@@ -17,9 +18,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def default_model():
     try:
-        return geolens.load_default_model(device="cpu", progress=False)
+        model = geolens.load_default_model(device="cpu", progress=False)
     except RuntimeError as error:
         pytest.skip(str(error))
+    return warm_up(model)  # a bridge wires its permanent hooks on the first forward: counts taken after it
 
 
 def test_logit_lens_matches_hand_rmsnorm_and_tl(default_model):
@@ -52,3 +54,30 @@ def test_updates_and_evaluate_on_default_model(default_model):
     last = res[res.layer == 30]
     assert (last["hit@1"] == 1.0).all() and (last.kl < 1e-4).all()
     assert res[res.layer == 0]["hit@1"].max() < 0.5
+
+
+def test_fast_lens_halves_agree_on_the_readout_trajectory(default_model):
+    """Issue 15: lenses fitted on disjoint halves of the text (every other text, from one capture) give RSS
+    curves correlated at 0.9 or more at k = 5, 10 and 15 % of d, and the same first breakpoint within one
+    layer. The closed form alone, to keep the test under a minute. Measured here: Pearson 0.99-1.00, b1
+    4/4, 4/3, 3/3; the second breakpoint is not stable on this model (25 vs 28 at k = 29: the RSS
+    curve has no clear fall after its late bump), which geolens.phases reports as "no stable phases"."""
+    from geolens.analyses.phases import phase_stability
+    from geolens.lens import fit_tuned_lens
+
+    hooks, before = hook_count(default_model), weights(default_model)
+    texts = geolens.default_texts(n=300, seed=3)
+    lens = fit_tuned_lens(default_model, texts, max_steps=0, halves=True, progress=False)
+    assert hook_count(default_model) == hooks and same_weights(before, default_model)
+    report = phase_stability(*lens.halves)
+    assert [row["k"] for row in report["per_k"]] == [29, 58, 86]
+    for row in report["per_k"]:
+        assert row["pearson"] >= 0.9, row
+        if None not in row["b1"]:
+            assert abs(row["b1"][0] - row["b1"][1]) <= 1, row
+        assert row["agree"] == (None not in row["b1"] + row["b2"] and abs(row["b1"][0] - row["b1"][1]) <= 1
+                                and abs(row["b2"][0] - row["b2"][1]) <= 1 and row["pearson"] >= 0.9)
+    assert report["stable"] == all(row["agree"] for row in report["per_k"])
+    # The halves see half the data each: the full lens is better, by a few per cent.
+    gain = sum(lens.training_info["data_gain"][1:]) / (lens.n_layers - 1)
+    assert 0.0 < gain < 0.15, gain
