@@ -11,10 +11,11 @@ entries are corrected one by one (:func:`tie_rank_offsets`).
 Two kernels give the same numbers:
 - torch (any device, float64, CUDA): ``torch.sort`` + gather, batched.
 - CPU float32: each row in a NumPy worker thread. The float's order-preserving
-  bit pattern goes in the high 32 bits of an int64 key and the element index in
-  the low 32, so one vectorised integer sort (x86-simd-sort) yields the order
-  and the tie groups without an argsort; the gather and dot follow while the row
-  is still in cache. Keys are built and read back in blocks of ``_BLOCK``
+  bit pattern goes in the high 32 bits of an int64 key and the pair's position in
+  the full-space order (:class:`FullRanks`) in the low 32, so one vectorised
+  integer sort (x86-simd-sort) yields the order and the tie groups without an
+  argsort, and the full ranks in the row's order without a gather (unless the
+  full space has ties); the dot follows while the row is still in cache. Keys are built and read back in blocks of ``_BLOCK``
   entries, so a worker holds one ``[M]`` int64 array and small buffers (what
   keeps PGA at N = 8,192 under 4 GiB). On 2 cores the whole PGA is about 4x
   faster this way than with ``torch.sort`` (see bench/pga.py for the ratio
@@ -36,9 +37,9 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from geolens.metrics.distances import tie_offsets_from_pairs, tie_rank_offsets
+from geolens.metrics.distances import tie_members, tie_offsets_from_pairs, tie_rank_offsets
 
-__all__ = ["SampledRanks", "ranked_dots", "scratch_bytes_per_matrix", "uses_numpy_kernel"]
+__all__ = ["FullRanks", "SampledRanks", "ranked_dots", "scratch_bytes_per_matrix", "uses_numpy_kernel"]
 
 _LOW32 = np.int64(0xFFFFFFFF)
 _BLOCK = 1 << 16  # entries per block when keys are built and read back (buffers stay in L2)
@@ -73,21 +74,55 @@ def scratch_bytes_per_matrix(n: int, m: int, dtype: torch.dtype, device: torch.d
     return size * n * n + (2 * size + 8 + 8) * m  # picked values, sorted values, order, gathered
 
 
+class FullRanks:
+    """The fixed side of an exact Spearman: ``by_position`` ``[M]``, the centred average ranks in ascending
+    order of the full-space values, and ``position`` ``[M]``, each pair's place in that order.
+
+    The CPU kernel puts ``position`` in the low bits of its sort keys, so a sorted row yields
+    the full ranks in its own order without a gather over ``M`` values: where the full
+    space has no ties they are ``position + 1 - mean`` (a streaming pass).
+
+    Example:
+        >>> full = FullRanks.from_centred(torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64))
+        >>> full.position.tolist(), full.has_ties, full.centred().tolist()
+        ([2, 0, 1], False, [1.0, -1.0, 0.0])
+    """
+
+    def __init__(self, by_position: torch.Tensor, order: torch.Tensor):
+        self.by_position = by_position.to(torch.float64)
+        m = self.by_position.shape[-1]
+        self.position = torch.empty_like(order).scatter_(0, order, torch.arange(m, device=order.device))
+        self.has_ties = not torch.equal(self.by_position, _plain_centred(m, self.by_position.device))
+
+    @classmethod
+    def from_centred(cls, full_centred: torch.Tensor) -> "FullRanks":
+        """From the centred ranks of each pair (``rank - mean``, in pair order)."""
+        by_position, order = torch.sort(full_centred.to(torch.float64))
+        return cls(by_position, order)
+
+    def centred(self) -> torch.Tensor:
+        """The centred ranks in pair order."""
+        return self.by_position[self.position]
+
+
 def ranked_dots(
-    matrices: torch.Tensor, flat_index: torch.Tensor, full_centred: torch.Tensor
+    matrices: torch.Tensor, flat_index: torch.Tensor, full: FullRanks | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dots [B], sq_norms [B])`` in float64 for the values ``matrices.flatten(-2)[:, flat_index]``.
 
     ``matrices`` is ``[B, N, N]`` (e.g. negated cosines), ``flat_index`` ``[M]``
     picks the condensed pairs; the pick happens inside the kernel, where the
-    CPU kernel does it per row, in parallel, while the row is in cache.
+    CPU kernel does it per row, in parallel, while the row is in cache. ``full``:
+    the :class:`FullRanks` (or the centred full ranks in pair order).
 
     See docs/methods.md §A.4.
     """
+    if not isinstance(full, FullRanks):
+        full = FullRanks.from_centred(full)
     flat = matrices.flatten(-2)
     if uses_numpy_kernel(flat.device, flat.dtype, flat_index.numel()):
-        return _ranked_dots_numpy(flat, flat_index, full_centred)
-    return _ranked_dots_torch(flat.index_select(-1, flat_index), full_centred)
+        return _ranked_dots_numpy(flat, flat_index, full)
+    return _ranked_dots_torch(flat.index_select(-1, flat_index), full.centred().to(flat.device))
 
 
 def _plain_centred(m: int, device) -> torch.Tensor:
@@ -182,25 +217,32 @@ def _tie_pairs(packed: np.ndarray, buf: _Scratch) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def _sorted_dot(packed: np.ndarray, full: np.ndarray, buf: _Scratch) -> float:
-    """``sum_s full[order_s] (s + 1 - mean)`` over the sorted keys, block by block."""
+def _sorted_dot(packed: np.ndarray, by_position: np.ndarray | None, buf: _Scratch) -> float:
+    """``sum_s F[pos_s] (s + 1 - mean)`` over the sorted keys (``pos`` in their low 32 bits), block by block;
+    ``F`` is ``by_position``, or ``pos + 1 - mean`` when it is ``None`` (a full space without ties)."""
     m = packed.shape[0]
     dot = 0.0
+    centre = 1.0 - (m + 1) / 2.0
     for start in range(0, m, _BLOCK):
         stop = min(start + _BLOCK, m)
         n = stop - start
         order, gathered = buf.order[:n], buf.gathered[:n]
         np.bitwise_and(packed[start:stop], _LOW32, out=order)
-        np.take(full, order, out=gathered)
+        if by_position is None:
+            gathered[:] = order  # sequential: no gather over the M full ranks
+            gathered += centre
+        else:
+            np.take(by_position, order, out=gathered)
         # plain rank - mean = t + (start + 1 - (m + 1) / 2) for t = 0..n-1; no BLAS threads inside a worker
         dot += float(np.einsum("i,i->", gathered, _STEPS_F[:n])) + (start + 1 - (m + 1) / 2.0) * float(gathered.sum())
     return dot
 
 
 def _tie_terms(
-    packed: np.ndarray, full: np.ndarray, buf: _Scratch, index_mask: np.int64 = _LOW32, chunk: int = 1 << 20
+    packed: np.ndarray, full: np.ndarray | None, buf: _Scratch, index_mask: np.int64 = _LOW32, chunk: int = 1 << 20
 ) -> tuple[float, float]:
-    """Tie corrections ``(d_dot, d_sq)`` of a sorted row (average ranks, as scipy).
+    """Tie corrections ``(d_dot, d_sq)`` of a sorted row (average ranks, as scipy); ``full``: the centred
+    full ranks by position, ``None`` where they are ``position + 1 - mean`` (no full-space ties).
 
     float32 distances tie often at large N (tens of millions of values on a grid of
     about 2^24 per octave), so the tie groups are handled a chunk of whole runs at a
@@ -214,29 +256,37 @@ def _tie_terms(
         stop = min(start + chunk, pairs.size)
         while stop < pairs.size and pairs[stop] == pairs[stop - 1] + 1:  # never split a run of ties
             stop += 1
-        _, cols, offsets = tie_offsets_from_pairs(pairs[start:stop], m)
-        c, off = cols.numpy(), offsets.numpy()
-        base = c + 1 - (m + 1) / 2.0
-        d_dot += float(full[packed[c] & index_mask] @ off)
-        d_sq += float(((base + off) ** 2 - base**2).sum())
+        c, off = tie_members(pairs[start:stop])  # one row: members are its sorted positions
+        base = c + (1.0 - (m + 1) / 2.0)
+        position = packed[c] & index_mask
+        # A full space without ties: its centred rank is the position's (no random read of M values).
+        ranks = full[position] if full is not None else position + (1.0 - (m + 1) / 2.0)
+        d_dot += float(ranks @ off)
+        base *= 2.0
+        base += off
+        d_sq += float(base @ off)  # sum of (base + off)^2 - base^2 = (2 base + off) off
         start = stop
     return d_dot, d_sq
 
 
-def _ranked_dots_numpy(flat, flat_index, full_centred):
+def _ranked_dots_numpy(flat, flat_index, full: FullRanks):
     rows = flat.contiguous().numpy()
-    pick = flat_index.to("cpu").numpy()
+    # int32 indices where they fit: the key build streams them once per row, so half the bytes matter.
+    index_dtype = np.int32 if rows.shape[1] < 2**31 else np.int64
+    pick = flat_index.to("cpu").numpy().astype(index_dtype)
     b, m = rows.shape[0], pick.shape[0]
-    full = full_centred.to(device="cpu", dtype=torch.float64).numpy()
+    by_position = full.by_position.cpu().numpy()
+    low = full.position.cpu().numpy().astype(np.int32)  # each pair's full position (< 2^31): the keys' low bits
+    gather_from = by_position if full.has_ties else None  # ties in the full space: gather their average ranks
     sq_plain = _sq_plain(m)
     results: list[tuple[float, float]] = [(0.0, 0.0)] * b
     scratch = _Scratch()
 
     def one_row(i: int) -> None:
         buf = scratch.buffers(m)
-        packed = _sort_keys(rows[i], pick, buf)
-        dot = _sorted_dot(packed, full, buf)
-        d_dot, d_sq = _tie_terms(packed, full, buf)
+        packed = _sort_keys(rows[i], pick, buf, low=low)
+        dot = _sorted_dot(packed, gather_from, buf)
+        d_dot, d_sq = _tie_terms(packed, gather_from, buf)
         results[i] = (dot + d_dot, sq_plain + d_sq)
 
     list(_pool().map(one_row, range(b)))

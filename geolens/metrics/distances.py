@@ -34,6 +34,7 @@ __all__ = [
     "pair_negated_cosines",
     "pairwise_cosine_distances",
     "rank_data",
+    "tie_members",
     "sample_pairs",
     "sorted_average_ranks",
     "spearman",
@@ -316,22 +317,29 @@ def tie_offsets_from_pairs(
         (tensor([0, 0, 0]), tensor([1, 2, 3]), tensor([ 1.,  0., -1.], dtype=torch.float64))
     """
     pairs = pairs.cpu().numpy() if isinstance(pairs, torch.Tensor) else np.asarray(pairs)
-    pairs = pairs.astype(np.int64, copy=False)
+    members, offsets = tie_members(pairs.astype(np.int64, copy=False))
+    return torch.from_numpy(members // m), torch.from_numpy(members % m), torch.from_numpy(offsets)
+
+
+def tie_members(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tie_offsets_from_pairs` on flat positions, in NumPy: ``(members, offsets)``, ascending.
+
+    Example:
+        >>> tie_members(np.array([1, 2, 6]))   # groups 1..3 and 6..7
+        (array([1, 2, 3, 6, 7]), array([ 1. ,  0. , -1. ,  0.5, -0.5]))
+    """
     if pairs.size == 0:
-        empty = torch.zeros(0, dtype=torch.long)
-        return empty, empty, torch.zeros(0, dtype=torch.float64)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
     new_run = np.ones(pairs.size, dtype=bool)
     new_run[1:] = pairs[1:] != pairs[:-1] + 1
-    run_of_pair = np.cumsum(new_run) - 1
     run_start = pairs[new_run]
-    run_end = run_start + np.bincount(run_of_pair)  # last member of each group (inclusive)
-    # Members: every pair's first entry, plus each group's last entry.
-    members = np.concatenate([pairs, run_end])
-    member_run = np.concatenate([run_of_pair, np.arange(run_start.size)])
-    order = np.argsort(members, kind="stable")
-    members, member_run = members[order], member_run[order]
-    offsets = (run_start[member_run] + run_end[member_run]) / 2.0 - members
-    return torch.from_numpy(members // m), torch.from_numpy(members % m), torch.from_numpy(offsets)
+    sizes = np.diff(np.append(np.flatnonzero(new_run), pairs.size)) + 1  # members of each group: s..e
+    # Members in sorted order, group after group (s, s+1, ..., e): built directly, no sort.
+    member_run = np.repeat(np.arange(run_start.size), sizes)
+    first_member = np.cumsum(sizes) - sizes
+    members = run_start[member_run] + (np.arange(member_run.size) - first_member[member_run])
+    offsets = (run_start + (sizes - 1) / 2.0)[member_run] - members
+    return members, offsets
 
 
 def sorted_average_ranks(sorted_values: Float[torch.Tensor, "*batch M"]) -> torch.Tensor:

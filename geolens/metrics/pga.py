@@ -50,11 +50,10 @@ from geolens.metrics.distances import (
     negated_cosine_gram,
     negated_cosines,
     pair_negated_cosines,
-    rank_data,
     sample_pairs,
     sorted_average_ranks,
 )
-from geolens.metrics._rank_kernels import SampledRanks, ranked_dots, scratch_bytes_per_matrix
+from geolens.metrics._rank_kernels import FullRanks, SampledRanks, ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
 
@@ -340,15 +339,20 @@ def rank_alignment(
     flat_index = condensed_indices(n, device=device)
     m = flat_index.numel()
     mean_rank = (m + 1) / 2.0  # the same with or without ties
-    full_centred = rank_data(negated_cosines(states, flat_index=flat_index)).sub_(mean_rank)
-    full_norm = torch.linalg.vector_norm(full_centred)
+    # The full space in float64 whatever the states' dtype: its distances then tie only where they are
+    # equal (float32 rounding ties hundreds of thousands of them at N = 4,096), which also lets the CPU
+    # kernel read the full ranks off its sort keys instead of gathering them (FullRanks).
+    full_sorted, full_order = torch.sort(negated_cosines(states.double(), flat_index=flat_index))
+    full = FullRanks(sorted_average_ranks(full_sorted).sub_(mean_rank), full_order)
+    del full_sorted, full_order
+    full_norm = torch.linalg.vector_norm(full.by_position)
     if full_norm == 0:
         raise DegenerateError("all full-space distances are equal: rank correlation undefined")
     chunk = max(1, int(chunk_bytes // scratch_bytes_per_matrix(n, m, states.dtype, device)))
     out = []
     for start in range(0, subspaces.shape[0], chunk):
         coords = states @ subspaces[start : start + chunk]  # [b, N, k]
-        dots, sq_norms = ranked_dots(negated_cosine_gram(coords), flat_index, full_centred)
+        dots, sq_norms = ranked_dots(negated_cosine_gram(coords), flat_index, full)
         if bool((sq_norms <= 0).any()):
             raise DegenerateError("all projected distances are equal in some subspace: rank correlation undefined")
         out.append(dots / (full_norm * sq_norms.sqrt()))

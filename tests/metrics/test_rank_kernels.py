@@ -3,12 +3,15 @@
 import pytest
 import torch
 
-from geolens.metrics._rank_kernels import _ranked_dots_numpy, _ranked_dots_torch
+from geolens.metrics._rank_kernels import FullRanks, _ranked_dots_numpy, _ranked_dots_torch
 from geolens.metrics.distances import condensed_indices, rank_data
 
 
+@pytest.mark.parametrize("full_ties", [False, True])
 @pytest.mark.parametrize("coarse", [False, True])
-def test_numpy_and_torch_kernels_agree(coarse):
+def test_numpy_and_torch_kernels_agree(coarse, full_ties):
+    """Ties in the rows (coarse values) and in the full space (the kernel then gathers the full ranks
+    instead of reading them off the keys' positions)."""
     g = torch.Generator().manual_seed(0)
     n = 40
     mats = torch.randn(3, n, n, generator=g)
@@ -16,9 +19,14 @@ def test_numpy_and_torch_kernels_agree(coarse):
         mats = torch.round(mats * 2) / 2
         mats[0, 0, 1:5] = torch.tensor([0.0, -0.0, 0.0, -0.0])
     idx = condensed_indices(n)
-    full = rank_data(torch.randn(idx.numel(), generator=g, dtype=torch.float64))
+    values = torch.randn(idx.numel(), generator=g, dtype=torch.float64)
+    if full_ties:
+        values = torch.round(values * 4)
+    full = rank_data(values)
     full = full - full.mean()
-    dots_np, sq_np = _ranked_dots_numpy(mats.flatten(-2), idx, full)
+    ranks = FullRanks.from_centred(full)
+    assert ranks.has_ties == full_ties and torch.equal(ranks.centred(), full)
+    dots_np, sq_np = _ranked_dots_numpy(mats.flatten(-2), idx, ranks)
     dots_t, sq_t = _ranked_dots_torch(mats.flatten(-2).index_select(-1, idx), full)
     torch.testing.assert_close(dots_np, dots_t, rtol=1e-12, atol=1e-6)
     torch.testing.assert_close(sq_np, sq_t, rtol=1e-12, atol=1e-6)
