@@ -1,6 +1,13 @@
-"""Benchmark: tuned-lens training throughput and the cost of ``geolens.updates`` (issue 4).
+"""Benchmark: the fast tuned lens against the reference recipe (issue 15), training throughput and the cost
+of ``geolens.updates`` (issue 4).
 
 On the default model (``geolens.load_default_model()``, ``geolens.default_texts``), all in one run:
+  - **fast vs reference** (issue 15): held-out KL (mean over layers 1..L-1, on texts no lens
+    trains on, the same captured positions for every lens) against wall time, and lens
+    tokens/s, for ``fit_tuned_lens`` at its default budget (``FAST_BUDGET``), the same
+    method with every budget 4 times larger (its convergence: within 5 % is the target),
+    and the reference recipe (``train_tuned_lens``, SGD Nesterov on the full-vocabulary
+    KL) at a third of and at the fast method's wall time; the logit lens for scale;
   - tuned-lens training throughput (lens tokens/s) for a few steps, with the
     vocabulary product in bfloat16 (the default) and in float32, next to the
     model's plain forward throughput on the same windows (the floor: one forward
@@ -8,7 +15,7 @@ On the default model (``geolens.load_default_model()``, ``geolens.default_texts`
   - ``geolens.updates`` (capture of resid_post + attn_out + mlp_out at n_tokens
     positions, then the metrics) against one plain forward pass over the same tokens.
 
-Run:  python bench/lens.py [--steps 3] [--tokens-per-step 256] [--n-texts 16]
+Run:  python bench/lens.py [--no-compare] [--no-throughput] [--steps 3] [--tokens-per-step 256] [--n-texts 16]
 """
 
 from __future__ import annotations
@@ -26,8 +33,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import geolens  # noqa: E402
 from geolens.analyses.updates import updates  # noqa: E402
 from geolens.capture import prepare_tokens  # noqa: E402
-from geolens.lens import train_tuned_lens  # noqa: E402
+from geolens._validation import UpperBound  # noqa: E402
+from geolens.capture import capture  # noqa: E402
+from geolens.lens import FAST_BUDGET, TunedLens, fit_tuned_lens, train_tuned_lens  # noqa: E402
+from geolens.lens.fit import _held_out_kl, _windows  # noqa: E402
 from geolens.model import as_adapter  # noqa: E402
+from geolens.sites import RESIDUAL_SITE  # noqa: E402
+
+N_TRAIN_TEXTS, N_EVAL_TEXTS, EVAL_POSITIONS = 1000, 200, 512
 
 
 def plain_forward_seconds(adapter, tokens, mask, batch_size=8) -> float:
@@ -38,12 +51,71 @@ def plain_forward_seconds(adapter, tokens, mask, batch_size=8) -> float:
     return time.perf_counter() - start
 
 
+def compare_methods(model) -> None:
+    """Fast vs reference vs fast 4x: held-out KL against wall time, tokens/s (see the module docstring)."""
+    adapter = as_adapter(model)
+    texts = geolens.default_texts(n=N_TRAIN_TEXTS + N_EVAL_TEXTS, seed=3)
+    train_texts, eval_texts = texts[:N_TRAIN_TEXTS], texts[N_TRAIN_TEXTS:]
+    tokens, mask = _windows(adapter, eval_texts, 128, EVAL_POSITIONS, None)
+    held = capture(adapter, tokens, attention_mask=mask, sites=(RESIDUAL_SITE,), n_tokens=UpperBound(EVAL_POSITIONS),
+                   seed=1, progress=False)[RESIDUAL_SITE]
+    w_u, b_u = adapter.unembed_matrix("raw").float(), adapter.unembed_bias()
+
+    def held_out(lens) -> float:
+        return float(_held_out_kl(lens, held, w_u, b_u)[1:].mean())
+
+    logit = held_out(TunedLens(adapter))  # an untrained tuned lens is the logit lens
+    print(f"held-out KL, mean over layers 1..{adapter.n_layers - 1}, {held.shape[1]} positions of "
+          f"{N_EVAL_TEXTS} texts no lens trains on; logit lens {logit:.3f} nats")
+    rows = []
+
+    def fast(label: str, scale: int) -> dict:
+        budget = {k: v * scale for k, v in FAST_BUDGET.items()}
+        start = time.perf_counter()
+        lens = fit_tuned_lens(model, train_texts, progress=False, **budget)
+        seconds = time.perf_counter() - start
+        info = lens.training_info
+        curve = lens.history.query("split == 'held_out' and layer > 0").groupby("step").agg(
+            seconds=("seconds", "first"), kl=("kl", "mean"))
+        print(f"{label}: {budget}; stopped: {info['stopped']} after {info['steps']} steps; capture "
+              f"{info['capture_seconds']:.0f} s; KL on its own held-out windows by time: "
+              + ", ".join(f"{r.seconds:.0f} s {r.kl:.3f}" for r in curve.itertuples()))
+        row = {"method": label, "seconds": seconds, "tokens": info["n_tokens"], "kl": held_out(lens)}
+        rows.append(row)
+        return row
+
+    default = fast("fast (default budget)", 1)
+    longer = fast("fast (every budget 4x)", 4)
+    # The reference recipe at 1/3 and 1x the fast method's wall time; its rate from a two-step run.
+    probe = train_tuned_lens(model, train_texts, steps=2, tokens_per_step=128, progress=False)
+    rate = probe.training_info["tokens_seen"] / probe.training_info["seconds"]
+    for share in (1 / 3, 1.0):
+        steps = max(1, round(share * default["seconds"] * rate / 128))
+        start = time.perf_counter()
+        lens = train_tuned_lens(model, train_texts, steps=steps, tokens_per_step=128, progress=False)
+        rows.append({"method": f"reference ({steps} x 128 tokens)", "seconds": time.perf_counter() - start,
+                     "tokens": lens.training_info["tokens_seen"], "kl": held_out(lens)})
+    print(f"\n{'method':34s} {'wall s':>7s} {'tokens':>7s} {'tokens/s':>9s} {'held-out KL':>12s} {'/ logit':>8s}")
+    for r in rows:
+        print(f"{r['method']:34s} {r['seconds']:7.1f} {r['tokens']:7d} {r['tokens'] / r['seconds']:9.1f} "
+              f"{r['kl']:12.3f} {r['kl'] / logit:8.3f}")
+    gap = (default["kl"] - longer["kl"]) / longer["kl"]
+    at_equal_time = rows[-1]
+    print(f"\nfast default vs 4x budget: {100 * gap:+.1f} % held-out KL (target <= 5 %: "
+          f"{'met' if gap <= 0.05 else 'NOT met'}); default budget {default['seconds']:.0f} s (target <= 300 s: "
+          f"{'met' if default['seconds'] <= 300 else 'NOT met'}); vs logit lens {default['kl'] / logit:.2f} "
+          f"(target <= 0.5); reference at equal wall time {at_equal_time['kl']:.3f} "
+          f"({'fast lower' if default['kl'] <= at_equal_time['kl'] else 'REFERENCE lower'})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--tokens-per-step", type=int, default=256)
     parser.add_argument("--n-texts", type=int, default=16)
     parser.add_argument("--n-tokens", type=int, default=1024)
+    parser.add_argument("--no-compare", action="store_true", help="skip fast vs reference")
+    parser.add_argument("--no-throughput", action="store_true", help="skip the throughput and updates sections")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
@@ -51,6 +123,10 @@ def main() -> None:
     adapter = as_adapter(model)
     print(f"model {adapter.name}: L={adapter.n_layers}, d={adapter.d_model}, V={adapter.d_vocab}; "
           f"torch threads {torch.get_num_threads()}")
+    if not args.no_compare:
+        compare_methods(model)
+    if args.no_throughput:
+        return
     texts = geolens.default_texts(n=200, seed=1)
 
     # ---- training throughput
