@@ -67,7 +67,7 @@ def test_fast_lens_halves_agree_on_the_readout_trajectory(default_model):
 
     hooks, before = hook_count(default_model), weights(default_model)
     texts = geolens.default_texts(n=300, seed=3)
-    lens = fit_tuned_lens(default_model, texts, max_steps=0, halves=True, progress=False)
+    lens = fit_tuned_lens(default_model, texts, n_tokens=8192, max_steps=0, halves=True, progress=False)
     assert hook_count(default_model) == hooks and same_weights(before, default_model)
     report = phase_stability(*lens.halves)
     assert [row["k"] for row in report["per_k"]] == [29, 58, 86]
