@@ -51,8 +51,14 @@ def hit_at_k(logits: Float[Tensor, "N V"], target: Int[Tensor, "N"], k: int) -> 
     if logits.ndim != 2 or target.shape != logits.shape[:1]:
         raise ValueError(f"need logits [N, V] and target [N], got {tuple(logits.shape)} and {tuple(target.shape)}")
     k = check_int(k, "k", low=1, high=logits.shape[-1])
-    kth = logits.topk(k, dim=-1).values[:, -1]
-    return (logits.gather(1, target.view(-1, 1)).squeeze(1) >= kth).to(torch.float32)
+    return _hits(logits, target, (k,))[0]
+
+
+def _hits(logits: Tensor, target: Tensor, ks: Sequence[int]) -> Tensor:
+    """``[len(ks), N]``: :func:`hit_at_k` for every ``k`` from one top-k of the largest."""
+    kth = logits.topk(max(ks), dim=-1).values  # the k-th largest logit of each row, for every k
+    target_logit = logits.gather(1, target.view(-1, 1))
+    return (target_logit >= kth[:, [k - 1 for k in ks]]).T.to(torch.float32)
 
 
 @dataclass(repr=False)
@@ -136,7 +142,6 @@ def evaluate(
     n = resid.shape[1]
     sums = {(lz.kind, l): torch.zeros(2 + len(ks), dtype=torch.float64) for lz in lenses for l in range(adapter.n_layers + 1)}
     bar = tqdm(total=-(-n // _ROW_CHUNK), desc="lens eval", disable=not progress, leave=False)
-    k_max = max(ks)
     with torch.no_grad():
         for start in range(0, n, _ROW_CHUNK):
             rows = slice(start, start + _ROW_CHUNK)
@@ -144,7 +149,7 @@ def evaluate(
             log_p = torch.log_softmax(final_logits.to(torch.float32), dim=-1)
             p = log_p.exp().unsqueeze(1)  # [n, 1, V]
             neg_entropy = torch.bmm(p, log_p.unsqueeze(2)).view(-1)  # sum p log p, once per chunk
-            top1 = final_logits.argmax(-1).view(-1, 1)
+            top1 = final_logits.argmax(-1)
             target, valid = next_ids[rows].to(final_logits.device), has_next[rows].to(final_logits.device)
             # Few passes over each [n, V] block (the evaluation is memory-bound): one log-softmax, one
             # batched dot for KL(p || q) = sum p log p - sum p log q, one top-k for every Hit@k.
@@ -157,13 +162,10 @@ def evaluate(
                         raise ValueError(f"the {lz.kind} lens gives NaN or infinite logits at layer {layer}; "
                                          "KL and Hit@k would be meaningless (check the lens's weights)")
                     ce = -log_q.gather(1, target.view(-1, 1)).squeeze(1)
-                    kth = logits.topk(k_max, dim=-1).values  # the k-th largest logit of each row, for every k
-                    top1_logit = logits.gather(1, top1).squeeze(1)
                     acc = sums[(lz.kind, layer)]
                     acc[0] += float(kl.sum())
                     acc[1] += float(ce[valid].sum())
-                    for j, k in enumerate(ks):  # ties at the k-th value count as hits, as in hit_at_k
-                        acc[2 + j] += float((top1_logit >= kth[:, k - 1]).sum())
+                    acc[2:] += _hits(logits, top1, ks).sum(dim=1, dtype=torch.float64)
             bar.update()
     bar.close()
 

@@ -295,10 +295,9 @@ def fit_tuned_lens(
     w_u = adapter.unembed_matrix("raw").to(torch.float32)
     b_u = adapter.unembed_bias()
     settings = dict(ridge=ridge, refine=refine, lr=lr, batch_tokens=batch_tokens, max_steps=max_steps,
-                    max_seconds=max_seconds, eval_every=eval_every, patience=patience, tol=tol, seed=seed,
-                    progress=progress)
+                    max_seconds=max_seconds, eval_every=eval_every, patience=patience, tol=tol, seed=seed)
     capture_seconds = round(time.perf_counter() - started, 2)
-    half_lenses, half_infos = None, []
+    half_lenses = None
     if halves:
         # The half of a training row is its text's parity: disjoint texts, not disjoint windows of one text.
         text_of_row = torch.tensor(origins, dtype=torch.long)[states.batch_index[~held].cpu()]
@@ -309,22 +308,18 @@ def fit_tuned_lens(
                 raise ValueError(f"halves=True: the training windows of {'even' if part == 0 else 'odd'} texts hold "
                                  f"{int(rows.sum())} positions; pass at least two texts (or rows of ids) with text")
             info = _fit_rows(half_lens, train[:, rows], held_out, w_u, b_u, desc=f"tuned lens (half {part})",
-                             **settings)
+                             progress=progress, **settings)
             half_lens.training_info = {"method": "fast", "half": part, "seq_len": seq_len, **settings, **info}
-            half_infos.append(info)
-    info = _fit_rows(lens, train, held_out, w_u, b_u, desc="tuned lens (fast)", **settings)
+    info = _fit_rows(lens, train, held_out, w_u, b_u, desc="tuned lens (fast)", progress=progress, **settings)
     lens.training_info = {
         "method": "fast", "n_tokens": states.n_tokens, "n_held_out": int(held_out.shape[1]), "seq_len": seq_len,
         **settings, **info, "capture_seconds": capture_seconds,
         "seconds": round(time.perf_counter() - started, 2),
     }
-    lens.training_info.pop("progress")
     if half_lenses is not None:
-        for half_lens in half_lenses:
-            half_lens.training_info.pop("progress")
-        halves_kl = torch.tensor([h["held_out_kl"] for h in half_infos]).mean(0)
+        lens.training_info["halves_held_out_kl"] = [h.training_info["held_out_kl"] for h in half_lenses]
+        halves_kl = torch.tensor(lens.training_info["halves_held_out_kl"]).mean(0)
         full_kl = torch.tensor(info["held_out_kl"])
-        lens.training_info["halves_held_out_kl"] = [h["held_out_kl"] for h in half_infos]
         lens.training_info["data_gain"] = ((halves_kl - full_kl) / halves_kl.clamp_min(1e-12)).tolist()
     lens.halves = half_lenses
     return lens
