@@ -82,8 +82,8 @@ def pga(
             for every layer, CCR value and subspace); the table then has ``rho_se`` and
             ``z_se`` (jackknife standard errors, docs/methods.md §A.4a) next to
             ``rho_readout`` and ``z``. Its cost hardly grows with ``N``: on 2 CPU
-            cores ``n_pairs=500_000`` measured ~14x faster than exact at ``N = 4096`` and
-            ~60x at ``N = 8192`` (bench/pga.py).
+            cores ``n_pairs=500_000`` measured 7.8x faster than exact at ``N = 4096`` and
+            46x at ``N = 8192`` (bench/pga.py, idle).
         n_tokens: positions sampled (seeded, the same for every layer); an upper bound.
         seed: seed for positions and null subspaces.
         batch_size, max_length, attention_mask: forward batching, truncation, mask of an id tensor.
