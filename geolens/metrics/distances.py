@@ -30,6 +30,7 @@ __all__ = [
     "condensed_indices",
     "condensed_pairs",
     "negated_cosine_gram",
+    "negated_cosine_upper",
     "negated_cosines",
     "pair_negated_cosines",
     "pairwise_cosine_distances",
@@ -40,6 +41,7 @@ __all__ = [
     "spearman",
     "tie_offsets_from_pairs",
     "tie_rank_offsets",
+    "unit_rows",
 ]
 
 _NORM_FLOOR = {torch.float32: 1e-30, torch.float64: 1e-300}
@@ -54,8 +56,13 @@ def condensed_indices(n: int, device: torch.device | str | None = None) -> Int[t
         >>> condensed_indices(3).tolist()     # (0,1), (0,2), (1,2) of a 3x3
         [1, 2, 5]
     """
-    i, j = torch.triu_indices(n, n, offset=1, device=device)
-    return i * n + j
+    # Row i holds the run i n + i + 1 .. i n + n - 1: an arange shifted by a per-row offset
+    # (no [2, M] index pairs, ~10x faster than triu_indices at large n).
+    rows = torch.arange(max(n - 1, 0), device=device)
+    lengths = n - 1 - rows
+    first = torch.cumsum(lengths, 0) - lengths  # condensed position of each row's first pair
+    shift = rows * (n + 1) + 1 - first
+    return torch.arange(n * (n - 1) // 2, device=device) + torch.repeat_interleave(shift, lengths)
 
 
 def condensed_pairs(positions: Int[torch.Tensor, "P"], n: int) -> tuple[Int[torch.Tensor, "P"], Int[torch.Tensor, "P"]]:
@@ -174,7 +181,7 @@ def pair_negated_cosines(
 
     See docs/methods.md §A.4a.
     """
-    unit = _unit_rows(x)
+    unit = unit_rows(x)
     n = unit.shape[-2]
     if n != pairs.n:
         raise ValueError(f"the pair sample is of {pairs.n} points, the states have {n}")
@@ -256,11 +263,50 @@ def negated_cosine_gram(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Ten
 
     See docs/methods.md §A.3.
     """
-    unit = _unit_rows(x)
+    unit = unit_rows(x)
     return (-unit) @ unit.transpose(-1, -2)
 
 
-def _unit_rows(x: torch.Tensor) -> torch.Tensor:
+def negated_cosine_upper(x: Float[torch.Tensor, "B N d"], *, out: torch.Tensor | None = None) -> Float[torch.Tensor, "B N N"]:
+    """``[B, N, N]`` with ``-cos(x_i, x_j)`` at ``[b, i, j]`` for ``i < j`` (the pairs the ranks use); the
+    entries on and below the diagonal are not defined.
+
+    On the CPU each matrix is one BLAS ``syrk`` (``scipy.linalg.blas``), half the products of
+    :func:`negated_cosine_gram`: its lower triangle in column-major order is the upper one in
+    row-major order; ``out`` (``[B, N, N]``, contiguous) is written and returned, so a loop can reuse
+    one buffer (fresh large arrays cost page faults). Elsewhere, :func:`negated_cosine_gram`.
+
+    Example:
+        >>> x = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]])
+        >>> m = negated_cosine_upper(x)
+        >>> [round(float(m[0, i, j]), 4) for i, j in ((0, 1), (0, 2), (1, 2))]
+        [-0.0, -0.7071, -0.7071]
+    """
+    unit = unit_rows(x)
+    if unit.device.type != "cpu" or unit.dtype not in (torch.float32, torch.float64) or unit.ndim != 3:
+        return negated_cosine_gram(x)
+    from scipy.linalg import blas
+
+    syrk = blas.ssyrk if unit.dtype == torch.float32 else blas.dsyrk
+    shape = (unit.shape[0], unit.shape[1], unit.shape[1])
+    if out is None:
+        out = torch.empty(shape, dtype=unit.dtype)
+    elif tuple(out.shape) != shape or out.dtype != unit.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {unit.dtype} tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}")
+    rows = unit.contiguous().numpy()
+    for b, matrix in enumerate(out.numpy()):
+        # matrix.T is column-major: syrk writes -U U^T's lower triangle into it, in place.
+        syrk(-1.0, rows[b], c=matrix.T, lower=1, overwrite_c=1)
+    return out
+
+
+def unit_rows(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Tensor, "*batch N d"]:
+    """Each row over its norm; raises on a zero row (no direction, so no cosine).
+
+    Example:
+        >>> unit_rows(torch.tensor([[3.0, 4.0]])).tolist()
+        [[0.6000000238418579, 0.800000011920929]]
+    """
     norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     floor = _NORM_FLOOR.get(x.dtype, 1e-30)
     if bool((norms <= floor).any()):

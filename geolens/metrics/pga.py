@@ -47,7 +47,7 @@ from geolens.metrics.distances import (
     PairSample,
     check_states,
     condensed_indices,
-    negated_cosine_gram,
+    negated_cosine_upper,
     negated_cosines,
     pair_negated_cosines,
     sample_pairs,
@@ -350,9 +350,13 @@ def rank_alignment(
         raise DegenerateError("all full-space distances are equal: rank correlation undefined")
     chunk = max(1, int(chunk_bytes // scratch_bytes_per_matrix(n, m, states.dtype, device)))
     out = []
+    buffer = None  # one [chunk, N, N] buffer for every chunk on the CPU (fresh ones cost page faults)
     for start in range(0, subspaces.shape[0], chunk):
         coords = states @ subspaces[start : start + chunk]  # [b, N, k]
-        dots, sq_norms = ranked_dots(negated_cosine_gram(coords), flat_index, full)
+        if device.type == "cpu" and buffer is None:
+            buffer = torch.empty(coords.shape[0], n, n, dtype=coords.dtype)
+        matrices = negated_cosine_upper(coords, out=None if buffer is None else buffer[: coords.shape[0]])
+        dots, sq_norms = ranked_dots(matrices, flat_index, full)
         if bool((sq_norms <= 0).any()):
             raise DegenerateError("all projected distances are equal in some subspace: rank correlation undefined")
         out.append(dots / (full_norm * sq_norms.sqrt()))
@@ -389,13 +393,11 @@ def sampled_rank_alignment(
     p = pairs.n_pairs
     n_blocks = min(n_blocks, p)
     device = states.device
-    full = pair_negated_cosines(states, pairs)
-    full_sorted, full_order = torch.sort(full)
-    del full
-    full_centred = torch.empty(p, dtype=torch.float64, device=device).scatter_(
-        0, full_order, sorted_average_ranks(full_sorted)).sub_((p + 1) / 2.0)
-    del full_sorted
-    full_norm = torch.linalg.vector_norm(full_centred)
+    # The full space in float64, as in the exact mode: its values tie only where they are equal.
+    full_sorted, full_order = torch.sort(pair_negated_cosines(states.double(), pairs))
+    full = FullRanks(sorted_average_ranks(full_sorted).sub_((p + 1) / 2.0), full_order)
+    del full_sorted, full_order
+    full_norm = torch.linalg.vector_norm(full.by_position)
     if full_norm == 0:
         raise DegenerateError("all sampled full-space distances are equal: rank correlation undefined")
     # Random, equal-sized blocks: block g holds the pairs at positions perm[g::G] of a seeded permutation.
@@ -403,10 +405,10 @@ def sampled_rank_alignment(
     blocks = torch.empty(p, dtype=torch.int64)
     blocks[perm] = torch.arange(p) % n_blocks
     sizes = torch.bincount(blocks, minlength=n_blocks).to(torch.float64)
-    ranks = SampledRanks(full_centred, full_order, blocks.to(device), n_blocks)
-    # Scratch per subspace: coordinates, values and the kernel's sort buffers (~ 6 floats of 8 bytes per pair);
+    ranks = SampledRanks(full, blocks.to(device), n_blocks)
+    # Scratch per subspace: coordinates and values (the kernel's buffers are per worker thread);
     # two chunks are alive at once (one being ranked, the next being built).
-    per_subspace = 2 * (states.shape[0] * subspaces.shape[-1] * states.element_size() + 48 * p)
+    per_subspace = 2 * (states.shape[0] * subspaces.shape[-1] + p) * states.element_size()
     chunk = max(1, int(chunk_bytes // per_subspace))
     rhos, phis = [], []
 
@@ -419,9 +421,8 @@ def sampled_rank_alignment(
 
     pending = None
     for start in range(0, subspaces.shape[0], chunk):
-        values = pair_negated_cosines(states @ subspaces[start : start + chunk], pairs)  # [b, P]
-        submitted = ranks.submit(values)  # on the CPU, the workers rank this chunk while the next one is built
-        del values
+        # On the CPU, the workers rank this chunk while the next one is built.
+        submitted = ranks.submit_pairs(states @ subspaces[start : start + chunk], pairs)
         if pending is not None:
             collect(pending)
         pending = submitted

@@ -112,3 +112,22 @@ def test_pair_negated_cosines_equal_the_condensed_ones():
     torch.testing.assert_close(pair_negated_cosines(x, s), full[:, s.i * 40 - s.i * (s.i + 1) // 2 + s.j - s.i - 1])
     with pytest.raises(ValueError, match="zero norm"):
         pair_negated_cosines(torch.zeros(40, 5), s)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_negated_cosine_upper_is_the_gram_above_the_diagonal(dtype):
+    """The BLAS syrk triangle equals scipy's cosine distances (minus one) above the diagonal, into a reused buffer."""
+    from geolens.metrics.distances import negated_cosine_gram, negated_cosine_upper
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 50, 6, generator=g, dtype=dtype)
+    buffer = torch.full((3, 50, 50), float("nan"), dtype=dtype)
+    out = negated_cosine_upper(x, out=buffer)
+    assert out.data_ptr() == buffer.data_ptr()
+    i, j = torch.triu_indices(50, 50, offset=1)
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    for b in range(3):
+        np.testing.assert_allclose(out[b, i, j].double().numpy(), pdist(x[b].double().numpy(), "cosine") - 1.0, atol=tol)
+    torch.testing.assert_close(out[:, i, j], negated_cosine_gram(x)[:, i, j], atol=tol, rtol=0)
+    with pytest.raises(ValueError, match="out must be"):
+        negated_cosine_upper(x, out=torch.empty(3, 50, 49, dtype=dtype))

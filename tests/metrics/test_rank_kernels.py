@@ -55,7 +55,9 @@ def test_sampled_kernels_agree(coarse):
     full = full - full.mean()
     full_order = torch.argsort(full_values)
     blocks = torch.randint(0, n_blocks, (p,), generator=g)
-    got = SampledRanks(full, full_order, blocks, n_blocks).stats(values)  # float32 on the CPU: the NumPy kernel
+    ranks = FullRanks.from_centred(full)
+    assert ranks.has_ties == coarse
+    got = SampledRanks(ranks, blocks, n_blocks).stats(values)  # float32 on the CPU: the compiled kernel
     ref = _sampled_torch(values.double(), full, full_order, blocks, n_blocks)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-6)
@@ -70,17 +72,41 @@ def test_sampled_kernels_agree(coarse):
             torch.testing.assert_close(got[2][row], phi, rtol=1e-10, atol=1e-8)
 
 
-def test_tie_corrections_by_chunks_of_runs():
-    """Tie groups are corrected a chunk of whole runs at a time (bounded memory): any chunk size, same numbers."""
-    import numpy as np
 
-    from geolens.metrics._rank_kernels import _Scratch, _sort_keys, _tie_terms
-
+def test_long_runs_of_ties_and_signed_zeros():
+    """Rows that are mostly ties (few distinct values, both zeros): the compiled pass against average ranks."""
     g = torch.Generator().manual_seed(2)
-    row = (torch.round(torch.randn(5000, generator=g) * 3) / 3).numpy()  # long runs of ties
-    full = torch.randn(5000, generator=g, dtype=torch.float64).numpy()
-    buf = _Scratch().buffers(5000)
-    packed = _sort_keys(row, None, buf).copy()
-    ref = _tie_terms(packed, full, buf)
-    for chunk in (1, 7, 100, 4999):
-        np.testing.assert_allclose(_tie_terms(packed, full, buf, chunk=chunk), ref, rtol=1e-12)
+    n = 120
+    mats = torch.round(torch.randn(2, n, n, generator=g) * 2) / 3
+    mats[1] = torch.where(mats[1] == 0, torch.tensor(-0.0), mats[1])  # -0.0 and +0.0 are one value
+    mats[1, ::2] = torch.where(mats[1, ::2] == -0.0, torch.tensor(0.0), mats[1, ::2])
+    idx = condensed_indices(n)
+    full = rank_data(torch.randn(idx.numel(), generator=g, dtype=torch.float64))
+    full = full - full.mean()
+    dots, sq = _ranked_dots_numpy(mats.flatten(-2), idx, FullRanks.from_centred(full))
+    ranks = rank_data(mats.flatten(-2).index_select(-1, idx).double())
+    centred = ranks - ranks.mean(-1, keepdim=True)
+    assert torch.unique(ranks[0]).numel() < 30  # a few tie groups of hundreds of pairs each
+    torch.testing.assert_close(dots, centred @ full, rtol=1e-12, atol=1e-6)
+    torch.testing.assert_close(sq, centred.pow(2).sum(-1), rtol=1e-12, atol=1e-6)
+
+
+def test_sampled_pairs_path_equals_the_values_path():
+    """``submit_pairs`` (values made per row inside the compiled kernel) equals ``submit`` on the same values."""
+    from geolens.metrics._rank_kernels import SampledRanks
+    from geolens.metrics.distances import pair_negated_cosines, sample_pairs
+
+    g = torch.Generator().manual_seed(3)
+    coords = torch.randn(3, 200, 8, generator=g)
+    pairs = sample_pairs(200, 4000, seed=1)
+    full = rank_data(torch.randn(pairs.n_pairs, generator=g, dtype=torch.float64))
+    ranks = SampledRanks(FullRanks.from_centred(full - full.mean()), torch.arange(pairs.n_pairs) % 5, 5)
+    values = pair_negated_cosines(coords, pairs)
+    fused, plain = ranks.submit_pairs(coords, pairs)(), ranks.stats(values)
+    rank_of = rank_data(values.double())
+    assert not torch.equal(rank_of[0], rank_of[1])
+    for a, b in zip(fused, plain):  # float32 dots in another order may round apart: ranks then move a little
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+    ref = SampledRanks(FullRanks.from_centred(full - full.mean()), torch.arange(pairs.n_pairs) % 5, 5)
+    for a, b in zip(ref.submit_pairs(coords.double(), pairs)(), ref.stats(pair_negated_cosines(coords.double(), pairs))):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)  # float64: the torch kernel both ways
