@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from geolens.metrics import _compiled
-from geolens.metrics.distances import PairSample, pair_negated_cosines, tie_rank_offsets, unit_rows
+from geolens.metrics.distances import PairSample, pair_negated_cosines, pair_values_into, tie_rank_offsets, unit_rows
 
 __all__ = ["FullRanks", "SampledRanks", "ranked_dots", "scratch_bytes_per_matrix", "uses_numpy_kernel"]
 
@@ -151,23 +151,12 @@ def _ranked_dots_torch(values, full_centred):
 class _Scratch(threading.local):
     """Per-thread buffers, reused row after row (fresh large arrays cost page faults)."""
 
-    def keys(self, m: int) -> np.ndarray:
-        if getattr(self, "m", None) != m:
-            self.m = m
-            self._keys = np.empty(m, dtype=np.int64)
-        return self._keys
-
-    def float32(self, m: int) -> np.ndarray:
-        if getattr(self, "m_float32", None) != m:
-            self.m_float32 = m
-            self._float32 = np.empty(m, dtype=np.float32)
-        return self._float32
-
-    def floats(self, m: int) -> np.ndarray:
-        if getattr(self, "m_floats", None) != m:
-            self.m_floats = m
-            self._floats = np.empty(m, dtype=np.float64)
-        return self._floats
+    def array(self, name: str, m: int, dtype: type) -> np.ndarray:
+        """This thread's ``[m]`` buffer ``name`` of ``dtype``, made anew only when ``m`` changes."""
+        buffers = self.__dict__.setdefault("buffers", {})
+        if name not in buffers or buffers[name].shape[0] != m:
+            buffers[name] = np.empty(m, dtype=dtype)
+        return buffers[name]
 
 
 def _ranked_dots_numpy(flat, flat_index, full: FullRanks):
@@ -182,7 +171,7 @@ def _ranked_dots_numpy(flat, flat_index, full: FullRanks):
     scratch = full.scratch
 
     def one_row(i: int) -> None:
-        keys = scratch.keys(m)
+        keys = scratch.array("keys", m, np.int64)
         _compiled.picked_keys(bits[i], pick, low, keys)
         keys.sort(kind="quicksort")  # keys are distinct (a distinct position in the low bits)
         # Without full-space ties the full rank at position s is s + 1 - mean: no gather over M values.
@@ -208,6 +197,7 @@ class SampledRanks:
         self.n_blocks = int(n_blocks)
         self.p = int(full.position.shape[-1])
         self._numpy: dict | None = None
+        self._order: torch.Tensor | None = None  # the torch kernel's full order, made on first use
         self.scratch = _Scratch()  # per-thread buffers of the compiled kernel, reused chunk after chunk
 
     def stats(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -231,38 +221,34 @@ class SampledRanks:
         The compiled kernel (CPU float32) works in the rank pool's threads, so the caller can
         prepare the next rows meanwhile; the torch kernel (CUDA, float64) runs before returning.
         """
-        if self._compiled_kernel(values):
+        if self._compiled_kernel(values.device, values.dtype):
             bits = values.contiguous().numpy().view(np.int32)
             return _sampled_numpy(bits.shape[0], self._numpy_side(), lambda i, _: bits[i], self.scratch)
-        order = torch.empty_like(self.full.position).scatter_(
-            0, self.full.position, torch.arange(self.p, device=self.full.position.device))
-        result = _sampled_torch(values, self.full.centred(), order, self.blocks, self.n_blocks)
+        if self._order is None:  # the inverse of the full positions, once
+            position = self.full.position
+            self._order = torch.empty_like(position).scatter_(0, position, torch.arange(self.p, device=position.device))
+        result = _sampled_torch(values, self.full.centred(), self._order, self.blocks, self.n_blocks)
         return lambda: result
 
     def submit_pairs(self, coords: torch.Tensor, pairs: PairSample):
         """:meth:`submit` on the negated cosines of the sampled ``pairs`` of ``[B, N, k]`` ``coords``.
 
         On the compiled kernel each row's values are made in its worker thread, just before
-        its keys: they are never a ``[B, P]`` tensor. Elsewhere, :func:`pair_negated_cosines`
-        and :meth:`submit`.
+        its keys (by :func:`pair_values_into`, as :func:`pair_negated_cosines` makes them):
+        they are never a ``[B, P]`` tensor. Elsewhere, :func:`pair_negated_cosines` and :meth:`submit`.
         """
-        probe = coords[..., :1, 0].expand(coords.shape[0], self.p)  # the values' dtype and device
-        if not self._compiled_kernel(probe):
+        if not self._compiled_kernel(coords.device, coords.dtype):
             return self.submit(pair_negated_cosines(coords, pairs))
         rows = unit_rows(coords).contiguous().numpy()
-        first = pairs.i.cpu().numpy().astype(np.int32)
-        second = pairs.j.cpu().numpy().astype(np.int32)
         scratch = self.scratch
 
         def bits_of(row: int, p: int) -> np.ndarray:
-            values = scratch.float32(p)
-            _compiled.pair_values(rows[row], first, second, values)
-            return values.view(np.int32)
+            return pair_values_into(rows[row], pairs, scratch.array("values", p, np.float32)).view(np.int32)
 
         return _sampled_numpy(rows.shape[0], self._numpy_side(), bits_of, scratch)
 
-    def _compiled_kernel(self, values: torch.Tensor) -> bool:
-        return (uses_numpy_kernel(values.device, values.dtype, self.p) and self.p < 2**_compiled.POSITION_BITS
+    def _compiled_kernel(self, device: torch.device, dtype: torch.dtype) -> bool:
+        return (uses_numpy_kernel(device, dtype, self.p) and self.p < 2**_compiled.POSITION_BITS
                 and self.n_blocks <= 32)
 
     def _numpy_side(self) -> dict:
@@ -273,11 +259,8 @@ class SampledRanks:
             blocks = self.blocks.cpu().numpy()
             blocks_full = np.empty(p, dtype=np.int64)
             blocks_full[position] = blocks
-            full_start = np.zeros(1, dtype=np.int64)
-            if self.full.has_ties:  # first position of each position's tie group
-                new = np.ones(p, dtype=bool)
-                new[1:] = by_position[1:] != by_position[:-1]
-                full_start = np.maximum.accumulate(np.where(new, np.arange(p), 0))
+            # First position of each position's tie group (read only where the full ranks tie).
+            full_start = _run_starts(self.full.by_position.cpu()).numpy() if self.full.has_ties else np.zeros(1, np.int64)
             self._numpy = {
                 "p": p, "n_blocks": self.n_blocks, "by_position": by_position, "ties": self.full.has_ties,
                 "full_start": full_start, "blocks_full": blocks_full,
@@ -295,14 +278,21 @@ def _group_starts_torch(rows: torch.Tensor, cols: torch.Tensor, offsets: torch.T
     return cols[torch.cummax(index, 0).values]
 
 
+def _run_starts(sorted_values: torch.Tensor) -> torch.Tensor:
+    """For each position of a sorted ``[P]`` vector, the first position of its run of equal values."""
+    p = sorted_values.shape[-1]
+    new = torch.ones(p, dtype=torch.bool, device=sorted_values.device)
+    new[1:] = sorted_values[1:] != sorted_values[:-1]
+    return torch.cummax(torch.where(new, torch.arange(p, device=sorted_values.device), 0), 0).values
+
+
 def _full_ties(full_by_position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Tied positions of the full-space ranks (in their sorted order) and each one's group start."""
     p = full_by_position.shape[-1]
-    index = torch.arange(p, device=full_by_position.device)
-    new = torch.ones(p + 1, dtype=torch.bool, device=full_by_position.device)  # a group starts here (and at p)
-    new[1:p] = full_by_position[1:] != full_by_position[:-1]
-    tied = torch.nonzero(~(new[:p] & new[1:])).flatten()  # not a group of one
-    starts = torch.cummax(torch.where(new[:p], index, 0), 0).values
+    starts = _run_starts(full_by_position)
+    last = torch.ones(p, dtype=torch.bool, device=full_by_position.device)  # the last member of its run
+    last[:-1] = starts[1:] != starts[:-1]
+    tied = torch.nonzero((starts != torch.arange(p, device=starts.device)) | ~last).flatten()  # not a run of one
     return tied, starts[tied]
 
 
@@ -364,11 +354,11 @@ def _sampled_numpy(b: int, side: dict, bits_of, scratch: "_Scratch"):
     phi = np.zeros((b, n_blocks), dtype=np.float64)
 
     def one_row(i: int) -> None:
-        keys = scratch.keys(p)
+        keys = scratch.array("keys", p, np.int64)
         _compiled.float_keys(bits_of(i, p), side["low"], keys)
         keys.sort(kind="quicksort")  # distinct: a distinct position in the low bits
         results[i] = _compiled.sampled_row_stats(keys, side["by_position"], side["ties"], side["full_start"],
-                                                 side["blocks_full"], scratch.floats(p), phi[i])
+                                                 side["blocks_full"], scratch.array("v_full", p, np.float64), phi[i])
 
     futures = [_pool().submit(one_row, i) for i in range(b)]
 

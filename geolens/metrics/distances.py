@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Float, Int
 
 from geolens._validation import check_float_matrix
+from geolens.metrics import _compiled
 
 __all__ = [
     "PairSample",
@@ -33,6 +34,7 @@ __all__ = [
     "negated_cosine_upper",
     "negated_cosines",
     "pair_negated_cosines",
+    "pair_values_into",
     "pairwise_cosine_distances",
     "rank_data",
     "tie_members",
@@ -168,16 +170,32 @@ class PairSample:
         """All pairs (no sampling)."""
         return self.n_pairs == self.total
 
+    def int32_indices(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(i, j)`` as int32 NumPy arrays (made once): what the compiled pair products read."""
+        if "int32" not in self._patterns:
+            self._patterns["int32"] = (self.i.numpy().astype(np.int32), self.j.numpy().astype(np.int32))
+        return self._patterns["int32"]
+
+
+def pair_values_into(unit: np.ndarray, pairs: PairSample, out: np.ndarray) -> np.ndarray:
+    """``out[p] = -<unit[i_p], unit[j_p]>`` for ``[N, k]`` float32 unit rows (a compiled loop, CPU): the
+    negated cosines of the sampled pairs, one cloud at a time, into a buffer the caller may reuse."""
+    first, second = pairs.int32_indices()
+    _compiled.pair_values(unit, first, second, out)
+    return out
+
 
 def pair_negated_cosines(
     x: Float[torch.Tensor, "*batch N d"], pairs: PairSample, *, block: int = 1 << 16
 ) -> Float[torch.Tensor, "*batch P"]:
     """``-cos(x_i, x_j)`` for the sampled pairs only, in their (pdist) order; raises on a zero row.
 
-    A sampled dense-dense product (``torch.sparse.sampled_addmm`` with the pairs as
-    a CSR pattern, built once per sample, device and batch size): ``P k``
-    multiply-adds per cloud instead of the ``N^2 k`` of the Gram matrix. Where that
-    kernel is missing (some devices), a blocked gather-and-dot.
+    ``P k`` multiply-adds per cloud instead of the ``N^2 k`` of the Gram matrix: on the
+    CPU in float32 a compiled loop (:func:`pair_values_into`, which the approximate PGA's
+    rank kernel also calls, so both give the same values); elsewhere a sampled dense-dense
+    product (``torch.sparse.sampled_addmm`` with the pairs as a CSR pattern, built once per
+    sample, device and batch size), or where that kernel is missing (some devices), a
+    blocked gather-and-dot.
 
     See docs/methods.md §A.4a.
     """
@@ -187,6 +205,12 @@ def pair_negated_cosines(
         raise ValueError(f"the pair sample is of {pairs.n} points, the states have {n}")
     batch_shape = unit.shape[:-2]
     flat = unit.reshape(-1, n, unit.shape[-1])
+    if flat.device.type == "cpu" and flat.dtype == torch.float32:
+        out = torch.empty(flat.shape[0], pairs.n_pairs, dtype=flat.dtype)
+        rows = flat.contiguous().numpy()
+        for b, values in enumerate(out.numpy()):
+            pair_values_into(rows[b], pairs, values)
+        return out.reshape(*batch_shape, pairs.n_pairs)
     try:
         out = _sampled_dots(flat, pairs)
     except (RuntimeError, NotImplementedError):  # no sampled_addmm for this device / dtype
@@ -274,7 +298,7 @@ def negated_cosine_upper(x: Float[torch.Tensor, "B N d"], *, out: torch.Tensor |
     On the CPU each matrix is one BLAS ``syrk`` (``scipy.linalg.blas``), half the products of
     :func:`negated_cosine_gram`: its lower triangle in column-major order is the upper one in
     row-major order; ``out`` (``[B, N, N]``, contiguous) is written and returned, so a loop can reuse
-    one buffer (fresh large arrays cost page faults). Elsewhere, :func:`negated_cosine_gram`.
+    one buffer (fresh large arrays cost page faults). Elsewhere, one batched matmul (into ``out`` if given).
 
     Example:
         >>> x = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]])
@@ -283,16 +307,16 @@ def negated_cosine_upper(x: Float[torch.Tensor, "B N d"], *, out: torch.Tensor |
         [-0.0, -0.7071, -0.7071]
     """
     unit = unit_rows(x)
+    shape = (*unit.shape[:-1], unit.shape[-2])
+    if out is not None and (tuple(out.shape) != shape or out.dtype != unit.dtype or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {unit.dtype} tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}")
     if unit.device.type != "cpu" or unit.dtype not in (torch.float32, torch.float64) or unit.ndim != 3:
-        return negated_cosine_gram(x)
+        return torch.matmul(-unit, unit.transpose(-1, -2), out=out)
     from scipy.linalg import blas
 
     syrk = blas.ssyrk if unit.dtype == torch.float32 else blas.dsyrk
-    shape = (unit.shape[0], unit.shape[1], unit.shape[1])
     if out is None:
         out = torch.empty(shape, dtype=unit.dtype)
-    elif tuple(out.shape) != shape or out.dtype != unit.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {unit.dtype} tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}")
     rows = unit.contiguous().numpy()
     for b, matrix in enumerate(out.numpy()):
         # matrix.T is column-major: syrk writes -U U^T's lower triangle into it, in place.

@@ -144,5 +144,3 @@ def test_cache_keys_the_halves(native_bridge, train_texts, tmp_path):
     again = cached_tuned_lens(native_bridge, train_texts, halves=True, **common)
     assert again.cache_dir == with_halves.cache_dir
     assert torch.equal(again.halves[1].linear_map(0), with_halves.halves[1].linear_map(0))
-
-
