@@ -16,7 +16,7 @@ On the default model (``geolens.load_default_model()``, ``geolens.default_texts`
   - ``geolens.updates`` (capture of resid_post + attn_out + mlp_out at n_tokens
     positions, then the metrics) against one plain forward pass over the same tokens.
 
-Run:  python bench/lens.py [--no-compare] [--no-throughput] [--steps 3] [--tokens-per-step 256] [--n-texts 16]
+Run:  python bench/lens.py [--no-compare] [--no-throughput] [--no-every-budget] [--no-reference] [--steps 3] [--tokens-per-step 256] [--n-texts 16]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from geolens._validation import UpperBound  # noqa: E402
 from geolens.capture import capture  # noqa: E402
 from geolens.lens import FAST_BUDGET, TunedLens, fit_tuned_lens, train_tuned_lens  # noqa: E402
 from geolens.lens.fit import _held_out_kl  # noqa: E402
-from geolens.lens.train import _pad, _windows_of_texts  # noqa: E402
+from geolens.lens.train import _pad, _windows_of_texts, fast_matmul_dtype  # noqa: E402
 from geolens.model import as_adapter  # noqa: E402
 from geolens.sites import RESIDUAL_SITE  # noqa: E402
 
@@ -53,7 +53,7 @@ def plain_forward_seconds(adapter, tokens, mask, batch_size=8) -> float:
     return time.perf_counter() - start
 
 
-def compare_methods(model) -> None:
+def compare_methods(model, *, every_budget: bool = True, with_reference: bool = True) -> None:
     """Fast vs reference vs fast 4x: held-out KL against wall time, tokens/s (see the module docstring)."""
     adapter = as_adapter(model)
     texts = geolens.default_texts(n=N_TRAIN_TEXTS + N_EVAL_TEXTS, seed=3)
@@ -70,6 +70,7 @@ def compare_methods(model) -> None:
                    seed=1, progress=False)[RESIDUAL_SITE]
     n_eval_texts = len(windows)
     w_u, b_u = adapter.unembed_matrix("raw").float(), adapter.unembed_bias()
+    default_dtype = fast_matmul_dtype(w_u.device)
 
     def held_out(lens) -> float:
         return float(_held_out_kl(lens, held, w_u, b_u)[1:].mean())
@@ -79,17 +80,18 @@ def compare_methods(model) -> None:
           f"{n_eval_texts} texts no lens trains on; logit lens {logit:.3f} nats")
     rows = []
 
-    def fast(label: str, scale: int, data_scale: int | None = None) -> dict:
+    def fast(label: str, scale: int, data_scale: int | None = None, **options) -> dict:
         budget = {k: v * scale for k, v in FAST_BUDGET.items()}
         if data_scale is not None:
             budget["n_tokens"] = FAST_BUDGET["n_tokens"] * data_scale
         start = time.perf_counter()
-        lens = fit_tuned_lens(model, train_texts, progress=False, **budget)
+        lens = fit_tuned_lens(model, train_texts, progress=False, **budget, **options)
         seconds = time.perf_counter() - start
         info = lens.training_info
         curve = lens.history.query("split == 'held_out' and layer > 0").groupby("step").agg(
             seconds=("seconds", "first"), kl=("kl", "mean"))
-        print(f"{label}: {budget}; stopped: {info['stopped']} after {info['steps']} steps; capture "
+        print(f"{label}: {budget}; products {info['matmul_dtype']}; stopped: {info['stopped']} after "
+              f"{info['steps']} steps; capture "
               f"{info['capture_seconds']:.0f} s; KL on its own held-out windows by time: "
               + ", ".join(f"{r.seconds:.0f} s {r.kl:.3f}" for r in curve.itertuples()))
         row = {"method": label, "seconds": seconds, "tokens": info["n_tokens"], "kl": held_out(lens)}
@@ -97,31 +99,42 @@ def compare_methods(model) -> None:
         return row
 
     default = fast("fast (default budget)", 1)
+    if default_dtype is not None:  # the refinement's bf16 products against float32 ones, at the same budget
+        fast("fast (float32 products)", 1, matmul_dtype=None)
     trained_longer = fast("fast (4x steps and seconds)", 4, data_scale=1)  # the same captured positions
-    longer = fast("fast (every budget 4x)", 4)
-    # The reference recipe at 1/3 and 1x the fast method's wall time; its rate from a two-step run.
-    probe = train_tuned_lens(model, train_texts, steps=2, tokens_per_step=128, progress=False)
-    rate = probe.training_info["tokens_seen"] / probe.training_info["seconds"]
-    for share in (1 / 3, 1.0):
-        steps = max(1, round(share * default["seconds"] * rate / 128))
-        start = time.perf_counter()
-        lens = train_tuned_lens(model, train_texts, steps=steps, tokens_per_step=128, progress=False)
-        rows.append({"method": f"reference ({steps} x 128 tokens)", "seconds": time.perf_counter() - start,
-                     "tokens": lens.training_info["tokens_seen"], "kl": held_out(lens)})
+    longer = fast("fast (every budget 4x)", 4) if every_budget else None
+    if with_reference:
+        reference_rows(model, train_texts, default["seconds"], rows, held_out)
     print(f"\n{'method':34s} {'wall s':>7s} {'tokens':>7s} {'tokens/s':>9s} {'held-out KL':>12s} {'/ logit':>8s}")
     for r in rows:
         print(f"{r['method']:34s} {r['seconds']:7.1f} {r['tokens']:7d} {r['tokens'] / r['seconds']:9.1f} "
               f"{r['kl']:12.3f} {r['kl'] / logit:8.3f}")
-    gap = (default["kl"] - longer["kl"]) / longer["kl"]
     trained_gap = (default["kl"] - trained_longer["kl"]) / trained_longer["kl"]
-    at_equal_time = rows[-1]
-    print(f"\nfast default vs trained 4x longer on the same positions: {100 * trained_gap:+.1f} % held-out KL "
-          f"(target <= 5 %: {'met' if trained_gap <= 0.05 else 'NOT met'}); vs every budget 4x, positions "
-          f"included: {100 * gap:+.1f} % ({'met' if gap <= 0.05 else 'NOT met'}); default budget "
-          f"{default['seconds']:.0f} s (target <= 300 s: "
-          f"{'met' if default['seconds'] <= 300 else 'NOT met'}); vs logit lens {default['kl'] / logit:.2f} "
-          f"(target <= 0.5); reference at equal wall time {at_equal_time['kl']:.3f} "
-          f"({'fast lower' if default['kl'] <= at_equal_time['kl'] else 'REFERENCE lower'})")
+    line = (f"\nfast default vs trained 4x longer on the same positions: {100 * trained_gap:+.1f} % held-out KL "
+            f"(target <= 5 %: {'met' if trained_gap <= 0.05 else 'NOT met'})")
+    if longer is not None:
+        gap = (default["kl"] - longer["kl"]) / longer["kl"]
+        line += f"; vs every budget 4x, positions included: {100 * gap:+.1f} % ({'met' if gap <= 0.05 else 'NOT met'})"
+    line += (f"; default budget {default['seconds']:.0f} s (target <= 300 s: "
+             f"{'met' if default['seconds'] <= 300 else 'NOT met'}); vs logit lens {default['kl'] / logit:.2f} "
+             f"(target <= 0.5)")
+    if with_reference:
+        at_equal_time = rows[-1]
+        line += (f"; reference at equal wall time {at_equal_time['kl']:.3f} "
+                 f"({'fast lower' if default['kl'] <= at_equal_time['kl'] else 'REFERENCE lower'})")
+    print(line)
+
+
+def reference_rows(model, train_texts, fast_seconds: float, rows: list, held_out) -> None:
+    """The reference recipe at 1/3 and 1x the fast method's wall time; its rate from a two-step run."""
+    probe = train_tuned_lens(model, train_texts, steps=2, tokens_per_step=128, progress=False)
+    rate = probe.training_info["tokens_seen"] / probe.training_info["seconds"]
+    for share in (1 / 3, 1.0):
+        steps = max(1, round(share * fast_seconds * rate / 128))
+        start = time.perf_counter()
+        lens = train_tuned_lens(model, train_texts, steps=steps, tokens_per_step=128, progress=False)
+        rows.append({"method": f"reference ({steps} x 128 tokens)", "seconds": time.perf_counter() - start,
+                     "tokens": lens.training_info["tokens_seen"], "kl": held_out(lens)})
 
 
 def main() -> None:
@@ -132,6 +145,8 @@ def main() -> None:
     parser.add_argument("--n-tokens", type=int, default=1024)
     parser.add_argument("--no-compare", action="store_true", help="skip fast vs reference")
     parser.add_argument("--no-throughput", action="store_true", help="skip the throughput and updates sections")
+    parser.add_argument("--no-every-budget", action="store_true", help="skip the fit with every budget 4x (~20 min)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the reference recipe's rows")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
@@ -140,7 +155,7 @@ def main() -> None:
     print(f"model {adapter.name}: L={adapter.n_layers}, d={adapter.d_model}, V={adapter.d_vocab}; "
           f"torch threads {torch.get_num_threads()}")
     if not args.no_compare:
-        compare_methods(model)
+        compare_methods(model, every_budget=not args.no_every_budget, with_reference=not args.no_reference)
     if args.no_throughput:
         return
     texts = geolens.default_texts(n=200, seed=1)

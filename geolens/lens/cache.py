@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from geolens._cache import cache_root
-from geolens.lens.fit import DEFAULT_RIDGE, FAST_BUDGET, fit_tuned_lens
+from geolens.lens.fit import DEFAULT_RIDGE, FAST_BUDGET, dtype_name, fit_tuned_lens, resolve_matmul_dtype
 from geolens.lens.train import DEFAULT_SEQ_LEN, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import ModelAdapter, as_adapter
@@ -107,6 +107,9 @@ def cached_tuned_lens(
             "train_texts_sha": hashlib.sha256("\x00".join(train_texts).encode()).hexdigest()[:12]}
     if method == "fast":
         plan["ridge"] = DEFAULT_RIDGE
+        # The refinement's product dtype follows the machine (bf16 where native): a lens refined in
+        # another dtype is another lens.
+        plan["refine_dtype"] = dtype_name(resolve_matmul_dtype("auto", adapter.unembed_matrix("raw").device))
     if halves:
         if method != "fast":
             raise ValueError("halves=True needs method='fast' (the reference recipe trains each lens on its own)")

@@ -7,7 +7,8 @@ import torch
 
 import geolens.lens.fit as fit_module
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate, fit_tuned_lens
-from geolens.lens.fit import _closed_form
+from geolens.lens.fit import _closed_form, _kl_of_logits, _target
+from geolens.lens.train import kl_rows
 from tests.helpers import hook_count, same_weights, weights
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*positions")
@@ -68,6 +69,37 @@ def test_closed_form_equals_numpy_ridge_in_any_chunking(native_bridge, monkeypat
         for layer, (a, b) in enumerate(expected):
             np.testing.assert_allclose(lens.translators[layer].weight.detach().double().numpy(), a, atol=2e-5)
             np.testing.assert_allclose(lens.translators[layer].bias.detach().double().numpy(), b, atol=2e-5)
+
+
+def test_fused_kl_and_its_gradient_match_scipy_and_autograd(native_bridge):
+    from scipy.special import rel_entr, softmax
+
+    g = torch.Generator().manual_seed(3)
+    adapter_lens = TunedLens(native_bridge)
+    last = torch.randn(5, adapter_lens.d_model, generator=g) * 3
+    p, p_log_p = _target(adapter_lens.adapter, last, None, None)
+    logits = (torch.randn(5, adapter_lens.d_vocab, generator=g) * 4).requires_grad_(True)
+    kl, lse = _kl_of_logits(p, p_log_p, logits.detach())
+    expected = rel_entr(p.double().numpy(), softmax(logits.detach().double().numpy(), axis=-1)).sum(-1)
+    np.testing.assert_allclose(kl.numpy(), expected, rtol=1e-4, atol=1e-5)
+    # The refinement's hand-made gradient (softmax(z) - p) / n is autograd's gradient of the mean KL.
+    kl_rows(p.log(), logits).mean().backward()
+    manual = logits.detach().sub(lse).exp_().sub_(p).div_(logits.shape[0])
+    torch.testing.assert_close(manual, logits.grad, atol=1e-7, rtol=1e-4)
+
+
+def test_refinement_in_bf16_follows_float32_and_is_recorded(native_bridge, train_texts):
+    common = dict(n_tokens=96, max_steps=6, eval_every=2, patience=10, tol=0.0, seq_len=16, progress=False)
+    curves = {}
+    for dtype, name in ((None, "float32"), (torch.bfloat16, "bfloat16")):
+        lens = fit_tuned_lens(native_bridge, train_texts, matmul_dtype=dtype, **common)
+        assert lens.training_info["matmul_dtype"] == name
+        curves[name] = lens.history.query("split == 'held_out'").groupby("step").kl.mean()
+    # The same minibatches with bf16 vocabulary products: the held-out KL (always float32) tracks float32's.
+    np.testing.assert_allclose(curves["bfloat16"].values, curves["float32"].values, rtol=0.02)
+    assert curves["bfloat16"].loc[0] == curves["float32"].loc[0]  # the closed form does not use them
+    with pytest.raises(TypeError, match="matmul_dtype"):
+        fit_tuned_lens(native_bridge, train_texts, n_tokens=96, matmul_dtype=torch.int8, progress=False)
 
 
 def test_fit_lowers_kl_records_history_and_leaves_model_unchanged(native_bridge, train_texts):
