@@ -21,7 +21,8 @@ forward and backward, for every training token: about 12 lens tokens/s for the
    least-squares fit in the readout metric ``W_U W_U^T``.
 3. **KL refinement.** Adam on the exact full-vocabulary ``KL(p_final || p_l)``
    of the captured training rows (no model in the loop), every layer in one
-   step. The held-out KL per layer is recorded every ``eval_every`` steps
+   step; its vocabulary products run in bf16 where the device has it natively
+   (``matmul_dtype="auto"``), its held-out KL always in float32. The held-out KL per layer is recorded every ``eval_every`` steps
    (``lens.history``); training stops on a plateau (the held-out mean improves
    by less than ``tol`` relative over ``patience`` evaluations), or on the step
    or time budget, and keeps the best evaluated translators. A layer counts as
