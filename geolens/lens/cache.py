@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Sequence
 
 from geolens._cache import cache_root
-from geolens.lens.fit import DEFAULT_RIDGE, FAST_BUDGET, dtype_name, fit_tuned_lens, resolve_matmul_dtype
-from geolens.lens.train import DEFAULT_SEQ_LEN, train_tuned_lens
+from geolens.lens.fit import DEFAULT_RIDGE, FAST_BUDGET, fit_tuned_lens
+from geolens.lens.train import DEFAULT_SEQ_LEN, dtype_name, resolve_matmul_dtype, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import ModelAdapter, as_adapter
 

@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from geolens._validation import UpperBound, check_int
 from geolens.capture import capture
 from geolens.lens.logit_lens import unembed
-from geolens.lens.train import DEFAULT_SEQ_LEN, _micro_batches, fast_matmul_dtype
+from geolens.lens.train import DEFAULT_SEQ_LEN, _kl_of_logits, _micro_batches, dtype_name, resolve_matmul_dtype
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import ModelAdapter, as_adapter
 from geolens.sites import RESIDUAL_SITE
@@ -68,23 +68,6 @@ _HELD_OUT_EVERY = 5  # every fifth window is held out
 _EVAL_ROWS = 256  # held-out rows scored at each evaluation
 _ROW_CHUNK = 256
 _CLOSED_FORM_CHUNK = 2048  # rows of every layer in float64 at once (~0.3 GB for 30 layers, d = 576)
-
-
-def dtype_name(dtype: torch.dtype | None) -> str:
-    """``"bfloat16"`` for ``torch.bfloat16``; ``None`` (no cast) is ``"float32"``."""
-    return str(dtype or torch.float32).removeprefix("torch.")
-
-
-def resolve_matmul_dtype(matmul_dtype: object, device: torch.device | str) -> torch.dtype | None:
-    """The refinement's product dtype: ``"auto"`` -> :func:`fast_matmul_dtype`; float32 -> ``None``."""
-    if isinstance(matmul_dtype, str) and matmul_dtype == "auto":
-        return fast_matmul_dtype(device)
-    if matmul_dtype is None or matmul_dtype == torch.float32:
-        return None
-    if matmul_dtype in (torch.bfloat16, torch.float16):
-        return matmul_dtype
-    raise TypeError(f"matmul_dtype must be 'auto', None, torch.float32, torch.bfloat16 or torch.float16, "
-                    f"got {matmul_dtype!r}")
 
 
 def _check_float(value: object, name: str, *, low: float = 0.0, open_low: bool = False) -> float:
@@ -148,16 +131,6 @@ def _target(adapter: ModelAdapter, last: Tensor, w_u: Tensor, b_u: Tensor | None
         log_p = torch.log_softmax(unembed(adapter, last, w_u=w_u, b_u=b_u), dim=-1)
         p = log_p.exp()
         return p, torch.linalg.vecdot(p, log_p)
-
-
-def _kl_of_logits(p: Tensor, p_log_p: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-    """``KL(p || softmax(logits))`` per row and ``logsumexp(logits)`` ``[n, 1]``.
-
-    ``KL = sum p log p - <p, z> + logsumexp(z)``: two passes over ``[n, V]`` where
-    ``kl_rows`` (log-softmax, exp, difference, product) needs about five.
-    """
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-    return p_log_p - torch.linalg.vecdot(p, logits) + lse.squeeze(-1), lse
 
 
 def _held_out_kl(lens: TunedLens, states: Tensor, w_u: Tensor, b_u: Tensor | None) -> Tensor:

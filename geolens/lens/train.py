@@ -57,6 +57,16 @@ def kl_rows(log_p: Tensor, logits_q: Tensor) -> Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
+def _kl_of_logits(p: Tensor, p_log_p: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+    """``KL(p || softmax(logits))`` per row and ``logsumexp(logits)`` ``[n, 1]``.
+
+    ``KL = sum p log p - <p, z> + logsumexp(z)``: two passes over ``[n, V]`` where
+    ``kl_rows`` (log-softmax, exp, difference, product) needs about five.
+    """
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    return p_log_p - torch.linalg.vecdot(p, logits) + lse.squeeze(-1), lse
+
+
 def _windows_of_texts(adapter: ModelAdapter, texts: Iterable[str], seq_len: int,
                       origins: list[int] | None = None) -> Iterator[Tensor]:
     """Token windows of at most ``seq_len`` ids, text by text; a long text is cut into several,
@@ -159,6 +169,25 @@ def fast_matmul_dtype(device: torch.device | str) -> torch.dtype | None:
     return None
 
 
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """``"bfloat16"`` for ``torch.bfloat16``; ``None`` (no cast) is ``"float32"``."""
+    return str(dtype or torch.float32).removeprefix("torch.")
+
+
+def resolve_matmul_dtype(matmul_dtype: object, device: torch.device | str) -> torch.dtype | None:
+    """The training's vocabulary-product dtype: ``"auto"`` -> :func:`fast_matmul_dtype`; float32 -> ``None``."""
+    if isinstance(matmul_dtype, str):
+        if matmul_dtype != "auto":
+            raise ValueError(f"matmul_dtype must be a torch dtype, None or 'auto', got {matmul_dtype!r}")
+        return fast_matmul_dtype(device)
+    if matmul_dtype is None or matmul_dtype == torch.float32:
+        return None
+    if matmul_dtype in (torch.bfloat16, torch.float16):
+        return matmul_dtype
+    raise TypeError(f"matmul_dtype must be 'auto', None, torch.float32, torch.bfloat16 or torch.float16, "
+                    f"got {matmul_dtype!r}")
+
+
 def train_tuned_lens(
     model: object,
     texts,
@@ -228,10 +257,7 @@ def train_tuned_lens(
                           weight_decay=weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1.0 - step / steps))
     w_u = adapter.unembed_matrix("raw")
-    if isinstance(matmul_dtype, str):
-        if matmul_dtype != "auto":
-            raise ValueError(f"matmul_dtype must be a torch dtype, None or 'auto', got {matmul_dtype!r}")
-        matmul_dtype = fast_matmul_dtype(w_u.device)
+    matmul_dtype = resolve_matmul_dtype(matmul_dtype, w_u.device)
     w_u = w_u.to(matmul_dtype) if matmul_dtype is not None else w_u.to(torch.float32)
     b_u = adapter.unembed_bias()
 
@@ -294,7 +320,7 @@ def train_tuned_lens(
         "steps": len(losses), "tokens_per_step": tokens_per_step, "seq_len": seq_len, "batch_size": batch_size,
         "lr": lr, "momentum": momentum, "nesterov": momentum > 0, "weight_decay": weight_decay,
         "clip_grad": clip_grad, "schedule": "linear decay to 0, no warm-up",
-        "matmul_dtype": str(matmul_dtype).replace("torch.", "") if matmul_dtype is not None else "float32",
+        "matmul_dtype": dtype_name(matmul_dtype),
         "tokens_seen": n_seen, "text_passes": restarts + 1, "losses": losses,
         "seconds": time.perf_counter() - started,
     }
@@ -312,15 +338,15 @@ def _accumulate(lens, states, log_p, step_kl, tokens_per_step, w_u, b_u, matmul_
     """
     n = states.shape[1]
     p = log_p.exp()
-    neg_entropy = [float((p[s : s + _ROW_CHUNK] * log_p[s : s + _ROW_CHUNK]).sum()) for s in range(0, n, _ROW_CHUNK)]
+    p_log_p = torch.linalg.vecdot(p, log_p)
     for layer in range(lens.n_layers):
         layer_params = list(lens.translators[layer].parameters())
-        for chunk, start in enumerate(range(0, n, _ROW_CHUNK)):
+        for start in range(0, n, _ROW_CHUNK):
             rows = slice(start, start + _ROW_CHUNK)
             with torch.enable_grad():
                 logits = lens(states[layer, rows], layer, w_u=w_u, b_u=b_u, matmul_dtype=matmul_dtype)
-                cross = (torch.logsumexp(logits, dim=-1) - (p[rows] * logits).sum(-1)).sum()
-                grads = torch.autograd.grad(cross / tokens_per_step, layer_params)
+                kl = _kl_of_logits(p[rows], p_log_p[rows], logits)[0].sum()
+                grads = torch.autograd.grad(kl / tokens_per_step, layer_params)
             for param, g in zip(layer_params, grads):
                 param.grad.add_(g)
-            step_kl[layer] += (float(cross.detach()) + neg_entropy[chunk]) / tokens_per_step
+            step_kl[layer] += float(kl.detach()) / tokens_per_step

@@ -7,8 +7,8 @@ import torch
 
 import geolens.lens.fit as fit_module
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate, fit_tuned_lens
-from geolens.lens.fit import _closed_form, _kl_of_logits, _target
-from geolens.lens.train import kl_rows
+from geolens.lens.fit import _closed_form, _target
+from geolens.lens.train import _kl_of_logits, kl_rows
 from tests.helpers import hook_count, same_weights, weights
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*positions")
