@@ -69,7 +69,10 @@ def scratch_bytes_per_matrix(n: int, m: int, dtype: torch.dtype, device: torch.d
     size = torch.empty(0, dtype=dtype).element_size()
     if uses_numpy_kernel(device, dtype, m):
         return size * n * n  # the rest is per-thread scratch, reused row after row
-    return size * n * n + (2 * size + 8 + 8) * m  # picked values, sorted values, order, gathered
+    # picked values, sorted values, order, gathered; on an accelerator also the dense tie bookkeeping
+    # (group starts and ends, int64, and the centred ranks, float64)
+    extra = 24 if finds_ties_on_device(device) else 0
+    return size * n * n + (2 * size + 8 + 8 + extra) * m
 
 
 class FullRanks:
@@ -134,10 +137,15 @@ def _sq_plain(m: int) -> float:
 
 def _ranked_dots_torch(values, full_centred):
     m = values.shape[-1]
-    plain = _plain_centred(m, values.device)
     sorted_values, order = torch.sort(values, dim=-1)
     gathered = full_centred[order]  # f in the row's sorted order: a gather, no scatter
     del order
+    if finds_ties_on_device(values.device):
+        # On an accelerator the ties are found where the values are: float32 values at N = 8,192 tie
+        # millions of times per row, and a round trip to the host per row costs more than the sort.
+        centred = _centred_average_ranks_dense(sorted_values)
+        return gathered.mul_(centred).sum(-1), centred.pow_(2).sum(-1)
+    plain = _plain_centred(m, values.device)
     dots = gathered @ plain
     sq_norms = torch.full_like(dots, _sq_plain(m))
     rows, cols, offsets = tie_rank_offsets(sorted_values)
@@ -146,6 +154,38 @@ def _ranked_dots_torch(values, full_centred):
         dots.index_add_(0, rows, gathered[rows, cols] * offsets)
         sq_norms.index_add_(0, rows, (base + offsets).pow(2) - base.pow(2))
     return dots, sq_norms
+
+
+def finds_ties_on_device(device: torch.device) -> bool:
+    """Whether the torch rank kernel finds ties with dense passes on the device (not on the CPU, where
+    the few tied entries are cheaper to handle one by one)."""
+    return torch.device(device).type != "cpu"
+
+
+def _centred_average_ranks_dense(sorted_values: torch.Tensor) -> torch.Tensor:
+    """``[B, M]`` centred average ranks (float64) of rows sorted ascending, ties found on the rows' device.
+
+    A tie group spanning sorted positions ``s..e`` gets ``(s + e) / 2 + 1 - (M + 1) / 2``. Groups are
+    numbered by a running sum of their starts and their bounds read off the starts' positions, so
+    the work is a few passes over ``M`` however many ties there are, with no host round trip.
+    (A running max / min of the bounds is the textbook way; on CUDA torch's scan-with-index kernels
+    took 49 ms a row of 8.4 M values on an H200, against 1.1 ms for this.)
+
+    Example:
+        >>> _centred_average_ranks_dense(torch.tensor([[1.0, 2.0, 2.0, 3.0]])).tolist()
+        [[-1.5, 0.0, 0.0, 1.5]]
+    """
+    b, m = sorted_values.shape
+    starts = torch.ones(b, m, dtype=torch.bool, device=sorted_values.device)
+    torch.ne(sorted_values[:, 1:], sorted_values[:, :-1], out=starts[:, 1:])
+    starts = starts.view(-1)  # every row starts a group, so no group crosses a row
+    first = starts.nonzero().squeeze(1)  # flat position of each group's first entry
+    last = torch.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1] = b * m - 1
+    # Each group's centred average rank, from its bounds' columns in its row.
+    centred = (first + last - 2 * (first // m) * m).to(torch.float64).mul_(0.5).sub_((m - 1) / 2.0)
+    return centred[starts.cumsum(0).sub_(1)].view(b, m)
 
 
 class _Scratch(threading.local):

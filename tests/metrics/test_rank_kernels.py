@@ -110,3 +110,34 @@ def test_sampled_pairs_path_equals_the_values_path():
     ref = SampledRanks(FullRanks.from_centred(full - full.mean()), torch.arange(pairs.n_pairs) % 5, 5)
     for a, b in zip(ref.submit_pairs(coords.double(), pairs)(), ref.stats(pair_negated_cosines(coords.double(), pairs))):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)  # float64: the torch kernel both ways
+
+
+def test_dense_tie_ranks_match_scipy_on_heavily_tied_rows():
+    """The accelerator's tie bookkeeping (dense passes on the device) against scipy's average ranks."""
+    from scipy.stats import rankdata
+
+    from geolens.metrics._rank_kernels import _centred_average_ranks_dense
+
+    g = torch.Generator().manual_seed(0)
+    for m, levels in ((1, 1), (2, 1), (7, 2), (300, 5), (1000, 997)):
+        values = torch.randint(0, levels, (3, m), generator=g).float().sort(-1).values
+        expected = torch.from_numpy(rankdata(values.numpy(), axis=-1)) - (m + 1) / 2.0
+        assert torch.equal(_centred_average_ranks_dense(values), expected), (m, levels)
+
+
+def test_dense_tie_branch_gives_the_host_branchs_pga(monkeypatch):
+    """The branch CUDA takes (ties found on the device), forced on the CPU: the same PGA. Repeated
+    rows make many exactly tied distances (as float32 rounding does at large N)."""
+    import geolens.metrics._rank_kernels as kernels
+    from geolens.metrics import random_subspaces, subspace_pga
+
+    g = torch.Generator().manual_seed(3)
+    h = (torch.randn(60, 12, generator=g, dtype=torch.float64) * torch.linspace(2.0, 0.5, 12, dtype=torch.float64))
+    h = h[torch.randint(0, 60, (160,), generator=g)]
+    readout = torch.linalg.qr(torch.randn(12, 3, generator=g, dtype=torch.float64))[0]
+    nulls = random_subspaces(12, 3, 10, seed=0, dtype=torch.float64)
+    host = subspace_pga(h, readout, null_subspaces=nulls)
+    monkeypatch.setattr(kernels, "finds_ties_on_device", lambda device: True)
+    dense = subspace_pga(h, readout, null_subspaces=nulls)
+    torch.testing.assert_close(dense.null_rhos, host.null_rhos, rtol=0, atol=1e-12)
+    assert dense.rho_readout == pytest.approx(host.rho_readout, abs=1e-12)
