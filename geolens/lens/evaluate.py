@@ -165,7 +165,7 @@ def evaluate(
                     acc = sums[(lz.kind, layer)]
                     acc[0] += float(kl.sum())
                     acc[1] += float(ce[valid].sum())
-                    acc[2:] += _hits(logits, top1, ks).sum(dim=1, dtype=torch.float64)
+                    acc[2:] += _hits(logits, top1, ks).sum(dim=1, dtype=torch.float64).cpu()
             bar.update()
     bar.close()
 

@@ -170,7 +170,8 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
 
     evals = [_held_out_kl(lens, held_out, w_u, b_u)]
     record(0, "held_out", evals[-1])
-    best = (float(evals[-1].mean()), {k: v.clone() for k, v in lens.translators.state_dict().items()})
+    # The best evaluation so far: its mean, its translators and its per-layer KL (what is returned and reported).
+    best = (float(evals[-1].mean()), {k: v.clone() for k, v in lens.translators.state_dict().items()}, evals[-1])
     stopped, step = "closed form only", 0
     if refine and max_steps > 0:
         params = list(lens.translators.parameters())
@@ -206,7 +207,7 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
                 mean = float(evals[-1].mean())
                 bar.set_postfix(held_out_kl=f"{mean:.3f}")
                 if mean < best[0]:
-                    best = (mean, {k: v.clone() for k, v in lens.translators.state_dict().items()})
+                    best = (mean, {k: v.clone() for k, v in lens.translators.state_dict().items()}, evals[-1])
                 if len(evals) > patience:
                     before = float(evals[-1 - patience].mean())
                     if before - min(float(e.mean()) for e in evals[-patience:]) < tol * before:
@@ -223,7 +224,7 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
                                     <= tol * window.max(0).values.clamp_min(1e-12))]
                  if window is not None else [stopped == "closed form only"] * adapter.n_layers)
     return {"n_train": int(train.shape[1]), "steps": step, "stopped": stopped,
-            "held_out_kl": [float(v) for v in evals[-1]], "best_held_out_kl_mean": best[0],
+            "held_out_kl": [float(v) for v in best[2]], "best_held_out_kl_mean": best[0],
             "converged": converged, "history": history, "seconds": round(time.perf_counter() - started, 2)}
 
 
@@ -281,7 +282,8 @@ def fit_tuned_lens(
     Returns:
         the :class:`TunedLens`; ``lens.history`` (a DataFrame of ``step, seconds, split, layer, kl``),
         ``lens.training_info["converged"]`` (per layer), ``["stopped"]`` (``plateau``, ``steps``, ``time``,
-        ``closed form only``). With ``halves=True``, ``["data_gain"]``: per layer, the relative drop in
+        ``closed form only``), ``["held_out_kl"]`` (per layer, of the returned translators: the best
+        held-out evaluation, which may be the closed form's). With ``halves=True``, ``["data_gain"]``: per layer, the relative drop in
         held-out KL from a half-text lens (mean of the two) to this lens, which sees twice the data —
         near 0 where more text would not change the lens; ``["halves_held_out_kl"]``: the halves' KL.
     """

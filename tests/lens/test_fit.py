@@ -119,6 +119,9 @@ def test_fit_lowers_kl_records_history_and_leaves_model_unchanged(native_bridge,
     by_step = held.groupby("step").kl.mean()
     assert info["best_held_out_kl_mean"] == pytest.approx(by_step.min())
     assert info["best_held_out_kl_mean"] <= by_step.loc[0]
+    # held_out_kl is that of the returned translators: the best step's per-layer KL, not the last one's.
+    best_step = by_step.idxmin()
+    assert info["held_out_kl"] == pytest.approx(held[held.step == best_step].sort_values("layer").kl.tolist())
     assert len(info["converged"]) == lens.n_layers
     res = evaluate(native_bridge, train_texts, lens=lens, n_tokens=None, progress=False).to_pandas()
     inner = res[res.layer < lens.n_layers]
