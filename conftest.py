@@ -56,9 +56,9 @@ def _doctest_objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     from tests.conftest import CORPUS, warm_up
 
     path = _save_doctest_neox(tmp_path_factory.mktemp("doctest_neox"))
-    model = warm_up(TransformerBridge.boot_transformers(str(path)).eval())
+    model = warm_up(TransformerBridge.boot_transformers(str(path), device="cpu").eval())
     other_path = _save_doctest_neox(tmp_path_factory.mktemp("doctest_neox_other"), d_model=32, seed=1)
-    other_model = warm_up(TransformerBridge.boot_transformers(str(other_path)).eval())
+    other_model = warm_up(TransformerBridge.boot_transformers(str(other_path), device="cpu").eval())
     texts = list(CORPUS)
     tokens = model.to_tokens("the cat sat on the mat")
     torch.manual_seed(0)

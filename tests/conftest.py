@@ -232,7 +232,7 @@ def neox_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> P
 def neox_bridge(neox_dir: Path) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
-    return warm_up(TransformerBridge.boot_transformers(str(neox_dir)).eval())
+    return warm_up(TransformerBridge.boot_transformers(str(neox_dir), device="cpu").eval())
 
 
 @pytest.fixture(scope="session")
@@ -246,7 +246,7 @@ def gemma3_bridge(gemma3_dir: Path) -> Any:
     """The tiny Gemma-3 as a raw (unprocessed) bridge: an offset RMSNorm ``ln_final``."""
     from geolens.model import boot_bridge
 
-    return warm_up(boot_bridge(gemma3_dir).eval())
+    return warm_up(boot_bridge(gemma3_dir, device="cpu").eval())
 
 
 @pytest.fixture(params=MODEL_FIXTURES)

@@ -12,6 +12,10 @@ within 1 %; PGA z within 0.3 (a z moves with the rhos' rounding over its null sp
 <= 0.06 here); logit-diff patching values within 0.01 (a bf16 logit of size ~1 is stored to
 ~0.004); Hit@k within 0.1 (an argmax may flip between two near-equal logits). fp16 uses the
 same (looser than needed) tolerances.
+
+Where CUDA is available the same tests also run the model on the GPU (fp32 and bf16) against the
+fp32 model on the CPU, with the same tolerances (issue 17, part 4: everything runs with the model
+on ``cuda``); without CUDA those variants are skipped. bench/gpu.py runs them on a GPU machine.
 """
 
 from __future__ import annotations
@@ -27,29 +31,46 @@ from geolens.lens import TunedLens, evaluate, train_tuned_lens
 from geolens.model import as_adapter
 from tests.helpers import same_weights, weights
 
-HALF = (torch.bfloat16, torch.float16)
+CUDA = torch.cuda.is_available()
+_NO_CUDA = pytest.mark.skipif(not CUDA, reason="no CUDA device")
+# (device, dtype) of the model under test; each is compared with the fp32 model on the CPU.
+VARIANTS = [pytest.param(("cpu", torch.bfloat16), id="bf16"), pytest.param(("cpu", torch.float16), id="fp16"),
+            pytest.param(("cuda", torch.float32), id="cuda-fp32", marks=_NO_CUDA),
+            pytest.param(("cuda", torch.bfloat16), id="cuda-bf16", marks=_NO_CUDA)]
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "my friend reads a book every night",
          "the bird sang a song", "a fish swam under the bridge"] * 3
 
 
 @pytest.fixture(scope="module")
-def half_models(neox_dir):
-    from transformer_lens.model_bridge import TransformerBridge
+def variant_models(neox_dir):
+    """Each (device, dtype) model booted from the ``neox_bridge`` fixture's folder, once, on first use."""
+    from geolens.model import boot_bridge
 
-    from tests.conftest import warm_up
+    models = {}
 
-    return {dtype: warm_up(TransformerBridge.boot_transformers(str(neox_dir), dtype=dtype).eval()) for dtype in HALF}
+    def get(device: str, dtype: torch.dtype):
+        if (device, dtype) not in models:
+            model = boot_bridge(neox_dir, device=device, dtype=dtype).eval()
+            model(torch.tensor([[0, 3, 4]], device=device))  # wire the bridge's lazy hooks (tests.conftest.warm_up)
+            models[device, dtype] = model
+        return models[device, dtype]
+
+    return get
 
 
-@pytest.fixture(params=HALF, ids=["bf16", "fp16"])
-def pair(request, half_models, neox_bridge):
-    """``(half-precision model, the same model in fp32)``."""
-    model = half_models[request.param]
-    assert as_adapter(model).dtype == request.param and as_adapter(neox_bridge).dtype == torch.float32
+@pytest.fixture(params=VARIANTS)
+def pair(request, variant_models, neox_bridge):
+    """``(the model in the variant's device and dtype, the same model in fp32 on the CPU)``."""
+    device, dtype = request.param
+    model = variant_models(device, dtype)
+    adapter = as_adapter(model)
+    assert adapter.dtype == dtype and adapter.device.type == device
+    assert as_adapter(neox_bridge).dtype == torch.float32 and as_adapter(neox_bridge).device.type == "cpu"
     return model, neox_bridge
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.cpu(), b.cpu()
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
@@ -60,7 +81,7 @@ def test_capture_upcasts_the_sampled_rows(pair):
     for site in a.sites:
         assert a[site].dtype == torch.float32
         assert _relative(a[site], b[site]) < 0.03, site
-    assert torch.equal(a.token_ids, b.token_ids)
+    assert torch.equal(a.token_ids.cpu(), b.token_ids.cpu())
 
 
 def test_pga_agrees(pair):
@@ -125,23 +146,45 @@ def test_patching_agrees_and_its_hook_keeps_the_dtype(pair):
 
 def test_ablation_agrees_and_its_hook_keeps_the_dtype(pair):
     half, full = pair
-    dtype = as_adapter(half).dtype
+    dtype, device = as_adapter(half).dtype, as_adapter(half).device
     tokens = torch.tensor([[0, 3, 4, 5, 6, 7]])
     basis = torch.linalg.qr(torch.randn(32, 2, generator=torch.Generator().manual_seed(1)))[0]
     for mode, reference in (("project", None), ("mean", TEXTS)):
         logits = {}
         for model in (half, full):
             with geolens.ablate(model, 1, basis, mode=mode, reference=reference):
-                logits[model] = model(tokens)
+                logits[model] = model(tokens.to(as_adapter(model).device)).cpu()
         assert logits[half].dtype == dtype
         torch.testing.assert_close(logits[half].float(), logits[full], atol=0.05, rtol=0.02)
     (name, hook), = ablation_hooks(half, 1, basis)
-    act = torch.randn(1, 4, 32).to(dtype)
+    act = torch.randn(1, 4, 32).to(device=device, dtype=dtype)
     out = hook(act)
     assert out.dtype == dtype and torch.equal(out[:, 0], act[:, 0])  # BOS untouched
+    basis = basis.to(device)
     ref = act.float()[:, 1:] - (act.float()[:, 1:] @ basis) @ basis.T
     torch.testing.assert_close(out[:, 1:], ref.to(dtype))
     a = geolens.ablation_effect(half, TEXTS, layer=1, m=1, n_tokens=60, n_null=10, progress=False).to_pandas()
     b = geolens.ablation_effect(full, TEXTS, layer=1, m=1, n_tokens=60, n_null=10, progress=False).to_pandas()
     np.testing.assert_allclose(a.z_clean, b.z_clean, atol=0.3)
     np.testing.assert_allclose(a.z_ablated, b.z_ablated, atol=0.3)
+
+
+@pytest.mark.filterwarnings("ignore")  # tiny inputs: "with less input, use what there is" warnings
+def test_the_other_analyses_run_and_agree(pair):
+    """phases (with its fast lens), convergence, probes and weight geometry on the variant's model."""
+    half, full = pair
+    kw = dict(lens_budget={"n_tokens": 96, "max_steps": 4}, stability=False, n_tokens=60, progress=False)
+    a, b = geolens.phases(half, TEXTS, **kw).to_pandas(), geolens.phases(full, TEXTS, **kw).to_pandas()
+    assert list(a.columns) == list(b.columns) and len(a) == len(b)
+    np.testing.assert_allclose(a.rss, b.rss, atol=0.05)
+    ckw = dict(measures=("spearman", "cka"), n_null=10, n_positions=60, progress=False)
+    a, b = geolens.convergence(half, TEXTS, full, **ckw).to_pandas(), geolens.convergence(full, TEXTS, full, **ckw)
+    numeric = b.to_pandas().select_dtypes("number").columns.drop(["z", "z_se"], errors="ignore")
+    np.testing.assert_allclose(a[numeric], b.to_pandas()[numeric], atol=0.05)
+    labels = [i % 2 for i in range(len(TEXTS))]
+    a = geolens.probes(half, TEXTS, labels, folds=3, progress=False).to_pandas()
+    b = geolens.probes(full, TEXTS, labels, folds=3, progress=False).to_pandas()
+    np.testing.assert_allclose(a.select_dtypes("number"), b.select_dtypes("number"), atol=0.2)
+    a = geolens.weight_geometry(half, alpha_fit_range=(2, 10), progress=False).to_pandas()
+    b = geolens.weight_geometry(full, alpha_fit_range=(2, 10), progress=False).to_pandas()
+    np.testing.assert_allclose(a.select_dtypes("number"), b.select_dtypes("number"), rtol=0.03, atol=1e-3)

@@ -265,7 +265,7 @@ def test_offset_rmsnorm_after_fold_ln(gemma3_dir: Any) -> None:
     """Processing folds ``1 + w`` into W_U and leaves a stored 0 (effective 1): folded == raw, fold_ln inferred."""
     from geolens.model import boot_bridge
 
-    bridge = warm_up(boot_bridge(gemma3_dir).eval())
+    bridge = warm_up(boot_bridge(gemma3_dir, device="cpu").eval())
     adapter = ModelAdapter(bridge)
     assert not torch.allclose(adapter.unembed_matrix("folded"), adapter.unembed_matrix("raw"))
     bridge.enable_compatibility_mode(disable_warnings=True)

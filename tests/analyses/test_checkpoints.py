@@ -60,7 +60,7 @@ def checkpoint_dirs(tmp_path_factory: pytest.TempPathFactory, neox_dir: Path) ->
 def _boot(path: Path):
     from transformer_lens.model_bridge import TransformerBridge
 
-    return TransformerBridge.boot_transformers(str(path)).eval()
+    return TransformerBridge.boot_transformers(str(path), device="cpu").eval()
 
 
 @pytest.fixture(scope="module")
