@@ -11,7 +11,9 @@ Checks, in order (each one timed; a failure is reported and the others still run
      (the sampled rows are float32 in both);
   4. the multi-device gather of ``capture``: its hook picks rows where the activation is and writes them
      to another device (CUDA activation into a CPU buffer and back), values equal;
-  5. one minute of tuned-lens training on the bf16 model (fp32 translators), with its lens tokens/s.
+  5. one minute of tuned-lens training on the bf16 model (fp32 translators), with its lens tokens/s;
+  6. the fast lens (``fit_tuned_lens``: closed form, then the KL refinement) on the bf16 model for 30 s,
+     with its refinement steps per second and held-out KL before and after.
 It ends with ONE line, ``GPU CHECK: pass ...`` or ``GPU CHECK: FAIL ...`` with the key numbers, and
 exits 1 if a check failed.
 
@@ -42,16 +44,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import geolens  # noqa: E402
 from geolens.capture import _writer  # noqa: E402
-from geolens.lens import train_tuned_lens  # noqa: E402
+from geolens.lens import fit_tuned_lens, train_tuned_lens  # noqa: E402
 from geolens.metrics import random_subspaces, readout_basis, subspace_pga  # noqa: E402
 from geolens.model import as_adapter, boot_bridge  # noqa: E402
 
 FULL = dict(eq_n=1024, eq_d=256, eq_k=32, eq_r=20, pga_sizes=(4096, 8192), pga_d=1024, pga_k=100, pga_r=100,
             n_pairs=500_000, layers=24, d_model=1024, heads=16, vocab=50_304, n_tokens=4096, seq_len=128,
-            batch_size=16, lens_seconds=60.0, lens_tokens_per_step=2048)
+            batch_size=16, lens_seconds=60.0, lens_tokens_per_step=2048, fit_seconds=30.0)
 SMOKE = dict(eq_n=120, eq_d=16, eq_k=4, eq_r=6, pga_sizes=(150, 300), pga_d=32, pga_k=4, pga_r=10,
              n_pairs=5000, layers=2, d_model=64, heads=4, vocab=512, n_tokens=200, seq_len=32,
-             batch_size=8, lens_seconds=2.0, lens_tokens_per_step=64)
+             batch_size=8, lens_seconds=2.0, lens_tokens_per_step=64, fit_seconds=2.0)
 EQUAL_ATOL = 1e-6
 
 
@@ -226,6 +228,26 @@ def check_lens(cfg, device, model, report):
     report.check("lens training on the bf16 model (fp32 translators, finite losses)", ok, f"losses {losses[:3]}...")
 
 
+def check_fit_lens(cfg, device, model, report):
+    tokens = _token_ids(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lens = fit_tuned_lens(model, tokens, n_tokens=cfg["n_tokens"], seq_len=cfg["seq_len"], max_steps=100_000,
+                              max_seconds=cfg["fit_seconds"], progress=False)
+    info = lens.training_info
+    closed = [h["kl"] for h in info["history"] if h["step"] == 0 and h["split"] == "held_out"]
+    before, after = sum(closed) / len(closed), sum(info["held_out_kl"]) / len(info["held_out_kl"])
+    rate = info["steps"] / max(info["seconds"] - info["capture_seconds"], 1e-9)
+    print(f"    capture {info['capture_seconds']:.1f} s, {info['steps']} refinement steps ({info['stopped']}), "
+          f"{rate:.1f} steps/s (products in {info['matmul_dtype']}); held-out KL {before:.4f} (closed form) -> "
+          f"{after:.4f}")
+    report.number("fit steps/s", f"{rate:.1f}")
+    ok = (all(p.dtype == torch.float32 for p in lens.parameters()) and math.isfinite(after) and info["steps"] >= 1
+          and after <= before * (1 + 1e-9))
+    report.check("fast lens on the bf16 model (fp32 translators, refinement steps, the best held-out KL kept)", ok,
+                 f"{info['steps']} steps, KL {before} -> {after}")
+
+
 # ---------------------------------------------------------------- bookkeeping
 class Report:
     def __init__(self) -> None:
@@ -290,6 +312,8 @@ def main() -> int:
         if models:
             report.run(f"tuned-lens training for {cfg['lens_seconds']:.0f} s (bf16 model)", check_lens, cfg, device,
                        models["bf16"], report)
+            report.run(f"fast lens (fit_tuned_lens) for {cfg['fit_seconds']:.0f} s (bf16 model)", check_fit_lens, cfg,
+                       device, models["bf16"], report)
     seconds = time.perf_counter() - started
     numbers = " | ".join(f"{k} {v}" for k, v in report.numbers.items())
     skipped = f" | skipped: {', '.join(report.skipped)}" if report.skipped else ""
