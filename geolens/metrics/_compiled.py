@@ -1,10 +1,13 @@
 """Compiled loops of the CPU rank kernels (numba): one pass over a row where NumPy needs several.
 
 Each function handles one row and releases the GIL, so the rank pool's threads run rows in
-parallel; none starts threads of its own. The sort itself stays NumPy's (a vectorised integer
-sort, faster than any loop here). Keys are int64: the order-preserving bits of a float32 in the
-high 32 bits (``-0.0`` made ``+0.0``, so equal floats give equal high bits) and a payload in the
-low 32 bits. See :mod:`geolens.metrics._rank_kernels` for how they are used.
+parallel; none starts threads of its own. Keys are int64: the order-preserving bits of a float32
+in the high 32 bits (``-0.0`` made ``+0.0``, so equal floats give equal high bits) and a payload in
+the low 32 bits. See :mod:`geolens.metrics._rank_kernels` for how they are used.
+
+The rank statistics read each run of equal high bits as one tie group and never depend on the
+order inside a run, so the keys need sorting by their high 32 bits only: three counting passes of
+11 bits (:func:`sort_by_high_bits`), linear in the row, instead of a comparison sort of 64-bit keys.
 """
 
 from __future__ import annotations
@@ -34,6 +37,53 @@ def picked_keys(bits, pick, low, keys):
     """``keys[t] = ordered(bits[pick[t]]) << 32 | low[t]`` (``bits``: a float32 row viewed as int32)."""
     for t in range(keys.shape[0]):
         keys[t] = (np.int64(_ordered(bits[pick[t]])) << 32) | np.int64(low[t])
+
+
+RADIX_BITS = 11
+RADIX_PASSES = 3  # 3 x 11 bits cover the 32 high bits
+_RADIX_MASK = (1 << RADIX_BITS) - 1
+_HIGH_OFFSET = 2**31  # high 32 bits (a signed int32) + 2^31: unsigned, in the same order
+
+
+@njit(nogil=True, cache=True)
+def sort_by_high_bits(keys, scratch, counts):
+    """Sort int64 ``keys`` by their high 32 bits (signed); returns whichever of ``keys`` or ``scratch``
+    holds the result (the other is overwritten). ``counts``: ``RADIX_PASSES * 2^RADIX_BITS`` int64 scratch.
+
+    LSD radix sort: one pass counts all three 11-bit digits, then one stable scatter per digit,
+    skipping a digit that every key shares. Keys with equal high bits keep their input order.
+    """
+    n = keys.shape[0]
+    size = 1 << RADIX_BITS
+    counts[:] = 0
+    for i in range(n):
+        u = (keys[i] >> 32) + _HIGH_OFFSET
+        counts[u & _RADIX_MASK] += 1
+        counts[size + ((u >> RADIX_BITS) & _RADIX_MASK)] += 1
+        counts[2 * size + ((u >> (2 * RADIX_BITS)) & _RADIX_MASK)] += 1
+    source, target = keys, scratch
+    for p in range(RADIX_PASSES):
+        base = p * size
+        trivial = False
+        for b in range(size):
+            if counts[base + b] == n:
+                trivial = True
+                break
+        if trivial:
+            continue
+        start = 0
+        for b in range(size):  # counts -> each digit's first slot
+            c = counts[base + b]
+            counts[base + b] = start
+            start += c
+        shift = p * RADIX_BITS
+        for i in range(n):
+            key = source[i]
+            slot = base + ((((key >> 32) + _HIGH_OFFSET) >> shift) & _RADIX_MASK)
+            target[counts[slot]] = key
+            counts[slot] += 1
+        source, target = target, source
+    return source
 
 
 @njit(nogil=True, cache=True, fastmath=True)

@@ -9,15 +9,17 @@ computed in the row's sorted order, where untied ranks are just ``1..M``; tied
 entries are corrected one by one (:func:`tie_rank_offsets`).
 
 Two kernels give the same numbers:
-- torch (any device, float64, CUDA): ``torch.sort`` + gather, batched.
+- torch (any device, float64, CUDA): ``torch.sort`` + gather, batched; on an
+  accelerator the ties are found on the device in dense passes.
 - CPU float32: each row in a worker thread of the rank pool. The float's
   order-preserving bit pattern goes in the high 32 bits of an int64 key and the
   pair's position in the full-space order (:class:`FullRanks`) in the low 32, so
-  one vectorised integer sort (NumPy's x86-simd-sort) yields the order and the tie
-  groups without an argsort; one compiled pass (:mod:`geolens.metrics._compiled`)
+  one compiled radix sort by the high 32 bits (three 11-bit passes; the order
+  inside a tie group does not matter) yields the order and the tie groups without
+  an argsort; one compiled pass (:mod:`geolens.metrics._compiled`)
   then reads the full ranks off the keys (no gather, unless the full space has
-  ties), averages the tie groups and sums the dot. A worker holds one ``[M]``
-  int64 array (what keeps PGA at N = 8,192 under 4 GiB). See bench/pga.py for
+  ties), averages the tie groups and sums the dot. A worker holds two ``[M]``
+  int64 arrays, the radix sort's source and target (PGA at N = 8,192: 2.4 GiB). See bench/pga.py for
   the ratios against scipy and against the floor (the sorts and the Gram products).
 
 :class:`SampledRanks` is the same for a sample of pairs (approximate PGA,
@@ -199,6 +201,14 @@ class _Scratch(threading.local):
         return buffers[name]
 
 
+def _sorted_by_value(keys: np.ndarray, scratch: "_Scratch") -> np.ndarray:
+    """A row of keys sorted by their value bits (the high 32): the compiled radix sort, into this
+    thread's buffers; returns ``keys`` or the other buffer, whichever holds the result."""
+    other = scratch.array("keys_other", keys.shape[0], np.int64)
+    counts = scratch.array("radix_counts", _compiled.RADIX_PASSES << _compiled.RADIX_BITS, np.int64)
+    return _compiled.sort_by_high_bits(keys, other, counts)
+
+
 def _ranked_dots_numpy(flat, flat_index, full: FullRanks):
     bits = flat.contiguous().numpy().view(np.int32)
     # int32 indices where they fit: the key build streams them once per row, so half the bytes matter.
@@ -213,7 +223,7 @@ def _ranked_dots_numpy(flat, flat_index, full: FullRanks):
     def one_row(i: int) -> None:
         keys = scratch.array("keys", m, np.int64)
         _compiled.picked_keys(bits[i], pick, low, keys)
-        keys.sort(kind="quicksort")  # keys are distinct (a distinct position in the low bits)
+        keys = _sorted_by_value(keys, scratch)
         # Without full-space ties the full rank at position s is s + 1 - mean: no gather over M values.
         results[i] = _compiled.exact_row_stats(keys, by_position, full.has_ties)
 
@@ -396,7 +406,7 @@ def _sampled_numpy(b: int, side: dict, bits_of, scratch: "_Scratch"):
     def one_row(i: int) -> None:
         keys = scratch.array("keys", p, np.int64)
         _compiled.float_keys(bits_of(i, p), side["low"], keys)
-        keys.sort(kind="quicksort")  # distinct: a distinct position in the low bits
+        keys = _sorted_by_value(keys, scratch)
         results[i] = _compiled.sampled_row_stats(keys, side["by_position"], side["ties"], side["full_start"],
                                                  side["blocks_full"], scratch.array("v_full", p, np.float64), phi[i])
 
