@@ -324,8 +324,19 @@ def _group_starts_torch(rows: torch.Tensor, cols: torch.Tensor, offsets: torch.T
     key = cols + offsets
     new = torch.ones(cols.numel(), dtype=torch.bool, device=cols.device)
     new[1:] = (key[1:] != key[:-1]) | (cols[1:] != cols[:-1] + 1) | (rows[1:] != rows[:-1])
-    index = torch.where(new, torch.arange(cols.numel(), device=cols.device), 0)
-    return cols[torch.cummax(index, 0).values]
+    return cols[_latest_start(new)]
+
+
+def _latest_start(new: torch.Tensor) -> torch.Tensor:
+    """For a 1-D bool tensor of run starts (``new[0]`` True), each position's run start: the latest True
+    at or before it. A running sum numbers the runs and indexes their starts (torch's CUDA cummax,
+    the textbook running max, measured ~45x slower on an H200 in the exact kernel).
+
+    Example:
+        >>> _latest_start(torch.tensor([True, False, True, False, False])).tolist()
+        [0, 0, 2, 2, 2]
+    """
+    return new.nonzero().squeeze(1)[new.cumsum(0).sub_(1)]
 
 
 def _run_starts(sorted_values: torch.Tensor) -> torch.Tensor:
@@ -333,7 +344,7 @@ def _run_starts(sorted_values: torch.Tensor) -> torch.Tensor:
     p = sorted_values.shape[-1]
     new = torch.ones(p, dtype=torch.bool, device=sorted_values.device)
     new[1:] = sorted_values[1:] != sorted_values[:-1]
-    return torch.cummax(torch.where(new, torch.arange(p, device=sorted_values.device), 0), 0).values
+    return _latest_start(new)
 
 
 def _full_ties(full_by_position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
