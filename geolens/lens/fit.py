@@ -180,7 +180,10 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
         n_train = train.shape[1]
         bar = tqdm(total=max_steps, desc=desc, disable=not progress, leave=False)
         stopped = "steps"
-        train_kl, last_eval = torch.zeros(adapter.n_layers, dtype=torch.float64), 0
+        # The running train KL stays where the states are: reading it back every layer would make an
+        # accelerator wait for each layer's kernels before the next are queued (MPS has no float64).
+        kl_dtype = torch.float32 if train.device.type == "mps" else torch.float64
+        train_kl, last_eval = torch.zeros(adapter.n_layers, dtype=kl_dtype, device=train.device), 0
         lens.train()
         for step in range(1, max_steps + 1):
             rows = torch.randint(0, n_train, (min(batch_tokens, n_train),), generator=generator).to(train.device)
@@ -193,11 +196,11 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
                     grad = logits.sub(lse).exp_().sub_(p).div_(logits.shape[0])
                 # Gradients of this layer's translator only: none may reach the model's norm or unembedding.
                 logits.backward(grad, inputs=list(lens.translators[layer].parameters()))
-                train_kl[layer] += float(kl.mean())
+                train_kl[layer] += kl.mean()
             opt.step()
             bar.update()
             if step % eval_every == 0 or step == max_steps:
-                record(step, "train", train_kl / (step - last_eval))  # mean over the steps since the last one
+                record(step, "train", (train_kl / (step - last_eval)).cpu())  # mean since the last evaluation
                 train_kl.zero_()
                 last_eval = step
                 lens.eval()
