@@ -99,11 +99,12 @@ def _windows(adapter: ModelAdapter, texts: Any, seq_len: int, needed: int, atten
     return tokens, mask
 
 
-def _closed_form(lens: TunedLens, train: Tensor, ridge: float) -> None:
-    """Ridge regression of ``H_L - H_l`` on ``[H_l, 1]`` for every layer ``l < L``, written into the translators.
+def _normal_equations(train: Tensor) -> tuple[Tensor, Tensor]:
+    """``(gram [L, d + 1, d + 1], cross [L, d + 1, d])`` (float64) of the ridge regression of ``H_L - H_l``
+    on ``[H_l, 1]`` for every layer ``l < L`` of ``train`` ``[L + 1, N, d]``.
 
-    The normal equations are accumulated in float64 over row chunks, so memory stays at one chunk
-    of all layers whatever the number of rows.
+    Accumulated over row chunks, so memory stays at one chunk of all layers whatever the number of
+    rows; sums over rows, so the equations of disjoint row sets add up to those of their union.
     """
     n_layers, n, d = train.shape[0] - 1, train.shape[1], train.shape[2]
     gram = torch.zeros(n_layers, d + 1, d + 1, dtype=torch.float64, device=train.device)
@@ -114,6 +115,12 @@ def _closed_form(lens: TunedLens, train: Tensor, ridge: float) -> None:
         x = torch.cat([h, h.new_ones(h.shape[0], h.shape[1], 1)], dim=-1)  # [L, n_chunk, d + 1]
         gram += x.transpose(1, 2) @ x
         cross += x.transpose(1, 2) @ target
+    return gram, cross
+
+
+def _solve_ridge(lens: TunedLens, gram: Tensor, cross: Tensor, ridge: float) -> None:
+    """The ridge solution of the normal equations ``(gram, cross)``, written into the translators."""
+    d = gram.shape[-1] - 1
     scale = torch.diagonal(gram[:, :d, :d], dim1=1, dim2=2).mean(dim=1)  # ridge relative to each layer's scale
     penalty = torch.zeros_like(gram)
     penalty[:, range(d), range(d)] = (ridge * scale).unsqueeze(1)
@@ -125,6 +132,11 @@ def _closed_form(lens: TunedLens, train: Tensor, ridge: float) -> None:
                 translator.bias.copy_(w[layer, d].to(translator.bias.dtype))
 
 
+def _closed_form(lens: TunedLens, train: Tensor, ridge: float) -> None:
+    """Ridge regression of ``H_L - H_l`` on ``[H_l, 1]`` for every layer ``l < L``, written into the translators."""
+    _solve_ridge(lens, *_normal_equations(train), ridge)
+
+
 def _target(adapter: ModelAdapter, last: Tensor, w_u: Tensor, b_u: Tensor | None) -> tuple[Tensor, Tensor]:
     """``p`` ``[n, V]``, the final distribution of the rows ``last``, and ``sum_v p log p`` ``[n]`` (float32, no grad)."""
     with torch.no_grad():
@@ -133,14 +145,24 @@ def _target(adapter: ModelAdapter, last: Tensor, w_u: Tensor, b_u: Tensor | None
         return p, torch.linalg.vecdot(p, log_p)
 
 
-def _held_out_kl(lens: TunedLens, states: Tensor, w_u: Tensor, b_u: Tensor | None) -> Tensor:
-    """Mean ``KL(p_final || p_l)`` per layer ``0..L-1`` over the rows of ``states`` ``[L + 1, N, d]`` (float64)."""
+def _held_out_targets(states: Tensor, adapter: ModelAdapter, w_u: Tensor, b_u: Tensor | None) -> list[tuple[Tensor, Tensor]]:
+    """:func:`_target` of the last layer's rows of ``states`` ``[L + 1, N, d]``, per row chunk: computed once,
+    reused by every held-out evaluation (of every lens fitted on the same capture)."""
+    return [_target(adapter, states[-1, start:start + _ROW_CHUNK], w_u, b_u)
+            for start in range(0, states.shape[1], _ROW_CHUNK)]
+
+
+def _held_out_kl(lens: TunedLens, states: Tensor, w_u: Tensor, b_u: Tensor | None,
+                 targets: list[tuple[Tensor, Tensor]] | None = None) -> Tensor:
+    """Mean ``KL(p_final || p_l)`` per layer ``0..L-1`` over the rows of ``states`` ``[L + 1, N, d]`` (float64);
+    ``targets``: their :func:`_held_out_targets`, if already computed."""
     n_layers = states.shape[0] - 1
     total = torch.zeros(n_layers, dtype=torch.float64)
+    if targets is None:
+        targets = _held_out_targets(states, lens.adapter, w_u, b_u)
     with torch.no_grad():
-        for start in range(0, states.shape[1], _ROW_CHUNK):
-            rows = slice(start, start + _ROW_CHUNK)
-            p, p_log_p = _target(lens.adapter, states[-1, rows], w_u, b_u)
+        for chunk, (p, p_log_p) in enumerate(targets):
+            rows = slice(chunk * _ROW_CHUNK, (chunk + 1) * _ROW_CHUNK)
             for layer in range(n_layers):
                 kl, _ = _kl_of_logits(p, p_log_p, lens(states[layer, rows], layer, w_u=w_u, b_u=b_u))
                 total[layer] += float(kl.double().sum())
@@ -150,17 +172,23 @@ def _held_out_kl(lens: TunedLens, states: Tensor, w_u: Tensor, b_u: Tensor | Non
 def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u: Tensor | None, *,
               ridge: float, refine: bool, lr: float, batch_tokens: int, max_steps: int, max_seconds: float,
               eval_every: int, patience: int, tol: float, seed: int, matmul_dtype: torch.dtype | None,
-              progress: bool, desc: str) -> dict[str, Any]:
-    """Closed form on ``train`` ``[L + 1, N, d]``, then the KL refinement; the training record.
+              progress: bool, desc: str, normal: tuple[Tensor, Tensor] | None = None,
+              held_out_targets: list[tuple[Tensor, Tensor]] | None = None) -> dict[str, Any]:
+    """Closed form on ``train`` ``[L + 1, N, d]`` (from its normal equations ``normal`` if given), then
+    the KL refinement; the training record.
 
     The refinement's vocabulary products run in ``matmul_dtype`` (bf16 where the device multiplies
     it natively: 2.5x faster on an AVX512-BF16 CPU, so more steps fit the budget); its target
-    distribution and every held-out evaluation stay float32.
+    distribution and every held-out evaluation stay float32. The time budget includes the last
+    held-out evaluation: the refinement stops while one more step and an evaluation still fit, and
+    evaluates the steps taken since the last evaluation, so no step is run and then thrown away.
     """
     adapter = lens.adapter
     w_train = w_u if matmul_dtype is None else w_u.to(matmul_dtype)  # converted once, not at every product
     started = time.perf_counter()
-    _closed_form(lens, train, ridge)
+    _solve_ridge(lens, *(normal if normal is not None else _normal_equations(train)), ridge)
+    if held_out_targets is None:
+        held_out_targets = _held_out_targets(held_out, adapter, w_u, b_u)
     history: list[dict[str, Any]] = []
 
     def record(step: int, split: str, kl: Tensor) -> None:
@@ -168,7 +196,15 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
         history.extend({"step": step, "seconds": seconds, "split": split, "layer": layer, "kl": float(value)}
                        for layer, value in enumerate(kl))
 
-    evals = [_held_out_kl(lens, held_out, w_u, b_u)]
+    def held_out_kl() -> Tensor:
+        nonlocal eval_seconds
+        began = time.perf_counter()
+        kl = _held_out_kl(lens, held_out, w_u, b_u, held_out_targets)
+        eval_seconds = time.perf_counter() - began
+        return kl
+
+    eval_seconds = 0.0
+    evals = [held_out_kl()]
     record(0, "held_out", evals[-1])
     # The best evaluation so far: its mean, its translators and its per-layer KL (what is returned and reported).
     best = (float(evals[-1].mean()), {k: v.clone() for k, v in lens.translators.state_dict().items()}, evals[-1])
@@ -184,7 +220,28 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
         # accelerator wait for each layer's kernels before the next are queued (MPS has no float64).
         kl_dtype = torch.float32 if train.device.type == "mps" else torch.float64
         train_kl, last_eval = torch.zeros(adapter.n_layers, dtype=kl_dtype, device=train.device), 0
+
+        def evaluate_steps(step: int) -> bool:
+            """Record the train KL since the last evaluation and the held-out KL now; True on a plateau."""
+            nonlocal best, last_eval
+            record(step, "train", (train_kl / (step - last_eval)).cpu())  # mean since the last evaluation
+            train_kl.zero_()
+            last_eval = step
+            lens.eval()
+            evals.append(held_out_kl())
+            lens.train()
+            record(step, "held_out", evals[-1])
+            mean = float(evals[-1].mean())
+            bar.set_postfix(held_out_kl=f"{mean:.3f}")
+            if mean < best[0]:
+                best = (mean, {k: v.clone() for k, v in lens.translators.state_dict().items()}, evals[-1])
+            if len(evals) > patience:
+                before = float(evals[-1 - patience].mean())
+                return before - min(float(e.mean()) for e in evals[-patience:]) < tol * before
+            return False
+
         lens.train()
+        refining = time.perf_counter()
         for step in range(1, max_steps + 1):
             rows = torch.randint(0, n_train, (min(batch_tokens, n_train),), generator=generator).to(train.device)
             p, p_log_p = _target(adapter, train[-1, rows], w_u, b_u)
@@ -199,25 +256,16 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
                 train_kl[layer] += kl.mean()
             opt.step()
             bar.update()
-            if step % eval_every == 0 or step == max_steps:
-                record(step, "train", (train_kl / (step - last_eval)).cpu())  # mean since the last evaluation
-                train_kl.zero_()
-                last_eval = step
-                lens.eval()
-                evals.append(_held_out_kl(lens, held_out, w_u, b_u))
-                lens.train()
-                record(step, "held_out", evals[-1])
-                mean = float(evals[-1].mean())
-                bar.set_postfix(held_out_kl=f"{mean:.3f}")
-                if mean < best[0]:
-                    best = (mean, {k: v.clone() for k, v in lens.translators.state_dict().items()}, evals[-1])
-                if len(evals) > patience:
-                    before = float(evals[-1 - patience].mean())
-                    if before - min(float(e.mean()) for e in evals[-patience:]) < tol * before:
-                        stopped = "plateau"
-                        break
-            if time.perf_counter() - started > max_seconds:
+            if (step % eval_every == 0 or step == max_steps) and evaluate_steps(step):
+                stopped = "plateau"
+                break
+            now = time.perf_counter()
+            step_seconds = (now - refining - eval_seconds * (len(evals) - 1)) / step  # the steps alone
+            if step < max_steps and now - started + step_seconds + eval_seconds > max_seconds:
+                # One more step and its evaluation would overrun: stop here, with these steps evaluated.
                 stopped = "time"
+                if last_eval != step:
+                    evaluate_steps(step)
                 break
         bar.close()
     lens.translators.load_state_dict(best[1])
@@ -328,7 +376,10 @@ def fit_tuned_lens(
                     matmul_dtype=matmul_dtype)
     recorded = {**settings, "matmul_dtype": dtype_name(matmul_dtype)}  # training_info is saved as JSON
     capture_seconds = round(time.perf_counter() - started, 2)
-    half_lenses = None
+    # Computed once for every lens fitted on this capture: the held-out targets, and the normal
+    # equations of the closed form (a half's are a sum over its rows, the whole's the sum of the halves').
+    targets = _held_out_targets(held_out, adapter, w_u, b_u)
+    half_lenses, half_normals = None, []
     if halves:
         # The half of a training row is its text's parity: disjoint texts, not disjoint windows of one text.
         text_of_row = torch.tensor(origins, dtype=torch.long)[states.batch_index[~held].cpu()]
@@ -338,10 +389,16 @@ def fit_tuned_lens(
             if int(rows.sum()) < 8:
                 raise ValueError(f"halves=True: the training windows of {'even' if part == 0 else 'odd'} texts hold "
                                  f"{int(rows.sum())} positions; pass at least two texts (or rows of ids) with text")
-            info = _fit_rows(half_lens, train[:, rows], held_out, w_u, b_u, desc=f"tuned lens (half {part})",
-                             progress=progress, **settings)
+            half_train = train[:, rows]
+            half_normals.append(_normal_equations(half_train))
+            info = _fit_rows(half_lens, half_train, held_out, w_u, b_u, desc=f"tuned lens (half {part})",
+                             progress=progress, normal=half_normals[-1], held_out_targets=targets, **settings)
+            del half_train
             half_lens.training_info = {"method": "fast", "half": part, "seq_len": seq_len, **recorded, **info}
-    info = _fit_rows(lens, train, held_out, w_u, b_u, desc="tuned lens (fast)", progress=progress, **settings)
+    normal = tuple(a + b for a, b in zip(*half_normals)) if half_normals else None
+    del half_normals
+    info = _fit_rows(lens, train, held_out, w_u, b_u, desc="tuned lens (fast)", progress=progress, normal=normal,
+                     held_out_targets=targets, **settings)
     lens.training_info = {
         "method": "fast", "n_tokens": states.n_tokens, "n_held_out": int(held_out.shape[1]), "seq_len": seq_len,
         **recorded, **info, "capture_seconds": capture_seconds,

@@ -7,7 +7,7 @@ import torch
 
 import geolens.lens.fit as fit_module
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate, fit_tuned_lens
-from geolens.lens.fit import _closed_form, _target
+from geolens.lens.fit import _closed_form, _normal_equations, _target
 from geolens.lens.train import _kl_of_logits, kl_rows
 from tests.helpers import hook_count, same_weights, weights
 
@@ -69,6 +69,11 @@ def test_closed_form_equals_numpy_ridge_in_any_chunking(native_bridge, monkeypat
         for layer, (a, b) in enumerate(expected):
             np.testing.assert_allclose(lens.translators[layer].weight.detach().double().numpy(), a, atol=2e-5)
             np.testing.assert_allclose(lens.translators[layer].bias.detach().double().numpy(), b, atol=2e-5)
+    # The equations of disjoint row sets add up to the whole's: fit_tuned_lens(halves=True) sums the halves'.
+    odd = torch.arange(train.shape[1]) % 2 == 1
+    parts = [_normal_equations(train[:, rows]) for rows in (odd, ~odd)]
+    for whole, a, b in zip(_normal_equations(train), *parts):
+        torch.testing.assert_close(a + b, whole, rtol=1e-12, atol=1e-9)
 
 
 def test_fused_kl_and_its_gradient_match_scipy_and_autograd(native_bridge):
@@ -135,6 +140,8 @@ def test_refinement_stops_on_plateau_on_time_or_not_at_all(native_bridge, train_
     assert plateau.training_info["stopped"] == "plateau" and plateau.training_info["steps"] == 1
     timed = fit_tuned_lens(native_bridge, train_texts, max_steps=50, max_seconds=0.0, **common)
     assert timed.training_info["stopped"] == "time" and timed.training_info["steps"] == 1
+    # The step the budget allowed is evaluated, not run and thrown away with the closed form kept.
+    assert set(timed.history.query("split == 'held_out'").step) == {0, 1}
     closed = fit_tuned_lens(native_bridge, train_texts, max_steps=0, **common)
     assert closed.training_info["stopped"] == "closed form only" and set(closed.history.step) == {0}
     no_refine = fit_tuned_lens(native_bridge, train_texts, refine=False, **common)
