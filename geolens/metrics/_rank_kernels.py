@@ -41,7 +41,8 @@ import torch
 from geolens.metrics import _compiled
 from geolens.metrics.distances import PairSample, pair_negated_cosines, pair_values_into, tie_rank_offsets, unit_rows
 
-__all__ = ["FullRanks", "SampledRanks", "ranked_dots", "scratch_bytes_per_matrix", "uses_numpy_kernel"]
+__all__ = ["FullRanks", "SampledRanks", "ranked_dots", "scratch_bytes_per_matrix", "subspace_ranked_dots",
+           "uses_numpy_kernel"]
 
 
 
@@ -96,7 +97,7 @@ class FullRanks:
         m = self.by_position.shape[-1]
         self.position = torch.empty_like(order).scatter_(0, order, torch.arange(m, device=order.device))
         self.has_ties = not torch.equal(self.by_position, _plain_centred(m, self.by_position.device))
-        self.scratch = _Scratch()  # the CPU kernel's per-thread key buffers, reused by every row scored against these
+        self.scratch = scratch_for(m)  # the CPU kernel's per-thread key buffers, reused by every row scored against these
 
     @classmethod
     def from_centred(cls, full_centred: torch.Tensor) -> "FullRanks":
@@ -191,7 +192,11 @@ def _centred_average_ranks_dense(sorted_values: torch.Tensor) -> torch.Tensor:
 
 
 class _Scratch(threading.local):
-    """Per-thread buffers, reused row after row (fresh large arrays cost page faults)."""
+    """Per-thread buffers, reused row after row (fresh large arrays cost page faults).
+
+    Each task of the rank pool uses its thread's buffers only until it returns, so calls that
+    share the pool can share the buffers.
+    """
 
     def array(self, name: str, m: int, dtype: type) -> np.ndarray:
         """This thread's ``[m]`` buffer ``name`` of ``dtype``, made anew only when ``m`` changes."""
@@ -199,6 +204,18 @@ class _Scratch(threading.local):
         if name not in buffers or buffers[name].shape[0] != m:
             buffers[name] = np.empty(m, dtype=dtype)
         return buffers[name]
+
+
+# Rows of up to this many values share buffers kept from call to call (PGA comes in hundreds of calls,
+# layer after layer; at N = 1,024 the fresh pages of a call's buffers cost a tenth of its sorts). Rows
+# of more values get buffers that live for one call, so a large N holds no memory afterwards.
+KEPT_SCRATCH_VALUES = 2**21
+_kept_scratch = _Scratch()
+
+
+def scratch_for(m: int) -> "_Scratch":
+    """The per-thread buffers for rows of ``m`` values: kept between calls when ``m`` is small, else fresh."""
+    return _kept_scratch if m <= KEPT_SCRATCH_VALUES else _Scratch()
 
 
 def _sorted_by_value(keys: np.ndarray, scratch: "_Scratch") -> np.ndarray:
@@ -232,6 +249,57 @@ def _ranked_dots_numpy(flat, flat_index, full: FullRanks):
     return dots, sq_norms
 
 
+def subspace_ranked_dots(states: torch.Tensor, subspaces: torch.Tensor, flat_index: torch.Tensor,
+                         full: FullRanks) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ranked_dots` of the negated cosines of ``states @ subspaces[s]`` for every subspace ``s``,
+    on the CPU in float32: each subspace whole in one task of the rank pool.
+
+    The unit-row projections of every subspace are made first (one batched product, ``[S, N, k]``);
+    then a task writes its subspace's negated cosines with one single-threaded BLAS ``syrk`` (the
+    upper triangle, as :func:`negated_cosine_upper`) into its thread's ``[N, N]`` buffer, and sorts
+    and scores them. BLAS is held to one thread meanwhile, so the pool's workers run side by side:
+    batched ``syrk`` calls alternating with the workers left BLAS's threads spinning on the cores
+    the workers needed (a third of the time of PGA at N = 1,024 on 2 cores).
+    """
+    from scipy.linalg import blas
+
+    units = unit_rows(states @ subspaces.to(states.dtype)).contiguous().numpy()  # [S, N, k]
+    n = units.shape[1]
+    index_dtype = np.int32 if n * n < 2**31 else np.int64
+    pick = flat_index.to("cpu").numpy().astype(index_dtype)
+    m = pick.shape[0]
+    by_position = full.by_position.cpu().numpy()
+    low = full.position.cpu().numpy().astype(np.int32)
+    results: list[tuple[float, float]] = [(0.0, 0.0)] * units.shape[0]
+    scratch, gram_scratch = full.scratch, scratch_for(n * n)
+
+    def one_subspace(i: int) -> None:
+        gram = gram_scratch.array("gram", n * n, np.float32)
+        # gram.reshape(n, n).T is column-major: syrk writes -U U^T's lower triangle there, the upper one row-major.
+        blas.ssyrk(-1.0, units[i], c=gram.reshape(n, n).T, lower=1, overwrite_c=1)
+        keys = scratch.array("keys", m, np.int64)
+        _compiled.picked_keys(gram.view(np.int32), pick, low, keys)
+        keys = _sorted_by_value(keys, scratch)
+        results[i] = _compiled.exact_row_stats(keys, by_position, full.has_ties)
+
+    with _single_threaded_blas():
+        list(_pool().map(one_subspace, range(units.shape[0])))
+    dots, sq_norms = torch.tensor(results, dtype=torch.float64).unbind(-1)
+    return dots, sq_norms
+
+
+@lru_cache(maxsize=1)
+def _blas_controller():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def _single_threaded_blas():
+    """BLAS held to one thread (process-wide, restored on exit): the rank pool is the parallelism."""
+    return _blas_controller().limit(limits=1, user_api="blas")
+
+
 # ---------------------------------------------------------------- a sample of pairs
 class SampledRanks:
     """The full-space side of a sampled Spearman, prepared once; :meth:`stats` scores rows against it.
@@ -248,7 +316,7 @@ class SampledRanks:
         self.p = int(full.position.shape[-1])
         self._numpy: dict | None = None
         self._order: torch.Tensor | None = None  # the torch kernel's full order, made on first use
-        self.scratch = _Scratch()  # per-thread buffers of the compiled kernel, reused chunk after chunk
+        self.scratch = scratch_for(self.p)  # per-thread buffers of the compiled kernel, reused chunk after chunk
 
     def stats(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(dots [B], sq_norms [B], phi [B, G])`` for ``[B, P]`` rows of sampled-pair values.

@@ -53,6 +53,7 @@ from geolens.metrics.distances import (
     sample_pairs,
     sorted_average_ranks,
 )
+from geolens.metrics import _rank_kernels
 from geolens.metrics._rank_kernels import FullRanks, SampledRanks, ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
@@ -348,6 +349,11 @@ def rank_alignment(
     full_norm = torch.linalg.vector_norm(full.by_position)
     if full_norm == 0:
         raise DegenerateError("all full-space distances are equal: rank correlation undefined")
+    if _rank_kernels.uses_numpy_kernel(device, states.dtype, m):  # (looked up at call time: tests swap it)
+        dots, sq_norms = _rank_kernels.subspace_ranked_dots(states, subspaces, flat_index, full)
+        if bool((sq_norms <= 0).any()):
+            raise DegenerateError("all projected distances are equal in some subspace: rank correlation undefined")
+        return dots / (full_norm * sq_norms.sqrt())
     chunk = max(1, int(chunk_bytes // scratch_bytes_per_matrix(n, m, states.dtype, device)))
     out = []
     buffer = None  # one [chunk, N, N] buffer for every chunk on the CPU (fresh ones cost page faults)

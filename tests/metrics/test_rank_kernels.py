@@ -156,3 +156,37 @@ def test_radix_sort_by_high_bits_equals_a_stable_numpy_sort(n, low, high):
     counts = np.zeros(_compiled.RADIX_PASSES << _compiled.RADIX_BITS, np.int64)
     result = _compiled.sort_by_high_bits(keys.copy(), np.empty_like(keys), counts)
     assert np.array_equal(result, expected)
+
+
+@pytest.mark.parametrize("coarse", [False, True])
+def test_whole_subspace_tasks_give_the_batched_kernels_numbers(coarse):
+    """``subspace_ranked_dots`` (projection, BLAS triangle and ranks in one pool task per subspace) against
+    the batched path (``negated_cosine_upper`` of all projections, then ``_ranked_dots_numpy``), and
+    against average ranks computed directly; a zero projected row raises the cosine's error."""
+    from geolens.metrics._rank_kernels import subspace_ranked_dots
+    from geolens.metrics.distances import negated_cosine_upper
+
+    g = torch.Generator().manual_seed(1)
+    n, d, k = 60, 12, 3
+    states = torch.randn(n, d, generator=g) + 0.5
+    if coarse:  # a grid: many exactly tied projected distances
+        states = torch.randint(1, 4, (n, d), generator=g).float()
+    bases = torch.linalg.qr(torch.randn(5, d, k, generator=g))[0]
+    if coarse:
+        bases[0] = torch.eye(d)[:, :k]
+    idx = condensed_indices(n)
+    full = rank_data(torch.randn(idx.numel(), generator=g, dtype=torch.float64))
+    ranks = FullRanks.from_centred(full - full.mean())
+    dots, sq = subspace_ranked_dots(states, bases, idx, ranks)
+    matrices = negated_cosine_upper(states @ bases)
+    dots_ref, sq_ref = _ranked_dots_numpy(matrices.flatten(-2), idx, ranks)
+    direct = rank_data(matrices.flatten(-2).index_select(-1, idx).double())
+    centred = direct - direct.mean(-1, keepdim=True)
+    for got, batched, formula in ((dots, dots_ref, centred @ ranks.centred()), (sq, sq_ref, centred.pow(2).sum(-1))):
+        # The projections come from another BLAS call, so exact ties may fall an ulp apart on some kernels.
+        torch.testing.assert_close(got, batched, rtol=1e-5, atol=1e-3 * float(sq_ref.max()))
+        torch.testing.assert_close(got, formula, rtol=1e-5, atol=1e-3 * float(sq_ref.max()))
+    assert dots.shape == (5,) and (sq > 0).all()
+    states[7] = 0.0
+    with pytest.raises(ValueError, match="zero norm"):
+        subspace_ranked_dots(states, bases, idx, ranks)
