@@ -217,10 +217,10 @@ def _lens_texts(texts: list[str], seed: int, n: int) -> list[str]:
 
 def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     # The same cached lens as the phases section, evaluated on the report's texts cut to
-    # max_length like every other section.
+    # max_length like every other section, at the positions the other sections captured.
     lens = _report_lens(adapter, texts, s)
     result = evaluate(adapter, texts, lens=lens, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress,
-                      max_length=s.max_length)
+                      max_length=s.max_length, states=_states(adapter, texts, s))
     result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"],
                          lens_training={k: v for k, v in lens.training_info.items() if k not in ("history", "losses")})
     return result, [result.plot(), lens.plot_history()]

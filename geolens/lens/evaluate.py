@@ -27,16 +27,31 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from geolens._validation import DEFAULT_N_TOKENS, check_int
-from geolens.capture import capture, prepare_tokens
+from geolens.capture import States, capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import as_adapter
 from geolens import plotting
 from geolens.results import Result
+from geolens.sites import RESIDUAL_SITE
 
 __all__ = ["LensResult", "evaluate", "hit_at_k"]
 
 _ROW_CHUNK = 256
+
+
+def _check_states_of(states: object, ids: Tensor, n_layers: int) -> None:
+    """Raise unless ``states`` holds every layer's residual stream at positions of the token ids ``ids`` ``[B, T]``."""
+    if not isinstance(states, States):
+        raise TypeError(f"states must be geolens States (from geolens.capture) or None, got {type(states).__name__}")
+    if RESIDUAL_SITE not in states or states[RESIDUAL_SITE].shape[0] != n_layers + 1:
+        raise ValueError(f"states must hold {RESIDUAL_SITE!r} at all {n_layers + 1} layers (0..L); captured: "
+                         f"{ {site: tuple(states[site].shape) for site in states.sites} }")
+    rows, position = states.batch_index.cpu(), states.position.cpu()
+    inside = (rows < ids.shape[0]) & (position < ids.shape[1])
+    if not bool(inside.all()) or not torch.equal(ids[rows, position], states.token_ids.cpu()):
+        raise ValueError("states were not captured from these tokens: their token ids differ at their positions "
+                         "(capture them from the same text, max_length and attention_mask)")
 
 
 def hit_at_k(logits: Float[Tensor, "N V"], target: Int[Tensor, "N"], k: int) -> Float[Tensor, "N"]:
@@ -83,6 +98,7 @@ def evaluate(
     batch_size: int = 8,
     max_length: int | None = None,
     attention_mask: Tensor | None = None,
+    states: States | None = None,
     progress: bool = True,
 ) -> LensResult:
     """KL, cross-entropy and Hit@k of the logit lens (and a tuned lens) at every layer ``0..L``.
@@ -98,6 +114,11 @@ def evaluate(
         seed: seed of the sample.
         batch_size, max_length, attention_mask: forward batching, truncation,
             mask of a token-id tensor.
+        states: states already captured from ``tokens`` (prepared with the same
+            ``max_length`` and ``attention_mask``) with the residual stream of every layer,
+            e.g. the :class:`~geolens.capture.States` another analysis used: scored as they
+            are, without a forward pass (``n_tokens``, ``seed`` and ``batch_size`` then
+            play no part). Their token ids must be those of ``tokens`` at their positions.
         progress: show a progress bar.
 
     Returns:
@@ -125,10 +146,13 @@ def evaluate(
     lenses.append(LogitLens(adapter))
 
     batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
-    states = capture(adapter, batch.tokens, sites=("resid_post",), n_tokens=n_tokens, seed=seed,
-                     batch_size=batch_size, progress=progress, attention_mask=batch.attention_mask)
-    resid = states["resid_post"]  # [L + 1, N, d]
     ids, mask = batch.tokens.cpu(), batch.attention_mask.cpu()
+    if states is None:
+        states = capture(adapter, batch.tokens, sites=(RESIDUAL_SITE,), n_tokens=n_tokens, seed=seed,
+                         batch_size=batch_size, progress=progress, attention_mask=batch.attention_mask)
+    else:
+        _check_states_of(states, ids, adapter.n_layers)
+    resid = states[RESIDUAL_SITE]  # [L + 1, N, d]
     next_pos = states.position.cpu() + 1
     rows_b = states.batch_index.cpu()
     in_range = next_pos < ids.shape[1]
@@ -155,7 +179,8 @@ def evaluate(
             # batched dot for KL(p || q) = sum p log p - sum p log q, one top-k for every Hit@k.
             for lz in lenses:
                 for layer in range(adapter.n_layers + 1):
-                    logits = lz(resid[layer, rows], layer, w_u=w_u, b_u=b_u)
+                    # Every lens reads the last layer as the model does: its logits are the final ones.
+                    logits = final_logits if layer == adapter.n_layers else lz(resid[layer, rows], layer, w_u=w_u, b_u=b_u)
                     log_q = torch.log_softmax(logits.to(torch.float32), dim=-1)
                     kl = neg_entropy - torch.bmm(p, log_q.unsqueeze(2)).view(-1)
                     if not bool(torch.isfinite(kl).all()):  # a NaN or infinite logit makes its row's KL so

@@ -100,3 +100,29 @@ def test_cached_tuned_lens_trains_once(native_bridge, texts, train_texts, tmp_pa
 def test_evaluate_refuses_the_old_argument_order(native_bridge, texts):
     with pytest.raises(TypeError, match="lens=lens"):
         evaluate(TunedLens(native_bridge), native_bridge)
+
+
+def test_evaluate_scores_given_states_as_its_own_capture(native_bridge, texts):
+    """States another analysis captured (here with the final site too) give the table of evaluate's own capture
+    of the same sample, with no forward pass; states of other tokens, or without every layer, are refused."""
+    from geolens.capture import capture
+    from geolens.sites import FINAL_SITE, RESIDUAL_SITE
+
+    lens = TunedLens(native_bridge)
+    with torch.no_grad():
+        for translator in lens.translators:  # a lens that differs from the logit lens
+            translator.weight.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(0))
+    own = evaluate(native_bridge, texts, lens=lens, n_tokens=10, seed=3, progress=False).to_pandas()
+    states = capture(native_bridge, texts, sites=(RESIDUAL_SITE, FINAL_SITE), n_tokens=10, seed=3, progress=False)
+    hooks = hook_count(native_bridge)
+    given = evaluate(native_bridge, texts, lens=lens, states=states, progress=False).to_pandas()
+    assert hook_count(native_bridge) == hooks
+    assert given.drop(columns="lens").sub(own.drop(columns="lens")).abs().max().max() < 1e-5
+    assert (given.lens == own.lens).all() and not given[given.lens == "tuned"].kl.equals(given[given.lens == "logit"].kl)
+    with pytest.raises(ValueError, match="not captured from these tokens"):
+        evaluate(native_bridge, list(reversed(texts)), lens=lens, states=states, progress=False)
+    mid = capture(native_bridge, texts, sites=("mlp_out",), n_tokens=10, seed=3, progress=False)
+    with pytest.raises(ValueError, match="resid_post"):
+        evaluate(native_bridge, texts, states=mid, progress=False)
+    with pytest.raises(TypeError, match="states must be geolens States"):
+        evaluate(native_bridge, texts, states=states[RESIDUAL_SITE], progress=False)
