@@ -113,6 +113,9 @@ class ReportSettings:
     probe_max_length: int = 64
     probe_folds: int = 5
     convergence_positions: int = 512
+    # Positions the lens section scores, a seeded sample of the report's captured ones: each costs 2 (L + 1)
+    # full-vocabulary products (the logit and the tuned lens at every layer), PGA's only d-sized ones.
+    lens_positions: int = 512
     # Second model of the convergence section: an offline model name, a model, or None (the model with itself
     # only). "auto": CROSS_FAMILY_MODEL when the report runs the default model, else None.
     convergence_model: Any = "auto"
@@ -219,8 +222,8 @@ def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     # The same cached lens as the phases section, evaluated on the report's texts cut to
     # max_length like every other section, at the positions the other sections captured.
     lens = _report_lens(adapter, texts, s)
-    result = evaluate(adapter, texts, lens=lens, n_tokens=s.n_tokens, seed=s.seed, progress=s.progress,
-                      max_length=s.max_length, states=_states(adapter, texts, s))
+    result = evaluate(adapter, texts, lens=lens, n_tokens=min(s.lens_positions, s.n_tokens), seed=s.seed,
+                      progress=s.progress, max_length=s.max_length, states=_states(adapter, texts, s))
     result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"],
                          lens_training={k: v for k, v in lens.training_info.items() if k not in ("history", "losses")})
     return result, [result.plot(), lens.plot_history()]
@@ -230,10 +233,12 @@ def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     # The phases of the lens section's lens, and their stability: lenses on each half of its texts.
     budget = dict(s.as_dict()["lens_budget"])
     lens_texts = _lens_texts(texts, s.seed, budget.pop("n_train_texts"))
-    # The lens section's evaluation (the same lens, texts and sample) gives the Hit@k diagnostics.
+    # The lens section's evaluation (the same lens, texts and sample) gives the Hit@k diagnostics, the
+    # updates section's result the update diagnostics.
     evaluation = s.results.get("lens")
     result = phases(adapter, texts, lens_texts=lens_texts, lens_budget=budget, n_tokens=s.n_tokens, seed=s.seed,
-                    progress=s.progress, max_length=s.max_length, lens_evaluation=evaluation)
+                    progress=s.progress, max_length=s.max_length, lens_evaluation=evaluation,
+                    update_geometry=s.results.get("updates"))
     lens = _report_lens(adapter, texts, s)
     result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
     return result, [result.plot()]

@@ -109,6 +109,7 @@ def phases(
     cache_dir=None,
     stability: bool = True,
     lens_evaluation: Result | None = None,
+    update_geometry: Result | None = None,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     k_fraction: float | None = None,
     smoothing: float = 1.0,
@@ -137,6 +138,9 @@ def phases(
         lens_evaluation: an :func:`geolens.lens.evaluate` result of this lens on ``tokens`` with the
             same ``n_tokens``, ``seed`` and ``max_length`` (e.g. the report's lens section), reused for
             the Hit@k diagnostics instead of evaluating the lens again.
+        update_geometry: an :func:`geolens.updates` result of this model on ``tokens`` with the same
+            ``n_tokens``, ``seed`` and ``max_length`` (e.g. the report's updates section), reused for the
+            per-layer update diagnostics instead of capturing them again.
         fractions: ``k`` as fractions of ``d`` for the resolution sweep.
         k_fraction: use this fraction instead of the visibility/energy choice.
         smoothing, sensitivity: Gaussian sigma (layers) and Kneedle ``S``.
@@ -198,7 +202,13 @@ def phases(
 
     common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
                   attention_mask=attention_mask, progress=progress)
-    upd = updates(adapter, tokens, **common).to_pandas().set_index("layer")
+    if update_geometry is None:
+        update_geometry = updates(adapter, tokens, **common)
+    elif update_geometry.params.get("n_layers") != adapter.n_layers or not {"layer", "update_norm"} <= set(
+            update_geometry.to_pandas().columns):
+        raise ValueError("update_geometry must be an updates() result of this model, got "
+                         f"{type(update_geometry).__name__} for {update_geometry.params.get('n_layers')} layers")
+    upd = update_geometry.to_pandas().set_index("layer")
     if lens_evaluation is None:
         evaluated = evaluate(adapter, tokens, lens=lens, **common)
     else:

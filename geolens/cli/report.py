@@ -49,6 +49,8 @@ _BUDGET_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--probe-folds": ("probe_folds", int_at_least(2), "cross-validation folds of the probes"),
     "--convergence-positions": ("convergence_positions", int_at_least(3),
                                 "word-end positions of the convergence section"),
+    "--lens-positions": ("lens_positions", int_at_least(3),
+                         "positions the lens section scores (a sample of --n-tokens')"),
     "--seed": ("seed", int_at_least(0), "seed of every sample"),
 }
 

@@ -116,9 +116,9 @@ def evaluate(
             mask of a token-id tensor.
         states: states already captured from ``tokens`` (prepared with the same
             ``max_length`` and ``attention_mask``) with the residual stream of every layer,
-            e.g. the :class:`~geolens.capture.States` another analysis used: scored as they
-            are, without a forward pass (``n_tokens``, ``seed`` and ``batch_size`` then
-            play no part). Their token ids must be those of ``tokens`` at their positions.
+            e.g. the :class:`~geolens.capture.States` another analysis used: scored without a
+            forward pass, all their rows or, if ``n_tokens`` is fewer, a sample of ``n_tokens``
+            of them seeded by ``seed``. Their token ids must be those of ``tokens`` at their positions.
         progress: show a progress bar.
 
     Returns:
@@ -150,11 +150,17 @@ def evaluate(
     if states is None:
         states = capture(adapter, batch.tokens, sites=(RESIDUAL_SITE,), n_tokens=n_tokens, seed=seed,
                          batch_size=batch_size, progress=progress, attention_mask=batch.attention_mask)
+        keep = slice(None)
     else:
         _check_states_of(states, ids, adapter.n_layers)
-    resid = states[RESIDUAL_SITE]  # [L + 1, N, d]
-    next_pos = states.position.cpu() + 1
-    rows_b = states.batch_index.cpu()
+        keep = slice(None)
+        if n_tokens is not None and check_int(n_tokens, "n_tokens", low=1) < states.n_tokens:
+            # A seeded sample of the given rows, kept in their order.
+            generator = torch.Generator().manual_seed(seed)
+            keep = torch.randperm(states.n_tokens, generator=generator)[:n_tokens].sort().values
+    resid = states[RESIDUAL_SITE][:, keep.to(states[RESIDUAL_SITE].device) if torch.is_tensor(keep) else keep]
+    next_pos = states.position.cpu()[keep] + 1
+    rows_b = states.batch_index.cpu()[keep]
     in_range = next_pos < ids.shape[1]
     next_pos = next_pos.clamp(max=ids.shape[1] - 1)
     has_next = in_range & (mask[rows_b, next_pos] != 0)

@@ -151,3 +151,21 @@ def test_a_given_lens_evaluation_gives_the_same_table(deep_bridge, texts):
     with pytest.raises(ValueError, match="lens_evaluation"):
         geolens.phases(deep_bridge, list(texts), lens_evaluation=evaluate(deep_bridge, list(texts), n_tokens=None,
                                                                           progress=False), **common)
+
+
+def test_a_given_update_geometry_gives_the_same_table(deep_bridge, native_bridge, texts):
+    """The report hands its updates section's result to phases: the same numbers as capturing them again;
+    another model's result is refused."""
+    lens = _planted_lens(deep_bridge)
+    common = dict(lens=lens, n_tokens=None, progress=False, fractions=(K / 32, 0.5), k_fraction=K / 32, smoothing=0.0)
+    own = geolens.phases(deep_bridge, list(texts), **common).to_pandas()
+    geometry = geolens.updates(deep_bridge, list(texts), n_tokens=None, progress=False)
+    given = geolens.phases(deep_bridge, list(texts), update_geometry=geometry, **common).to_pandas()
+    assert own.equals(given) and own.update_norm.notna().sum() > 1
+    for row in geometry.rows:  # what is given is what is reported: no second capture
+        row["update_norm"] = 123.0
+    marked = geolens.phases(deep_bridge, list(texts), update_geometry=geometry, **common).to_pandas()
+    assert (marked.update_norm.dropna() == 123.0).all() and marked.update_norm.notna().sum() > 1
+    other = geolens.updates(native_bridge, list(texts), n_tokens=None, progress=False)
+    with pytest.raises(ValueError, match="update_geometry"):
+        geolens.phases(deep_bridge, list(texts), update_geometry=other, **common)

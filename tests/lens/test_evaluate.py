@@ -119,6 +119,11 @@ def test_evaluate_scores_given_states_as_its_own_capture(native_bridge, texts):
     assert hook_count(native_bridge) == hooks
     assert given.drop(columns="lens").sub(own.drop(columns="lens")).abs().max().max() < 1e-5
     assert (given.lens == own.lens).all() and not given[given.lens == "tuned"].kl.equals(given[given.lens == "logit"].kl)
+    # Fewer n_tokens than rows: a seeded sample of the rows.
+    half = evaluate(native_bridge, texts, lens=lens, states=states, n_tokens=5, seed=1, progress=False)
+    again = evaluate(native_bridge, texts, lens=lens, states=states, n_tokens=5, seed=1, progress=False)
+    assert half.params["n_tokens"] == 5 and half.to_pandas().equals(again.to_pandas())
+    assert not half.to_pandas().kl.equals(given.kl)
     with pytest.raises(ValueError, match="not captured from these tokens"):
         evaluate(native_bridge, list(reversed(texts)), lens=lens, states=states, progress=False)
     mid = capture(native_bridge, texts, sites=("mlp_out",), n_tokens=10, seed=3, progress=False)
