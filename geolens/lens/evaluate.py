@@ -93,12 +93,12 @@ def evaluate(
     *,
     lens: TunedLens | None = None,
     ks: Sequence[int] = (1, 5),
+    states: States | None = None,
     n_tokens: int | None = DEFAULT_N_TOKENS,
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
     attention_mask: Tensor | None = None,
-    states: States | None = None,
     progress: bool = True,
 ) -> LensResult:
     """KL, cross-entropy and Hit@k of the logit lens (and a tuned lens) at every layer ``0..L``.
