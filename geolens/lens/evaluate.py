@@ -109,16 +109,16 @@ def evaluate(
         lens: a :class:`TunedLens` for ``model`` to score next to the logit lens;
             ``None`` scores the logit lens only.
         ks: the ``k`` of Hit@k (must include 1 and 5 for the ``hit@5/hit@1`` column).
-        n_tokens: positions sampled (seeded, BOS and padding excluded); an upper
-            bound, ``None`` = all.
-        seed: seed of the sample.
-        batch_size, max_length, attention_mask: forward batching, truncation,
-            mask of a token-id tensor.
         states: states already captured from ``tokens`` (prepared with the same
             ``max_length`` and ``attention_mask``) with the residual stream of every layer,
             e.g. the :class:`~geolens.capture.States` another analysis used: scored without a
             forward pass, all their rows or, if ``n_tokens`` is fewer, a sample of ``n_tokens``
             of them seeded by ``seed``. Their token ids must be those of ``tokens`` at their positions.
+        n_tokens: positions sampled (seeded, BOS and padding excluded); an upper
+            bound, ``None`` = all.
+        seed: seed of the sample.
+        batch_size, max_length, attention_mask: forward batching, truncation,
+            mask of a token-id tensor.
         progress: show a progress bar.
 
     Returns:
