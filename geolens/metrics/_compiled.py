@@ -6,8 +6,9 @@ in the high 32 bits (``-0.0`` made ``+0.0``, so equal floats give equal high bit
 the low 32 bits. See :mod:`geolens.metrics._rank_kernels` for how they are used.
 
 The rank statistics read each run of equal high bits as one tie group and never depend on the
-order inside a run, so the keys need sorting by their high 32 bits only: three counting passes of
-11 bits (:func:`sort_by_high_bits`), linear in the row, instead of a comparison sort of 64-bit keys.
+order inside a run, so the keys need sorting by their high 32 bits only: a radix sort by those bits
+(:func:`sort_by_high_bits`: the top 11 bits, then each bucket in cache), linear in the row, instead of
+a comparison sort of 64-bit keys.
 """
 
 from __future__ import annotations
@@ -40,9 +41,47 @@ def picked_keys(bits, pick, low, keys):
 
 
 RADIX_BITS = 11
-RADIX_PASSES = 3  # 3 x 11 bits cover the 32 high bits
+RADIX_PASSES = 3  # 3 x 11 bits cover the 32 high bits: the size of the counts scratch
 _RADIX_MASK = (1 << RADIX_BITS) - 1
 _HIGH_OFFSET = 2**31  # high 32 bits (a signed int32) + 2^31: unsigned, in the same order
+_INSERTION_MAX = 32  # buckets this small are sorted by insertion
+
+
+@njit(nogil=True, cache=True)
+def _digit(key, shift, mask):
+    return (((key >> 32) + _HIGH_OFFSET) >> shift) & mask
+
+
+@njit(nogil=True, cache=True)
+def _bucket_pass(source, target, lo, hi, shift, width, counts):
+    """One stable counting scatter of ``source[lo:hi]`` into ``target[lo:hi]`` by the digit at ``shift``;
+    returns False (and moves nothing) when every key shares that digit."""
+    mask = width - 1
+    for b in range(width):
+        counts[b] = 0
+    for i in range(lo, hi):
+        counts[_digit(source[i], shift, mask)] += 1
+    for b in range(width):
+        if counts[b] == hi - lo:
+            return False
+    start = lo
+    for b in range(width):
+        c = counts[b]
+        counts[b] = start
+        start += c
+    for i in range(lo, hi):
+        key = source[i]
+        slot = _digit(key, shift, mask)
+        target[counts[slot]] = key
+        counts[slot] += 1
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _top_histogram(keys, shift, ends):
+    ends[:] = 0
+    for i in range(keys.shape[0]):
+        ends[_digit(keys[i], shift, _RADIX_MASK)] += 1
 
 
 @njit(nogil=True, cache=True)
@@ -50,40 +89,72 @@ def sort_by_high_bits(keys, scratch, counts):
     """Sort int64 ``keys`` by their high 32 bits (signed); returns whichever of ``keys`` or ``scratch``
     holds the result (the other is overwritten). ``counts``: ``RADIX_PASSES * 2^RADIX_BITS`` int64 scratch.
 
-    LSD radix sort: one pass counts all three 11-bit digits, then one stable scatter per digit,
-    skipping a digit that every key shares. Keys with equal high bits keep their input order.
+    One stable scatter by the most significant 11 bits that differ between keys into ``scratch``,
+    then each bucket on its own by the bits below (at most two stable scatters of up to 11 bits, a
+    digit the whole bucket shares skipped; insertion for buckets of at most 32): the buckets' passes
+    run in cache, where the three passes of a plain LSD radix sort each went over the whole row.
+    Keys with equal high bits keep their input order.
     """
     n = keys.shape[0]
+    if n < 2:
+        return keys
     size = 1 << RADIX_BITS
-    counts[:] = 0
-    for i in range(n):
-        u = (keys[i] >> 32) + _HIGH_OFFSET
-        counts[u & _RADIX_MASK] += 1
-        counts[size + ((u >> RADIX_BITS) & _RADIX_MASK)] += 1
-        counts[2 * size + ((u >> (2 * RADIX_BITS)) & _RADIX_MASK)] += 1
-    source, target = keys, scratch
-    for p in range(RADIX_PASSES):
-        base = p * size
-        trivial = False
-        for b in range(size):
-            if counts[base + b] == n:
-                trivial = True
-                break
-        if trivial:
-            continue
-        start = 0
-        for b in range(size):  # counts -> each digit's first slot
-            c = counts[base + b]
-            counts[base + b] = start
-            start += c
-        shift = p * RADIX_BITS
+    ends, starts, inner = counts[:size], counts[size : 2 * size], counts[2 * size : 3 * size]
+    shift = 32 - RADIX_BITS  # the top 11 bits, unless every key shares them
+    _top_histogram(keys, shift, ends)
+    if ends[_digit(keys[0], shift, _RADIX_MASK)] == n:
+        lowest = highest = (keys[0] >> 32) + _HIGH_OFFSET
         for i in range(n):
-            key = source[i]
-            slot = base + ((((key >> 32) + _HIGH_OFFSET) >> shift) & _RADIX_MASK)
-            target[counts[slot]] = key
-            counts[slot] += 1
-        source, target = target, source
-    return source
+            u = (keys[i] >> 32) + _HIGH_OFFSET
+            lowest = min(lowest, u)
+            highest = max(highest, u)
+        differing = lowest ^ highest
+        if differing == 0:
+            return keys  # one value: every order is sorted
+        top = 0  # the highest bit in which the values differ
+        while differing >> (top + 1):
+            top += 1
+        shift = max(top + 1 - RADIX_BITS, 0)
+        _top_histogram(keys, shift, ends)
+    start = 0
+    for b in range(size):  # counts -> each bucket's first slot
+        c = ends[b]
+        starts[b] = start
+        ends[b] = start
+        start += c
+    for i in range(n):
+        key = keys[i]
+        slot = _digit(key, shift, _RADIX_MASK)
+        scratch[ends[slot]] = key
+        ends[slot] += 1
+    if shift == 0:
+        return scratch
+    first_width = 1 << min(shift, RADIX_BITS)
+    second_width = 1 << max(shift - RADIX_BITS, 0)  # 1: no second pass
+    for b in range(size):
+        lo, hi = starts[b], ends[b]
+        if hi - lo < 2:
+            continue
+        if hi - lo <= _INSERTION_MAX:
+            for i in range(lo + 1, hi):
+                key = scratch[i]
+                high = key >> 32
+                j = i - 1
+                while j >= lo and (scratch[j] >> 32) > high:
+                    scratch[j + 1] = scratch[j]
+                    j -= 1
+                scratch[j + 1] = key
+            continue
+        # The bucket's data moves scratch -> keys on each pass that is not skipped; it ends in scratch.
+        in_keys = _bucket_pass(scratch, keys, lo, hi, 0, first_width, inner)
+        if second_width > 1:
+            if in_keys:
+                in_keys = not _bucket_pass(keys, scratch, lo, hi, RADIX_BITS, second_width, inner)
+            else:
+                in_keys = _bucket_pass(scratch, keys, lo, hi, RADIX_BITS, second_width, inner)
+        if in_keys:
+            scratch[lo:hi] = keys[lo:hi]
+    return scratch
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -126,15 +197,29 @@ def exact_row_stats(keys, full_by_position, gather):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
+def _negated_dot(unit, a, b):
+    acc = np.float32(0.0)
+    for t in range(unit.shape[1]):  # 2-D indexing, no row views: vectorised, ~2x faster than slicing rows
+        acc += unit[a, t] * unit[b, t]
+    return -acc
+
+
+@njit(nogil=True, cache=True, fastmath=True)
 def pair_values(unit, first, second, values):
     """``values[p] = -<unit[first[p]], unit[second[p]]>``: the negated cosines of sampled pairs of unit rows."""
-    k = unit.shape[1]
     for p in range(values.shape[0]):
-        a, b = first[p], second[p]
-        acc = np.float32(0.0)
-        for t in range(k):  # 2-D indexing, no row views: vectorised, ~2x faster than slicing rows
-            acc += unit[a, t] * unit[b, t]
-        values[p] = -acc
+        values[p] = _negated_dot(unit, first[p], second[p])
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def pair_keys(unit, first, second, low, keys):
+    """``keys[p] = ordered(pair_values(...)[p]) << 32 | low[p]``: the sampled pairs' values (the same
+    float32 values :func:`pair_values` makes) written straight into sort keys."""
+    value = np.empty(1, dtype=np.float32)
+    bits = value.view(np.int32)
+    for p in range(keys.shape[0]):
+        value[0] = _negated_dot(unit, first[p], second[p])
+        keys[p] = (np.int64(_ordered(bits[0])) << 32) | low[p]
 
 
 @njit(nogil=True, cache=True)
@@ -145,21 +230,22 @@ def float_keys(bits, low, keys):
 
 
 @njit(nogil=True, cache=True)
-def sampled_row_stats(keys, full_by_position, full_ties, full_start, blocks_full, v_full, phi):
+def sampled_row_stats(keys, full_by_position, full_ties, full_start, blocks_full, rank_full, phi):
     """``(dot, sq)`` of a sorted row of sampled keys, and ``phi`` (zeroed here) its influence block sums.
 
     Payload of a key: ``block << POSITION_BITS | pos``, ``pos`` the pair's place in the full order.
     ``full_ties``: the full ranks have ties; then ``full_by_position`` holds them (centred) and
     ``full_start[pos]`` the first position of ``pos``'s tie group. ``blocks_full``: each position's block.
-    ``v_full``: scratch of ``P`` floats. See ``SampledRanks.stats`` for ``phi``:
+    ``rank_full``: scratch of ``P`` floats for the row's ranks in the full order. See ``SampledRanks.stats`` for ``phi``:
 
         phi_p = u_p v_p + (1/P) sum_{q: x_q >= x_p} v_q + (1/P) sum_{q: y_q >= y_p} u_q
 
     The sum over ``y_q >= y_p`` is a suffix sum in this row's order from ``p``'s tie group's start, the
-    sum over ``x_q >= x_p`` one in the full order (``v`` scattered there first); both ``u`` and ``v``
+    sum over ``x_q >= x_p`` one in the full order (the ranks scattered there first); both ``u`` and ``v``
     sum to ``(P + 1) / 2`` (ranks over ``P``).
     """
     p = keys.shape[0]
+    inv_p = 1.0 / p
     mean = (p + 1) / 2.0
     total = (p + 1) / 2.0
     phi[:] = 0.0
@@ -174,26 +260,26 @@ def sampled_row_stats(keys, full_by_position, full_ties, full_start, blocks_full
             j += 1
         rank = 0.5 * (i + j - 1) + 1.0
         centred = rank - mean
-        v = rank / p
-        suffix = (total - before) / p
+        v = rank * inv_p
+        suffix = (total - before) * inv_p
         for t in range(i, j):
             payload = keys[t] & _LOW32
             position = payload & _POSITION_MASK
             f = full_by_position[position] if full_ties else position + 1.0 - mean
             dot += f * centred
-            u = (f + mean) / p
+            u = (f + mean) * inv_p
             phi[payload >> POSITION_BITS] += u * v + suffix
-            v_full[position] = v
+            rank_full[position] = rank
             before += u
         g = j - i
         if g > 1:
             sq -= g * (g * g - 1.0) / 12.0
         i = j
-    before = 0.0  # now of v, in the full order
+    ranks_before = 0.0  # now the sum of the row's ranks, in the full order
     at_start = 0.0
     for position in range(p):
         if not full_ties or full_start[position] == position:
-            at_start = before
-        phi[blocks_full[position]] += (total - at_start) / p
-        before += v_full[position]
+            at_start = ranks_before
+        phi[blocks_full[position]] += (total - at_start * inv_p) * inv_p
+        ranks_before += rank_full[position]
     return dot, sq

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from geolens.metrics import _compiled
-from geolens.metrics.distances import PairSample, pair_negated_cosines, pair_values_into, tie_rank_offsets, unit_rows
+from geolens.metrics.distances import PairSample, pair_negated_cosines, tie_rank_offsets, unit_rows
 
-__all__ = ["FullRanks", "SampledRanks", "ranked_dots", "scratch_bytes_per_matrix", "subspace_ranked_dots",
+__all__ = ["FullRanks", "SampledRanks", "ranked_dots", "sampled_uses_numpy_kernel", "scratch_bytes_per_matrix", "subspace_ranked_dots",
            "uses_numpy_kernel"]
 
 
@@ -199,9 +199,9 @@ class _Scratch(threading.local):
     """
 
     def array(self, name: str, m: int, dtype: type) -> np.ndarray:
-        """This thread's ``[m]`` buffer ``name`` of ``dtype``, made anew only when ``m`` changes."""
+        """This thread's ``[m]`` buffer ``name`` of ``dtype``, made anew only when ``m`` or ``dtype`` changes."""
         buffers = self.__dict__.setdefault("buffers", {})
-        if name not in buffers or buffers[name].shape[0] != m:
+        if name not in buffers or buffers[name].shape[0] != m or buffers[name].dtype != dtype:
             buffers[name] = np.empty(m, dtype=dtype)
         return buffers[name]
 
@@ -301,6 +301,17 @@ def _single_threaded_blas():
 
 
 # ---------------------------------------------------------------- a sample of pairs
+def sampled_uses_numpy_kernel(device: torch.device | str, dtype: torch.dtype, p: int, n_blocks: int) -> bool:
+    """Whether :class:`SampledRanks` ranks rows of ``p`` sampled values in the compiled kernel (CPU float32;
+    the key payload holds a position below ``2^POSITION_BITS`` and a block below 32).
+
+    Example:
+        >>> sampled_uses_numpy_kernel("cpu", torch.float32, 500_000, 20), sampled_uses_numpy_kernel("cpu", torch.float64, 10, 2)
+        (True, False)
+    """
+    return uses_numpy_kernel(device, dtype, p) and p < 2**_compiled.POSITION_BITS and n_blocks <= 32
+
+
 class SampledRanks:
     """The full-space side of a sampled Spearman, prepared once; :meth:`stats` scores rows against it.
 
@@ -341,33 +352,36 @@ class SampledRanks:
         """
         if self._compiled_kernel(values.device, values.dtype):
             bits = values.contiguous().numpy().view(np.int32)
-            return _sampled_numpy(bits.shape[0], self._numpy_side(), lambda i, _: bits[i], self.scratch)
+            side = self._numpy_side()
+            return _sampled_numpy(bits.shape[0], side, lambda i, keys: _compiled.float_keys(bits[i], side["low"], keys),
+                                  self.scratch)
         if self._order is None:  # the inverse of the full positions, once
             position = self.full.position
             self._order = torch.empty_like(position).scatter_(0, position, torch.arange(self.p, device=position.device))
         result = _sampled_torch(values, self.full.centred(), self._order, self.blocks, self.n_blocks)
         return lambda: result
 
-    def submit_pairs(self, coords: torch.Tensor, pairs: PairSample):
-        """:meth:`submit` on the negated cosines of the sampled ``pairs`` of ``[B, N, k]`` ``coords``.
+    def submit_pairs(self, coords: torch.Tensor, pairs: PairSample, *, normalised: bool = False):
+        """:meth:`submit` on the negated cosines of the sampled ``pairs`` of ``[B, N, k]`` ``coords``
+        (``normalised``: the rows are unit rows already, as :func:`unit_rows` makes them).
 
-        On the compiled kernel each row's values are made in its worker thread, just before
-        its keys (by :func:`pair_values_into`, as :func:`pair_negated_cosines` makes them):
+        On the compiled kernel each row's values are made in its worker thread and written straight
+        into its sort keys (:func:`_compiled.pair_keys`, the same values as :func:`pair_negated_cosines`):
         they are never a ``[B, P]`` tensor. Elsewhere, :func:`pair_negated_cosines` and :meth:`submit`.
         """
         if not self._compiled_kernel(coords.device, coords.dtype):
             return self.submit(pair_negated_cosines(coords, pairs))
-        rows = unit_rows(coords).contiguous().numpy()
-        scratch = self.scratch
+        rows = (coords if normalised else unit_rows(coords)).contiguous().numpy()
+        first, second = pairs.int32_indices()
+        side = self._numpy_side()
 
-        def bits_of(row: int, p: int) -> np.ndarray:
-            return pair_values_into(rows[row], pairs, scratch.array("values", p, np.float32)).view(np.int32)
+        def fill(row: int, keys: np.ndarray) -> None:
+            _compiled.pair_keys(rows[row], first, second, side["low"], keys)
 
-        return _sampled_numpy(rows.shape[0], self._numpy_side(), bits_of, scratch)
+        return _sampled_numpy(rows.shape[0], side, fill, self.scratch)
 
     def _compiled_kernel(self, device: torch.device, dtype: torch.dtype) -> bool:
-        return (uses_numpy_kernel(device, dtype, self.p) and self.p < 2**_compiled.POSITION_BITS
-                and self.n_blocks <= 32)
+        return sampled_uses_numpy_kernel(device, dtype, self.p, self.n_blocks)
 
     def _numpy_side(self) -> dict:
         if self._numpy is None:
@@ -476,18 +490,20 @@ def _sampled_torch(values, full_centred, full_order, blocks, n_blocks):
     return dots, sq_norms, phi
 
 
-def _sampled_numpy(b: int, side: dict, bits_of, scratch: "_Scratch"):
-    """Rows ``0..b-1`` in the rank pool; ``bits_of(i, P)`` gives row ``i``'s float32 values viewed as int32."""
+def _sampled_numpy(b: int, side: dict, fill_keys, scratch: "_Scratch"):
+    """Rows ``0..b-1`` in the rank pool; ``fill_keys(i, keys)`` writes row ``i``'s ``[P]`` int64 sort keys
+    (its float32 values' ordered bits above ``side["low"]``)."""
     p, n_blocks = side["p"], side["n_blocks"]
     results: list[tuple[float, float]] = [(0.0, 0.0)] * b
     phi = np.zeros((b, n_blocks), dtype=np.float64)
 
     def one_row(i: int) -> None:
         keys = scratch.array("keys", p, np.int64)
-        _compiled.float_keys(bits_of(i, p), side["low"], keys)
+        fill_keys(i, keys)
         keys = _sorted_by_value(keys, scratch)
         results[i] = _compiled.sampled_row_stats(keys, side["by_position"], side["ties"], side["full_start"],
-                                                 side["blocks_full"], scratch.array("v_full", p, np.float64), phi[i])
+                                                 side["blocks_full"], scratch.array("rank_full", p, np.float64),
+                                                 phi[i])
 
     futures = [_pool().submit(one_row, i) for i in range(b)]
 

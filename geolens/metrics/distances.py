@@ -39,6 +39,7 @@ __all__ = [
     "rank_data",
     "tie_members",
     "sample_pairs",
+    "sort_with_order",
     "sorted_average_ranks",
     "spearman",
     "tie_offsets_from_pairs",
@@ -410,6 +411,23 @@ def tie_members(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     members = run_start[member_run] + (np.arange(member_run.size) - first_member[member_run])
     offsets = (run_start + (sizes - 1) / 2.0)[member_run] - members
     return members, offsets
+
+
+def sort_with_order(values: Float[torch.Tensor, "M"]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted values, order)`` of a 1-D tensor, like ``torch.sort``; on the CPU by NumPy's argsort
+    (its SIMD sort: ~3x ``torch.sort`` for 500,000 float64 values). The order among equal values is
+    unspecified: average ranks do not depend on it.
+
+    Example:
+        >>> sort_with_order(torch.tensor([0.5, -1.0, 2.0]))
+        (tensor([-1.0000,  0.5000,  2.0000]), tensor([1, 0, 2]))
+    """
+    if values.ndim != 1:
+        raise ValueError(f"values must be 1-D, got shape {tuple(values.shape)}")
+    if values.device.type != "cpu":
+        return torch.sort(values)
+    order = torch.from_numpy(np.argsort(values.numpy()).astype(np.int64, copy=False))
+    return values[order], order
 
 
 def sorted_average_ranks(sorted_values: Float[torch.Tensor, "*batch M"]) -> torch.Tensor:

@@ -51,7 +51,9 @@ from geolens.metrics.distances import (
     negated_cosines,
     pair_negated_cosines,
     sample_pairs,
+    sort_with_order,
     sorted_average_ranks,
+    unit_rows,
 )
 from geolens.metrics import _rank_kernels
 from geolens.metrics._rank_kernels import FullRanks, SampledRanks, ranked_dots, scratch_bytes_per_matrix
@@ -343,7 +345,7 @@ def rank_alignment(
     # The full space in float64 whatever the states' dtype: its distances then tie only where they are
     # equal (float32 rounding ties hundreds of thousands of them at N = 4,096), which also lets the CPU
     # kernel read the full ranks off its sort keys instead of gathering them (FullRanks).
-    full_sorted, full_order = torch.sort(negated_cosines(states.double(), flat_index=flat_index))
+    full_sorted, full_order = sort_with_order(negated_cosines(states.double(), flat_index=flat_index))
     full = FullRanks(sorted_average_ranks(full_sorted).sub_(mean_rank), full_order)
     del full_sorted, full_order
     full_norm = torch.linalg.vector_norm(full.by_position)
@@ -399,8 +401,20 @@ def sampled_rank_alignment(
     p = pairs.n_pairs
     n_blocks = min(n_blocks, p)
     device = states.device
+    # Scratch per subspace: its coordinates (the compiled kernel makes the pair values inside its sort
+    # keys, in buffers of its worker threads); two chunks are alive at once. One batched product makes
+    # them: on 2 cores, products in a pool thread beside the full space's ranking, or per subspace in
+    # the workers, measured 10-20 % slower (OpenMP and BLAS threads contend with the workers).
+    per_subspace = 2 * states.shape[0] * subspaces.shape[-1] * states.element_size()
+    chunk = max(1, int(chunk_bytes // per_subspace))
+    compiled = _rank_kernels.sampled_uses_numpy_kernel(device, states.dtype, p, n_blocks)
+
+    def project(start: int) -> torch.Tensor:
+        coords = states @ subspaces[start : start + chunk]
+        return unit_rows(coords) if compiled else coords
+
     # The full space in float64, as in the exact mode: its values tie only where they are equal.
-    full_sorted, full_order = torch.sort(pair_negated_cosines(states.double(), pairs))
+    full_sorted, full_order = sort_with_order(pair_negated_cosines(states.double(), pairs))
     full = FullRanks(sorted_average_ranks(full_sorted).sub_((p + 1) / 2.0), full_order)
     del full_sorted, full_order
     full_norm = torch.linalg.vector_norm(full.by_position)
@@ -412,10 +426,6 @@ def sampled_rank_alignment(
     blocks[perm] = torch.arange(p) % n_blocks
     sizes = torch.bincount(blocks, minlength=n_blocks).to(torch.float64)
     ranks = SampledRanks(full, blocks.to(device), n_blocks)
-    # Scratch per subspace: coordinates and values (the kernel's buffers are per worker thread);
-    # two chunks are alive at once (one being ranked, the next being built).
-    per_subspace = 2 * (states.shape[0] * subspaces.shape[-1] + p) * states.element_size()
-    chunk = max(1, int(chunk_bytes // per_subspace))
     rhos, phis = [], []
 
     def collect(pending) -> None:
@@ -428,7 +438,7 @@ def sampled_rank_alignment(
     pending = None
     for start in range(0, subspaces.shape[0], chunk):
         # On the CPU, the workers rank this chunk while the next one is built.
-        submitted = ranks.submit_pairs(states @ subspaces[start : start + chunk], pairs)
+        submitted = ranks.submit_pairs(project(start), pairs, normalised=compiled)
         if pending is not None:
             collect(pending)
         pending = submitted

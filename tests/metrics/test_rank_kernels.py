@@ -149,13 +149,44 @@ def test_dense_tie_branch_gives_the_host_branchs_pga(monkeypatch):
 def test_radix_sort_by_high_bits_equals_a_stable_numpy_sort(n, low, high):
     """The CPU kernel's sort: by the signed high 32 bits, stable; digits every key shares are skipped
     (the narrow ranges), and the result may come back in either buffer."""
+    _check_radix_sort(np.random.default_rng(n).integers(low, high, n, dtype=np.int64) if n else np.zeros(0, np.int64))
+
+
+def _float_keys(values: np.ndarray) -> np.ndarray:
+    bits = values.astype(np.float32).view(np.int32).astype(np.int64)
+    ordered = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return (ordered << 32) | np.random.default_rng(0).integers(0, 2**32, values.size)
+
+
+def _check_radix_sort(keys: np.ndarray) -> None:
     from geolens.metrics import _compiled
 
-    keys = np.random.default_rng(n).integers(low, high, n, dtype=np.int64) if n else np.zeros(0, np.int64)
     expected = keys[np.argsort(keys >> 32, kind="stable")]
     counts = np.zeros(_compiled.RADIX_PASSES << _compiled.RADIX_BITS, np.int64)
     result = _compiled.sort_by_high_bits(keys.copy(), np.empty_like(keys), counts)
     assert np.array_equal(result, expected)
+
+
+@pytest.mark.parametrize("case", ["cosines", "near -1", "grid ties", "one value", "narrow", "wide"])
+def test_radix_sort_on_large_rows_of_every_shape(case):
+    """Rows large enough that the top digit's buckets are sorted by counting passes (not insertion): values
+    spread over both signs, all in one top-11-bit bucket (the top digit is taken below their common
+    bits), heavy ties, a single value, a 12-bit range (one inner pass) and uniform 64-bit keys."""
+    rng = np.random.default_rng(5)
+    n = 200_000
+    if case == "cosines":
+        keys = _float_keys(rng.normal(0.0, 0.2, n))
+    elif case == "near -1":  # states with a common offset: every value shares its sign, exponent and more
+        keys = _float_keys(-1.0 + np.abs(rng.normal(0.0, 1e-3, n)))
+    elif case == "grid ties":
+        keys = _float_keys(rng.integers(0, 40, n) / 7.0)
+    elif case == "one value":
+        keys = _float_keys(np.full(n, 0.25))
+    elif case == "narrow":
+        keys = (rng.integers(1000, 1000 + 4096, n) << 32) | rng.integers(0, 2**32, n)
+    else:
+        keys = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
+    _check_radix_sort(keys)
 
 
 @pytest.mark.parametrize("coarse", [False, True])
