@@ -45,6 +45,8 @@ RADIX_PASSES = 3  # 3 x 11 bits cover the 32 high bits: the size of the counts s
 _RADIX_MASK = (1 << RADIX_BITS) - 1
 _HIGH_OFFSET = 2**31  # high 32 bits (a signed int32) + 2^31: unsigned, in the same order
 _INSERTION_MAX = 32  # buckets this small are sorted by insertion
+_SMALL_BUCKET = 2048  # below this, 7-bit digits
+_SMALL_DIGIT_BITS = 7
 
 
 @njit(nogil=True, cache=True)
@@ -78,6 +80,43 @@ def _bucket_pass(source, target, lo, hi, shift, width, counts):
 
 
 @njit(nogil=True, cache=True)
+def _lsd_sort(keys, scratch, counts):
+    """The plain LSD radix sort by the high 32 bits: one counting pass for the three 11-bit digits,
+    then a stable scatter per digit over the whole row, a digit every key shares skipped."""
+    n = keys.shape[0]
+    size = 1 << RADIX_BITS
+    counts[:] = 0
+    for i in range(n):
+        u = (keys[i] >> 32) + _HIGH_OFFSET
+        counts[u & _RADIX_MASK] += 1
+        counts[size + ((u >> RADIX_BITS) & _RADIX_MASK)] += 1
+        counts[2 * size + ((u >> (2 * RADIX_BITS)) & _RADIX_MASK)] += 1
+    source, target = keys, scratch
+    for p in range(RADIX_PASSES):
+        base = p * size
+        trivial = False
+        for b in range(size):
+            if counts[base + b] == n:
+                trivial = True
+                break
+        if trivial:
+            continue
+        start = 0
+        for b in range(size):
+            c = counts[base + b]
+            counts[base + b] = start
+            start += c
+        shift = p * RADIX_BITS
+        for i in range(n):
+            key = source[i]
+            slot = base + _digit(key, shift, _RADIX_MASK)
+            target[counts[slot]] = key
+            counts[slot] += 1
+        source, target = target, source
+    return source
+
+
+@njit(nogil=True, cache=True)
 def _top_histogram(keys, shift, ends):
     ends[:] = 0
     for i in range(keys.shape[0]):
@@ -90,9 +129,11 @@ def sort_by_high_bits(keys, scratch, counts):
     holds the result (the other is overwritten). ``counts``: ``RADIX_PASSES * 2^RADIX_BITS`` int64 scratch.
 
     One stable scatter by the most significant 11 bits that differ between keys into ``scratch``,
-    then each bucket on its own by the bits below (at most two stable scatters of up to 11 bits, a
-    digit the whole bucket shares skipped; insertion for buckets of at most 32): the buckets' passes
-    run in cache, where the three passes of a plain LSD radix sort each went over the whole row.
+    then each bucket on its own by the bits below (stable scatters of 11-bit digits, or of 7-bit ones
+    in a bucket under 2048 keys, a digit the whole bucket shares skipped; insertion for buckets of at
+    most 32): the buckets' passes run in cache, where the three passes of a plain LSD radix sort
+    each go over the whole row. Keys spread thin over the top digit (fewer than 2048 a bucket on
+    average, e.g. uniform 64-bit keys) take that plain LSD sort instead.
     Keys with equal high bits keep their input order.
     """
     n = keys.shape[0]
@@ -116,6 +157,11 @@ def sort_by_high_bits(keys, scratch, counts):
             top += 1
         shift = max(top + 1 - RADIX_BITS, 0)
         _top_histogram(keys, shift, ends)
+    occupied = 0
+    for b in range(size):
+        occupied += ends[b] > 0
+    if n < _SMALL_BUCKET * occupied:  # spread thin over the buckets: three passes over the whole row are cheaper
+        return _lsd_sort(keys, scratch, counts)
     start = 0
     for b in range(size):  # counts -> each bucket's first slot
         c = ends[b]
@@ -129,8 +175,6 @@ def sort_by_high_bits(keys, scratch, counts):
         ends[slot] += 1
     if shift == 0:
         return scratch
-    first_width = 1 << min(shift, RADIX_BITS)
-    second_width = 1 << max(shift - RADIX_BITS, 0)  # 1: no second pass
     for b in range(size):
         lo, hi = starts[b], ends[b]
         if hi - lo < 2:
@@ -145,13 +189,21 @@ def sort_by_high_bits(keys, scratch, counts):
                     j -= 1
                 scratch[j + 1] = key
             continue
-        # The bucket's data moves scratch -> keys on each pass that is not skipped; it ends in scratch.
-        in_keys = _bucket_pass(scratch, keys, lo, hi, 0, first_width, inner)
-        if second_width > 1:
+        # LSD passes over the bits below the top digit: 11-bit digits for a large bucket, 7-bit ones for
+        # a small bucket (wide digits cost more in counts to clear and sum than in keys to move).
+        # Each pass that is not skipped moves the bucket between the buffers; it must end in scratch.
+        digit = RADIX_BITS if hi - lo >= _SMALL_BUCKET else _SMALL_DIGIT_BITS
+        in_keys = False
+        low_bit = 0
+        while low_bit < shift:
+            width = min(digit, shift - low_bit)
             if in_keys:
-                in_keys = not _bucket_pass(keys, scratch, lo, hi, RADIX_BITS, second_width, inner)
+                moved = _bucket_pass(keys, scratch, lo, hi, low_bit, 1 << width, inner)
             else:
-                in_keys = _bucket_pass(scratch, keys, lo, hi, RADIX_BITS, second_width, inner)
+                moved = _bucket_pass(scratch, keys, lo, hi, low_bit, 1 << width, inner)
+            if moved:
+                in_keys = not in_keys
+            low_bit += width
         if in_keys:
             scratch[lo:hi] = keys[lo:hi]
     return scratch

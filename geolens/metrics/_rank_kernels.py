@@ -14,12 +14,12 @@ Two kernels give the same numbers:
 - CPU float32: each row in a worker thread of the rank pool. The float's
   order-preserving bit pattern goes in the high 32 bits of an int64 key and the
   pair's position in the full-space order (:class:`FullRanks`) in the low 32, so
-  one compiled radix sort by the high 32 bits (three 11-bit passes; the order
-  inside a tie group does not matter) yields the order and the tie groups without
+  one compiled radix sort by the high 32 bits (the top differing 11 bits, then
+  each bucket in cache; the order inside a tie group does not matter) yields the order and the tie groups without
   an argsort; one compiled pass (:mod:`geolens.metrics._compiled`)
   then reads the full ranks off the keys (no gather, unless the full space has
   ties), averages the tie groups and sums the dot. A worker holds two ``[M]``
-  int64 arrays, the radix sort's source and target (PGA at N = 8,192: 2.4 GiB). See bench/pga.py for
+  int64 arrays, the radix sort's source and target (PGA at N = 8,192: 2.4-2.8 GiB). See bench/pga.py for
   the ratios against scipy and against the floor (the sorts and the Gram products).
 
 :class:`SampledRanks` is the same for a sample of pairs (approximate PGA,
