@@ -63,13 +63,16 @@ def synthetic(n: int, d: int, seed: int = 0, device: str = "cpu") -> torch.Tenso
 
 
 def time_geolens(h, q, r, seed, device, n_pairs=None):
-    # Warm-up: the compiled kernels' load and the workers' buffers are paid once a process, not per layer.
+    """One layer's PGA as ``geolens.pga`` runs it: the null subspaces drawn once per run (outside the
+    timing; ``random_subspaces(seed)``, what ``subspace_pga(n_null=r, seed=seed)`` draws) and the pair
+    sample shared between layers; the compiled kernels' load and the workers' buffers paid by a warm-up."""
+    nulls = random_subspaces(h.shape[1], q.shape[1], r, seed=seed, dtype=h.dtype, device=h.device)
     subspace_pga(h[:64], q, n_null=2, seed=seed)
     if n_pairs is not None:
-        subspace_pga(h, q, n_null=2, seed=seed, n_pairs=n_pairs)
+        subspace_pga(h, q, null_subspaces=nulls[:2], seed=seed, n_pairs=n_pairs)
     _sync(device)
     t = time.perf_counter()
-    score = subspace_pga(h, q, n_null=r, ccr=1, seed=seed, n_pairs=n_pairs)
+    score = subspace_pga(h, q, null_subspaces=nulls, ccr=1, seed=seed, n_pairs=n_pairs)
     _sync(device)
     return time.perf_counter() - t, score
 

@@ -124,6 +124,87 @@ def _top_histogram(keys, shift, ends):
 
 
 @njit(nogil=True, cache=True)
+def _top_split(keys, scratch, counts):
+    """The first step of :func:`sort_by_high_bits`. Returns ``(done, shift, result)``: ``done`` when
+    ``result`` is sorted already (one value, the plain LSD sort, or a top digit that is the whole
+    value); else the keys are in ``scratch`` by their top digit (bits ``shift .. shift + 10``), bucket
+    ``b`` at ``counts[2^11 + b] : counts[b]``, each still to sort by the bits below ``shift``."""
+    n = keys.shape[0]
+    size = 1 << RADIX_BITS
+    ends, starts = counts[:size], counts[size : 2 * size]
+    shift = 32 - RADIX_BITS  # the top 11 bits, unless every key shares them
+    if n < 2:
+        return True, shift, keys
+    _top_histogram(keys, shift, ends)
+    if ends[_digit(keys[0], shift, _RADIX_MASK)] == n:
+        lowest = highest = (keys[0] >> 32) + _HIGH_OFFSET
+        for i in range(n):
+            u = (keys[i] >> 32) + _HIGH_OFFSET
+            lowest = min(lowest, u)
+            highest = max(highest, u)
+        differing = lowest ^ highest
+        if differing == 0:
+            return True, shift, keys  # one value: every order is sorted
+        top = 0  # the highest bit in which the values differ
+        while differing >> (top + 1):
+            top += 1
+        shift = max(top + 1 - RADIX_BITS, 0)
+        _top_histogram(keys, shift, ends)
+    occupied = 0
+    for b in range(size):
+        occupied += ends[b] > 0
+    if n < _SMALL_BUCKET * occupied:  # spread thin over the buckets: three passes over the whole row are cheaper
+        return True, shift, _lsd_sort(keys, scratch, counts)
+    start = 0
+    for b in range(size):  # counts -> each bucket's first slot
+        c = ends[b]
+        starts[b] = start
+        ends[b] = start
+        start += c
+    for i in range(n):
+        key = keys[i]
+        slot = _digit(key, shift, _RADIX_MASK)
+        scratch[ends[slot]] = key
+        ends[slot] += 1
+    return shift == 0, shift, scratch
+
+
+@njit(nogil=True, cache=True)
+def _sort_bucket(scratch, keys, lo, hi, shift, inner):
+    """Sort ``scratch[lo:hi]`` (keys sharing their bits from ``shift`` up) by the bits below ``shift``,
+    in place; ``keys[lo:hi]`` is the other buffer, ``inner`` ``2^RADIX_BITS`` counts."""
+    if hi - lo < 2 or shift == 0:
+        return
+    if hi - lo <= _INSERTION_MAX:
+        for i in range(lo + 1, hi):
+            key = scratch[i]
+            high = key >> 32
+            j = i - 1
+            while j >= lo and (scratch[j] >> 32) > high:
+                scratch[j + 1] = scratch[j]
+                j -= 1
+            scratch[j + 1] = key
+        return
+    # LSD passes over the bits below the top digit: 11-bit digits for a large bucket, 7-bit ones for
+    # a small bucket (wide digits cost more in counts to clear and sum than in keys to move).
+    # Each pass that is not skipped moves the bucket between the buffers; it must end in scratch.
+    digit = RADIX_BITS if hi - lo >= _SMALL_BUCKET else _SMALL_DIGIT_BITS
+    in_keys = False
+    low_bit = 0
+    while low_bit < shift:
+        width = min(digit, shift - low_bit)
+        if in_keys:
+            moved = _bucket_pass(keys, scratch, lo, hi, low_bit, 1 << width, inner)
+        else:
+            moved = _bucket_pass(scratch, keys, lo, hi, low_bit, 1 << width, inner)
+        if moved:
+            in_keys = not in_keys
+        low_bit += width
+    if in_keys:
+        scratch[lo:hi] = keys[lo:hi]
+
+
+@njit(nogil=True, cache=True)
 def sort_by_high_bits(keys, scratch, counts):
     """Sort int64 ``keys`` by their high 32 bits (signed); returns whichever of ``keys`` or ``scratch``
     holds the result (the other is overwritten). ``counts``: ``RADIX_PASSES * 2^RADIX_BITS`` int64 scratch.
@@ -136,76 +217,13 @@ def sort_by_high_bits(keys, scratch, counts):
     average, e.g. uniform 64-bit keys) take that plain LSD sort instead.
     Keys with equal high bits keep their input order.
     """
-    n = keys.shape[0]
-    if n < 2:
-        return keys
+    done, shift, result = _top_split(keys, scratch, counts)
+    if done:
+        return result
     size = 1 << RADIX_BITS
-    ends, starts, inner = counts[:size], counts[size : 2 * size], counts[2 * size : 3 * size]
-    shift = 32 - RADIX_BITS  # the top 11 bits, unless every key shares them
-    _top_histogram(keys, shift, ends)
-    if ends[_digit(keys[0], shift, _RADIX_MASK)] == n:
-        lowest = highest = (keys[0] >> 32) + _HIGH_OFFSET
-        for i in range(n):
-            u = (keys[i] >> 32) + _HIGH_OFFSET
-            lowest = min(lowest, u)
-            highest = max(highest, u)
-        differing = lowest ^ highest
-        if differing == 0:
-            return keys  # one value: every order is sorted
-        top = 0  # the highest bit in which the values differ
-        while differing >> (top + 1):
-            top += 1
-        shift = max(top + 1 - RADIX_BITS, 0)
-        _top_histogram(keys, shift, ends)
-    occupied = 0
+    inner = counts[2 * size : 3 * size]
     for b in range(size):
-        occupied += ends[b] > 0
-    if n < _SMALL_BUCKET * occupied:  # spread thin over the buckets: three passes over the whole row are cheaper
-        return _lsd_sort(keys, scratch, counts)
-    start = 0
-    for b in range(size):  # counts -> each bucket's first slot
-        c = ends[b]
-        starts[b] = start
-        ends[b] = start
-        start += c
-    for i in range(n):
-        key = keys[i]
-        slot = _digit(key, shift, _RADIX_MASK)
-        scratch[ends[slot]] = key
-        ends[slot] += 1
-    if shift == 0:
-        return scratch
-    for b in range(size):
-        lo, hi = starts[b], ends[b]
-        if hi - lo < 2:
-            continue
-        if hi - lo <= _INSERTION_MAX:
-            for i in range(lo + 1, hi):
-                key = scratch[i]
-                high = key >> 32
-                j = i - 1
-                while j >= lo and (scratch[j] >> 32) > high:
-                    scratch[j + 1] = scratch[j]
-                    j -= 1
-                scratch[j + 1] = key
-            continue
-        # LSD passes over the bits below the top digit: 11-bit digits for a large bucket, 7-bit ones for
-        # a small bucket (wide digits cost more in counts to clear and sum than in keys to move).
-        # Each pass that is not skipped moves the bucket between the buffers; it must end in scratch.
-        digit = RADIX_BITS if hi - lo >= _SMALL_BUCKET else _SMALL_DIGIT_BITS
-        in_keys = False
-        low_bit = 0
-        while low_bit < shift:
-            width = min(digit, shift - low_bit)
-            if in_keys:
-                moved = _bucket_pass(keys, scratch, lo, hi, low_bit, 1 << width, inner)
-            else:
-                moved = _bucket_pass(scratch, keys, lo, hi, low_bit, 1 << width, inner)
-            if moved:
-                in_keys = not in_keys
-            low_bit += width
-        if in_keys:
-            scratch[lo:hi] = keys[lo:hi]
+        _sort_bucket(scratch, keys, counts[size + b], counts[b], shift, inner)
     return scratch
 
 
@@ -257,21 +275,25 @@ def _negated_dot(unit, a, b):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def pair_values(unit, first, second, values):
-    """``values[p] = -<unit[first[p]], unit[second[p]]>``: the negated cosines of sampled pairs of unit rows."""
-    for p in range(values.shape[0]):
-        values[p] = _negated_dot(unit, first[p], second[p])
+def pair_values(unit, starts, second, values):
+    """``values[p] = -<unit[a], unit[second[p]]>`` for ``starts[a] <= p < starts[a + 1]``: the negated
+    cosines of sampled pairs of unit rows, grouped by their first point (pdist order)."""
+    for a in range(starts.shape[0] - 1):
+        for p in range(starts[a], starts[a + 1]):
+            values[p] = _negated_dot(unit, a, second[p])
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def pair_keys(unit, first, second, low, keys):
-    """``keys[p] = ordered(pair_values(...)[p]) << 32 | low[p]``: the sampled pairs' values (the same
-    float32 values :func:`pair_values` makes) written straight into sort keys."""
+def pair_keys(unit, starts, second, low, keys):
+    """``keys[p] = ordered(value_p) << 32 | low[p]`` with ``value_p`` what :func:`pair_values` makes
+    (the same float32 values, through one shared dot), straight into sort keys. (Counting the sort's
+    top digit here as well measured slower than its own pass: the counts' increments chain.)"""
     value = np.empty(1, dtype=np.float32)
     bits = value.view(np.int32)
-    for p in range(keys.shape[0]):
-        value[0] = _negated_dot(unit, first[p], second[p])
-        keys[p] = (np.int64(_ordered(bits[0])) << 32) | low[p]
+    for a in range(starts.shape[0] - 1):
+        for p in range(starts[a], starts[a + 1]):
+            value[0] = _negated_dot(unit, a, second[p])
+            keys[p] = (np.int64(_ordered(bits[0])) << 32) | low[p]
 
 
 @njit(nogil=True, cache=True)
@@ -282,33 +304,17 @@ def float_keys(bits, low, keys):
 
 
 @njit(nogil=True, cache=True)
-def sampled_row_stats(keys, full_by_position, full_ties, full_start, blocks_full, rank_full, phi):
-    """``(dot, sq)`` of a sorted row of sampled keys, and ``phi`` (zeroed here) its influence block sums.
-
-    Payload of a key: ``block << POSITION_BITS | pos``, ``pos`` the pair's place in the full order.
-    ``full_ties``: the full ranks have ties; then ``full_by_position`` holds them (centred) and
-    ``full_start[pos]`` the first position of ``pos``'s tie group. ``blocks_full``: each position's block.
-    ``rank_full``: scratch of ``P`` floats for the row's ranks in the full order. See ``SampledRanks.stats`` for ``phi``:
-
-        phi_p = u_p v_p + (1/P) sum_{q: x_q >= x_p} v_q + (1/P) sum_{q: y_q >= y_p} u_q
-
-    The sum over ``y_q >= y_p`` is a suffix sum in this row's order from ``p``'s tie group's start, the
-    sum over ``x_q >= x_p`` one in the full order (the ranks scattered there first); both ``u`` and ``v``
-    sum to ``(P + 1) / 2`` (ranks over ``P``).
-    """
-    p = keys.shape[0]
+def _sampled_range(keys, lo, hi, p, full_by_position, full_ties, rank_full, phi, dot, sq, before):
+    """The row-order pass of :func:`sampled_row_stats` over sorted ``keys[lo:hi]`` (whole tie groups),
+    carrying ``dot``, ``sq`` and ``before`` (the sum of ``u`` before ``lo``) from the entries before."""
     inv_p = 1.0 / p
     mean = (p + 1) / 2.0
     total = (p + 1) / 2.0
-    phi[:] = 0.0
-    dot = 0.0
-    sq = p * (p * p - 1.0) / 12.0
-    before = 0.0  # sum of u over the entries before the current tie group, in this row's order
-    i = 0
-    while i < p:
+    i = lo
+    while i < hi:
         high = keys[i] >> 32
         j = i + 1
-        while j < p and (keys[j] >> 32) == high:
+        while j < hi and (keys[j] >> 32) == high:
             j += 1
         rank = 0.5 * (i + j - 1) + 1.0
         centred = rank - mean
@@ -327,11 +333,67 @@ def sampled_row_stats(keys, full_by_position, full_ties, full_start, blocks_full
         if g > 1:
             sq -= g * (g * g - 1.0) / 12.0
         i = j
-    ranks_before = 0.0  # now the sum of the row's ranks, in the full order
+    return dot, sq, before
+
+
+@njit(nogil=True, cache=True)
+def _sampled_full_order(p, full_ties, full_start, blocks_full, rank_full, phi):
+    """The full-order pass of :func:`sampled_row_stats`: each position's suffix sum of the row's ranks."""
+    inv_p = 1.0 / p
+    total = (p + 1) / 2.0
+    ranks_before = 0.0  # the sum of the row's ranks before this position, in the full order
     at_start = 0.0
     for position in range(p):
         if not full_ties or full_start[position] == position:
             at_start = ranks_before
         phi[blocks_full[position]] += (total - at_start * inv_p) * inv_p
         ranks_before += rank_full[position]
+
+
+@njit(nogil=True, cache=True)
+def sampled_row_stats(keys, full_by_position, full_ties, full_start, blocks_full, rank_full, phi):
+    """``(dot, sq)`` of a sorted row of sampled keys, and ``phi`` (zeroed here) its influence block sums.
+
+    Payload of a key: ``block << POSITION_BITS | pos``, ``pos`` the pair's place in the full order.
+    ``full_ties``: the full ranks have ties; then ``full_by_position`` holds them (centred) and
+    ``full_start[pos]`` the first position of ``pos``'s tie group. ``blocks_full``: each position's block.
+    ``rank_full``: scratch of ``P`` floats for the row's ranks in the full order (float32 is exact
+    for ``P < 2^23``: the ranks are halves). See ``SampledRanks.stats`` for ``phi``:
+
+        phi_p = u_p v_p + (1/P) sum_{q: x_q >= x_p} v_q + (1/P) sum_{q: y_q >= y_p} u_q
+
+    The sum over ``y_q >= y_p`` is a suffix sum in this row's order from ``p``'s tie group's start, the
+    sum over ``x_q >= x_p`` one in the full order (the ranks scattered there first); both ``u`` and ``v``
+    sum to ``(P + 1) / 2`` (ranks over ``P``).
+    """
+    p = keys.shape[0]
+    phi[:] = 0.0
+    dot, sq, _ = _sampled_range(keys, 0, p, p, full_by_position, full_ties, rank_full, phi,
+                                0.0, p * (p * p - 1.0) / 12.0, 0.0)
+    _sampled_full_order(p, full_ties, full_start, blocks_full, rank_full, phi)
+    return dot, sq
+
+
+@njit(nogil=True, cache=True)
+def sampled_sort_row_stats(keys, scratch, counts, full_by_position, full_ties, full_start, blocks_full,
+                           rank_full, phi):
+    """:func:`sort_by_high_bits` then :func:`sampled_row_stats`, fused: each bucket of the top digit is
+    scored as soon as it is sorted, while it is still in cache (a tie group never spans two buckets).
+    Same arguments as the two; the same numbers."""
+    p = keys.shape[0]
+    phi[:] = 0.0
+    dot, sq, before = 0.0, p * (p * p - 1.0) / 12.0, 0.0
+    done, shift, result = _top_split(keys, scratch, counts)
+    if done:
+        dot, sq, before = _sampled_range(result, 0, p, p, full_by_position, full_ties, rank_full, phi, dot, sq, before)
+    else:
+        size = 1 << RADIX_BITS
+        inner = counts[2 * size : 3 * size]
+        for b in range(size):
+            lo, hi = counts[size + b], counts[b]
+            if hi > lo:
+                _sort_bucket(scratch, keys, lo, hi, shift, inner)
+                dot, sq, before = _sampled_range(scratch, lo, hi, p, full_by_position, full_ties, rank_full, phi,
+                                                 dot, sq, before)
+    _sampled_full_order(p, full_ties, full_start, blocks_full, rank_full, phi)
     return dot, sq

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "rank_data",
     "tie_members",
     "sample_pairs",
+    "shared_pair_sample",
     "sort_with_order",
     "sorted_average_ranks",
     "spearman",
@@ -128,6 +130,18 @@ def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
     return PairSample(n=n, i=i, j=j, total=total)
 
 
+@lru_cache(maxsize=2)
+def shared_pair_sample(n: int, n_pairs: int, seed: int) -> "PairSample":
+    """:func:`sample_pairs`, drawn once per ``(n, n_pairs, seed)`` and shared (read-only) by the calls
+    that ask again: PGA over the layers of a model ranks every layer on the same pairs.
+
+    Example:
+        >>> shared_pair_sample(100, 50, 0) is shared_pair_sample(100, 50, 0)
+        True
+    """
+    return sample_pairs(n, n_pairs, seed=seed)
+
+
 def _distinct_positions(total: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """``size`` distinct integers of ``[0, total)``, uniformly, sorted (``size <= total / 2``)."""
     chosen = _sorted_distinct(rng.integers(0, total, size=size + size // 4 + 16))
@@ -171,18 +185,25 @@ class PairSample:
         """All pairs (no sampling)."""
         return self.n_pairs == self.total
 
-    def int32_indices(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(i, j)`` as int32 NumPy arrays (made once): what the compiled pair products read."""
-        if "int32" not in self._patterns:
-            self._patterns["int32"] = (self.i.numpy().astype(np.int32), self.j.numpy().astype(np.int32))
-        return self._patterns["int32"]
+    def row_layout(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts [n + 1], second [P])`` (made once): the pairs of first point ``a`` are
+        ``starts[a]:starts[a + 1]`` (they are in pdist order), and ``second`` their other points, as
+        uint16 when ``n <= 65536`` (else int32): what the compiled pair products stream, in as few bytes
+        as the points allow, with each first point's row read once for all its pairs."""
+        if "rows" not in self._patterns:
+            starts = np.zeros(self.n + 1, dtype=np.int64)
+            np.cumsum(np.bincount(self.i.numpy(), minlength=self.n), out=starts[1:])
+            second = self.j.numpy().astype(np.uint16 if self.n <= 2**16 else np.int32)
+            self._patterns["rows"] = (starts, second)
+        return self._patterns["rows"]
+
 
 
 def pair_values_into(unit: np.ndarray, pairs: PairSample, out: np.ndarray) -> np.ndarray:
     """``out[p] = -<unit[i_p], unit[j_p]>`` for ``[N, k]`` float32 unit rows (a compiled loop, CPU): the
     negated cosines of the sampled pairs, one cloud at a time, into a buffer the caller may reuse."""
-    first, second = pairs.int32_indices()
-    _compiled.pair_values(unit, first, second, out)
+    starts, second = pairs.row_layout()
+    _compiled.pair_values(unit, starts, second, out)
     return out
 
 
@@ -325,8 +346,9 @@ def negated_cosine_upper(x: Float[torch.Tensor, "B N d"], *, out: torch.Tensor |
     return out
 
 
-def unit_rows(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Tensor, "*batch N d"]:
-    """Each row over its norm; raises on a zero row (no direction, so no cosine).
+def unit_rows(x: Float[torch.Tensor, "*batch N d"], *, in_place: bool = False) -> Float[torch.Tensor, "*batch N d"]:
+    """Each row over its norm; raises on a zero row (no direction, so no cosine). ``in_place``: divide
+    ``x`` itself (the same values; no second tensor of its size to allocate and fault in).
 
     Example:
         >>> unit_rows(torch.tensor([[3.0, 4.0]])).tolist()
@@ -339,7 +361,7 @@ def unit_rows(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Tensor, "*bat
             "a state has zero norm, so its cosine distance is undefined "
             "(after centring/CCR this means a row equal to the mean, or lying entirely in the removed components)"
         )
-    return x / norms
+    return x.div_(norms) if in_place else x / norms
 
 
 def tie_rank_offsets(

@@ -50,7 +50,7 @@ from geolens.metrics.distances import (
     negated_cosine_upper,
     negated_cosines,
     pair_negated_cosines,
-    sample_pairs,
+    shared_pair_sample,
     sort_with_order,
     sorted_average_ranks,
     unit_rows,
@@ -219,7 +219,7 @@ def subspace_pga(
         rhos = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes).cpu()
         used = total
     else:
-        pairs = sample_pairs(n, n_pairs, seed=0 if seed is None else seed)
+        pairs = shared_pair_sample(n, n_pairs, 0 if seed is None else int(seed))
         rhos, deleted = sampled_rank_alignment(processed, subspaces, pairs, seed=0 if seed is None else seed,
                                                chunk_bytes=chunk_bytes)
         rho_se, z_se = _jackknife_errors(deleted, 1.0 - pairs.n_pairs / total)
@@ -411,7 +411,7 @@ def sampled_rank_alignment(
 
     def project(start: int) -> torch.Tensor:
         coords = states @ subspaces[start : start + chunk]
-        return unit_rows(coords) if compiled else coords
+        return unit_rows(coords, in_place=True) if compiled else coords  # coords is a fresh product
 
     # The full space in float64, as in the exact mode: its values tie only where they are equal.
     full_sorted, full_order = sort_with_order(pair_negated_cosines(states.double(), pairs))
