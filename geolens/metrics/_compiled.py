@@ -305,7 +305,7 @@ def float_keys(bits, low, keys):
 
 @njit(nogil=True, cache=True)
 def _sampled_range(keys, lo, hi, p, full_by_position, full_ties, rank_full, phi, dot, sq, before):
-    """The row-order pass of :func:`sampled_row_stats` over sorted ``keys[lo:hi]`` (whole tie groups),
+    """The row-order pass of :func:`sampled_sort_row_stats` over sorted ``keys[lo:hi]`` (whole tie groups),
     carrying ``dot``, ``sq`` and ``before`` (the sum of ``u`` before ``lo``) from the entries before."""
     inv_p = 1.0 / p
     mean = (p + 1) / 2.0
@@ -338,7 +338,7 @@ def _sampled_range(keys, lo, hi, p, full_by_position, full_ties, rank_full, phi,
 
 @njit(nogil=True, cache=True)
 def _sampled_full_order(p, full_ties, full_start, blocks_full, rank_full, phi):
-    """The full-order pass of :func:`sampled_row_stats`: each position's suffix sum of the row's ranks."""
+    """The full-order pass of :func:`sampled_sort_row_stats`: each position's suffix sum of the row's ranks."""
     inv_p = 1.0 / p
     total = (p + 1) / 2.0
     ranks_before = 0.0  # the sum of the row's ranks before this position, in the full order
@@ -351,8 +351,11 @@ def _sampled_full_order(p, full_ties, full_start, blocks_full, rank_full, phi):
 
 
 @njit(nogil=True, cache=True)
-def sampled_row_stats(keys, full_by_position, full_ties, full_start, blocks_full, rank_full, phi):
-    """``(dot, sq)`` of a sorted row of sampled keys, and ``phi`` (zeroed here) its influence block sums.
+def sampled_sort_row_stats(keys, scratch, counts, full_by_position, full_ties, full_start, blocks_full,
+                           rank_full, phi):
+    """Sort a row of sampled keys (:func:`sort_by_high_bits`, into ``scratch`` and ``counts``) and return
+    its ``(dot, sq)``, with ``phi`` (zeroed here) its influence block sums. Each bucket of the top digit is
+    scored as soon as it is sorted, while it is still in cache (a tie group never spans two buckets).
 
     Payload of a key: ``block << POSITION_BITS | pos``, ``pos`` the pair's place in the full order.
     ``full_ties``: the full ranks have ties; then ``full_by_position`` holds them (centred) and
@@ -366,20 +369,6 @@ def sampled_row_stats(keys, full_by_position, full_ties, full_start, blocks_full
     sum over ``x_q >= x_p`` one in the full order (the ranks scattered there first); both ``u`` and ``v``
     sum to ``(P + 1) / 2`` (ranks over ``P``).
     """
-    p = keys.shape[0]
-    phi[:] = 0.0
-    dot, sq, _ = _sampled_range(keys, 0, p, p, full_by_position, full_ties, rank_full, phi,
-                                0.0, p * (p * p - 1.0) / 12.0, 0.0)
-    _sampled_full_order(p, full_ties, full_start, blocks_full, rank_full, phi)
-    return dot, sq
-
-
-@njit(nogil=True, cache=True)
-def sampled_sort_row_stats(keys, scratch, counts, full_by_position, full_ties, full_start, blocks_full,
-                           rank_full, phi):
-    """:func:`sort_by_high_bits` then :func:`sampled_row_stats`, fused: each bucket of the top digit is
-    scored as soon as it is sorted, while it is still in cache (a tie group never spans two buckets).
-    Same arguments as the two; the same numbers."""
     p = keys.shape[0]
     phi[:] = 0.0
     dot, sq, before = 0.0, p * (p * p - 1.0) / 12.0, 0.0

@@ -198,7 +198,6 @@ class PairSample:
         return self._patterns["rows"]
 
 
-
 def pair_values_into(unit: np.ndarray, pairs: PairSample, out: np.ndarray) -> np.ndarray:
     """``out[p] = -<unit[i_p], unit[j_p]>`` for ``[N, k]`` float32 unit rows (a compiled loop, CPU): the
     negated cosines of the sampled pairs, one cloud at a time, into a buffer the caller may reuse."""

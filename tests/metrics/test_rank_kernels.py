@@ -225,35 +225,28 @@ def test_whole_subspace_tasks_give_the_batched_kernels_numbers(coarse):
 
 @pytest.mark.parametrize("case", ["cosines", "near -1", "grid ties", "one value", "wide"])
 @pytest.mark.parametrize("full_ties", [False, True])
-def test_fused_sort_and_score_equals_sorting_then_scoring(case, full_ties):
-    """``sampled_sort_row_stats`` (each bucket scored right after it is sorted) gives the numbers of
-    ``sort_by_high_bits`` followed by ``sampled_row_stats``, in each mode of the sort (buckets, a top
-    digit taken below shared bits, the plain LSD sort for thinly spread keys, one value), with and
-    without ties in the full space."""
-    from geolens.metrics import _compiled
+def test_fused_sort_and_score_agrees_with_the_torch_kernel_in_every_sort_mode(case, full_ties):
+    """The compiled kernel (each bucket of the sort scored right after it is sorted) against the torch
+    kernel, on rows long enough for every mode of the sort: buckets of a top digit over both signs, a top
+    digit taken below bits every value shares, heavy ties, one value, and the plain LSD sort for thinly
+    spread values; with and without ties in the full space."""
+    from geolens.metrics._rank_kernels import SampledRanks, _sampled_torch
 
     rng = np.random.default_rng(11)
     p, n_blocks = 60_000, 20
     values = {"cosines": rng.normal(0.0, 0.2, p), "near -1": -1.0 + np.abs(rng.normal(0.0, 1e-3, p)),
               "grid ties": rng.integers(0, 40, p) / 7.0, "one value": np.full(p, 0.25),
-              "wide": rng.uniform(-1e30, 1e30, p)}[case].astype(np.float32)
-    position = rng.permutation(p).astype(np.int64)
-    blocks = rng.integers(0, n_blocks, p)
-    low = ((blocks << _compiled.POSITION_BITS) | position).astype(np.uint32)
-    keys = np.empty(p, np.int64)
-    _compiled.float_keys(values.view(np.int32), low, keys)
-    full = np.sort(np.round(rng.normal(size=p) * 3)) if full_ties else np.arange(p, dtype=np.float64)
-    by_position = (torch.from_numpy(rank_data(torch.from_numpy(full)).numpy()) - (p + 1) / 2).numpy()
-    starts = np.zeros(p, np.int64)
-    for t in range(1, p):
-        starts[t] = starts[t - 1] if full[t] == full[t - 1] else t
-    blocks_full = np.empty(p, np.uint8)
-    blocks_full[position] = blocks
-    counts = np.zeros(_compiled.RADIX_PASSES << _compiled.RADIX_BITS, np.int64)
-    ref_phi, got_phi = np.zeros(n_blocks), np.zeros(n_blocks)
-    ordered = _compiled.sort_by_high_bits(keys.copy(), np.empty_like(keys), counts)
-    ref = _compiled.sampled_row_stats(ordered, by_position, full_ties, starts, blocks_full, np.empty(p), ref_phi)
-    got = _compiled.sampled_sort_row_stats(keys.copy(), np.empty_like(keys), counts, by_position, full_ties,
-                                           starts, blocks_full, np.empty(p, np.float32), got_phi)
-    np.testing.assert_allclose(got, ref, rtol=1e-12)
-    np.testing.assert_allclose(got_phi, ref_phi, rtol=1e-12, atol=1e-9)
+              "wide": rng.uniform(-1e30, 1e30, p)}[case]
+    values = torch.from_numpy(values.astype(np.float32)).unsqueeze(0)
+    full_values = torch.from_numpy(rng.normal(size=p))
+    if full_ties:
+        full_values = torch.round(full_values * 3)
+    full = rank_data(full_values)
+    full = full - full.mean()
+    blocks = torch.from_numpy(rng.integers(0, n_blocks, p))
+    ranks = FullRanks.from_centred(full)
+    assert ranks.has_ties == full_ties
+    got = SampledRanks(ranks, blocks, n_blocks).stats(values)  # float32 on the CPU: the compiled kernel
+    ref = _sampled_torch(values.double(), full, torch.argsort(full_values), blocks, n_blocks)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-6)
