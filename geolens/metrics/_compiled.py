@@ -268,30 +268,34 @@ def exact_row_stats(keys, full_by_position, gather):
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _negated_dot(unit, a, b):
-    acc = np.float32(0.0)
+    acc = np.float32(0.0)  # float64 rows make it float64
     for t in range(unit.shape[1]):  # 2-D indexing, no row views: vectorised, ~2x faster than slicing rows
         acc += unit[a, t] * unit[b, t]
     return -acc
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def pair_values(unit, starts, second, values):
-    """``values[p] = -<unit[a], unit[second[p]]>`` for ``starts[a] <= p < starts[a + 1]``: the negated
-    cosines of sampled pairs of unit rows, grouped by their first point (pdist order)."""
-    for a in range(starts.shape[0] - 1):
-        for p in range(starts[a], starts[a + 1]):
+def pair_values(unit, first, starts, second, values):
+    """``values[p] = -<unit[first[r]], unit[second[p]]>`` for ``starts[r] <= p < starts[r + 1]``: the
+    negated cosines of sampled pairs of unit rows (float32 or float64), in runs that share their first
+    point (:meth:`PairSample.runs`). Pass a slice of the runs (``first[r0:r1]``, ``starts[r0:r1 + 1]``)
+    to fill only their pairs."""
+    for r in range(first.shape[0]):
+        a = first[r]
+        for p in range(starts[r], starts[r + 1]):
             values[p] = _negated_dot(unit, a, second[p])
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def pair_keys(unit, starts, second, low, keys):
+def pair_keys(unit, first, starts, second, low, keys):
     """``keys[p] = ordered(value_p) << 32 | low[p]`` with ``value_p`` what :func:`pair_values` makes
     (the same float32 values, through one shared dot), straight into sort keys. (Counting the sort's
     top digit here as well measured slower than its own pass: the counts' increments chain.)"""
     value = np.empty(1, dtype=np.float32)
     bits = value.view(np.int32)
-    for a in range(starts.shape[0] - 1):
-        for p in range(starts[a], starts[a + 1]):
+    for r in range(first.shape[0]):
+        a = first[r]
+        for p in range(starts[r], starts[r + 1]):
             value[0] = _negated_dot(unit, a, second[p])
             keys[p] = (np.int64(_ordered(bits[0])) << 32) | low[p]
 

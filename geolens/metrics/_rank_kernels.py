@@ -32,23 +32,17 @@ See docs/methods.md §A.4.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
 import torch
 
 from geolens.metrics import _compiled
+from geolens.metrics._threads import rank_pool
 from geolens.metrics.distances import PairSample, pair_negated_cosines, tie_rank_offsets, unit_rows
 
 __all__ = ["FullRanks", "SampledRanks", "ranked_dots", "sampled_uses_numpy_kernel", "scratch_bytes_per_matrix", "subspace_ranked_dots",
            "uses_numpy_kernel"]
-
-
-
-@lru_cache(maxsize=1)
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads()), thread_name_prefix="geolens-rank")
 
 
 def uses_numpy_kernel(device: torch.device | str, dtype: torch.dtype, m: int) -> bool:
@@ -247,7 +241,7 @@ def _ranked_dots_numpy(flat, flat_index, full: FullRanks):
         # Without full-space ties the full rank at position s is s + 1 - mean: no gather over M values.
         results[i] = _compiled.exact_row_stats(keys, by_position, full.has_ties)
 
-    list(_pool().map(one_row, range(b)))
+    list(rank_pool().map(one_row, range(b)))
     dots, sq_norms = torch.tensor(results, dtype=torch.float64).unbind(-1)
     return dots, sq_norms
 
@@ -286,7 +280,7 @@ def subspace_ranked_dots(states: torch.Tensor, subspaces: torch.Tensor, flat_ind
         results[i] = _compiled.exact_row_stats(keys, by_position, full.has_ties)
 
     with _single_threaded_blas():
-        list(_pool().map(one_subspace, range(units.shape[0])))
+        list(rank_pool().map(one_subspace, range(units.shape[0])))
     dots, sq_norms = torch.tensor(results, dtype=torch.float64).unbind(-1)
     return dots, sq_norms
 
@@ -375,11 +369,11 @@ class SampledRanks:
         if not self._compiled_kernel(coords.device, coords.dtype):
             return self.submit(pair_negated_cosines(coords, pairs))
         rows = (coords if normalised else unit_rows(coords)).contiguous().numpy()
-        starts, second = pairs.row_layout()
+        first, starts, second = pairs.runs()
         side = self._numpy_side()
 
         def fill(row: int, keys: np.ndarray) -> None:
-            _compiled.pair_keys(rows[row], starts, second, side["low"], keys)
+            _compiled.pair_keys(rows[row], first, starts, second, side["low"], keys)
 
         return _sampled_numpy(rows.shape[0], side, fill, self.scratch)
 
@@ -515,7 +509,7 @@ def _sampled_numpy(b: int, side: dict, fill_keys, scratch: "_Scratch"):
             side["ties"], side["full_start"], side["blocks_full"], scratch.array("rank_full", p, rank_dtype), local)
         phi[i] = local
 
-    futures = [_pool().submit(one_row, i) for i in range(b)]
+    futures = [rank_pool().submit(one_row, i) for i in range(b)]
 
     def result():
         for future in futures:

@@ -77,12 +77,17 @@ def test_condensed_pairs_invert_condensed_order():
 
 @pytest.mark.parametrize("n, n_pairs", [(50, 100), (50, 1000), (1000, 20_000)])  # sparse, dense (> M/2), larger
 def test_sample_pairs_distinct_sorted_and_seeded(n, n_pairs):
-    from geolens.metrics.distances import sample_pairs
+    from geolens.metrics.distances import PAIR_TILE, sample_pairs
 
     s = sample_pairs(n, n_pairs, seed=3)
     flat = s.i * n + s.j
     assert s.n_pairs == n_pairs and s.total == n * (n - 1) // 2 and not s.exact
-    assert bool((s.i < s.j).all()) and bool((flat[1:] > flat[:-1]).all())  # distinct, in pdist order
+    assert bool((s.i < s.j).all()) and flat.unique().numel() == n_pairs  # distinct
+    # Tile order: tiles in row-major order, pdist order inside each (a direct sort by those keys).
+    t = PAIR_TILE
+    key = ((s.i // t) * n + s.j // t) * n * n + flat
+    assert bool((key[1:] > key[:-1]).all())
+    assert (n > t) == bool((flat[1:] < flat[:-1]).any())  # pdist order when one tile holds every point
     again = sample_pairs(n, n_pairs, seed=3)
     assert torch.equal(again.i, s.i) and torch.equal(again.j, s.j)
     assert not torch.equal(sample_pairs(n, n_pairs, seed=4).j, s.j)
@@ -100,6 +105,40 @@ def test_sample_pairs_is_uniform():
             s = sample_pairs(10, n_pairs, seed=seed)
             counts.index_add_(0, s.i * 9 - s.i * (s.i + 1) // 2 + s.j - 1, torch.ones(n_pairs))
         assert chisquare(counts.numpy()).pvalue > 1e-3
+
+
+def test_pair_runs_and_pdist_order_describe_the_sample():
+    from geolens.metrics.distances import sample_pairs
+
+    s = sample_pairs(700, 30_000, seed=2)  # three tiles a side
+    first, starts, second = s.runs()
+    assert starts[0] == 0 and starts[-1] == s.n_pairs and bool((np.diff(starts) > 0).all())
+    lengths = np.diff(starts)
+    np.testing.assert_array_equal(np.repeat(first, lengths), s.i.numpy())
+    np.testing.assert_array_equal(second.astype(np.int64), s.j.numpy())
+    assert bool((first[1:] != first[:-1]).all())  # maximal runs
+    o = s.pdist_order()
+    flat = (s.i * 700 + s.j).numpy()
+    np.testing.assert_array_equal(flat[o], np.sort(flat))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sampled_cosines_in_tile_order_on_every_path(dtype, monkeypatch):
+    """The compiled loop (split over the workers, and in one thread) and the CSR product (the CUDA path,
+    run here on the CPU) give each pair its own cosine, in the sample's (tile) order: a direct formula."""
+    from geolens.metrics import distances
+    from geolens.metrics.distances import _sampled_dots, pair_negated_cosines, sample_pairs
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 600, 9, generator=g, dtype=torch.float64)
+    s = sample_pairs(600, 100_000, seed=4)
+    unit = x / x.norm(dim=-1, keepdim=True)
+    ref = -(unit[:, s.i] * unit[:, s.j]).sum(-1)
+    tol = dict(rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-13)
+    torch.testing.assert_close(pair_negated_cosines(x.to(dtype), s).double(), ref, **tol)  # split over the workers
+    torch.testing.assert_close(_sampled_dots(unit.to(dtype), s).double(), ref, **tol)
+    monkeypatch.setattr(distances, "_PARALLEL_PAIRS", 10**9)
+    torch.testing.assert_close(pair_negated_cosines(x.to(dtype), s).double(), ref, **tol)  # one thread
 
 
 def test_pair_negated_cosines_equal_the_condensed_ones():
