@@ -135,7 +135,8 @@ def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
 
 # Pairs are grouped by tiles of PAIR_TILE x PAIR_TILE points: a tile's rows (256 float64 rows of
 # d = 512 are 1 MiB) stay in cache while its pairs are multiplied, where pdist order reads the
-# second point's row from anywhere in the cloud (float64 sampled cosines at N = 4096: 54 -> 15 ms).
+# second point's row from anywhere in the cloud (float64 sampled cosines at N = 4096, one thread:
+# 69 -> 32 ms).
 PAIR_TILE = 256
 
 
@@ -234,6 +235,10 @@ class PairSample:
         return self._patterns["pdist"]
 
 
+# Fewer pairs than this are multiplied in the calling thread (a worker's hand-off costs ~0.1 ms).
+_PARALLEL_PAIRS = 1 << 16
+
+
 def pair_values_into(unit: np.ndarray, pairs: PairSample, out: np.ndarray) -> np.ndarray:
     """``out[p] = -<unit[i_p], unit[j_p]>`` for ``[N, k]`` float32 or float64 unit rows (a compiled loop,
     CPU): the negated cosines of the sampled pairs, one cloud at a time, into a buffer the caller may
@@ -251,10 +256,6 @@ def pair_values_into(unit: np.ndarray, pairs: PairSample, out: np.ndarray) -> np
     for job in jobs:
         job.result()
     return out
-
-
-# Fewer pairs than this are multiplied in the calling thread (a worker's hand-off costs ~0.1 ms).
-_PARALLEL_PAIRS = 1 << 16
 
 
 def pair_negated_cosines(
