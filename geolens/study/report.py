@@ -152,11 +152,15 @@ def _errors(out: Path) -> Section | None:
     errors = load_errors(out)
     if errors.empty:
         return None
-    line = f"{len(errors)} cells failed, e.g. {errors['model'].iloc[0]}/{errors['checkpoint'].iloc[0]}: " \
-           f"{errors['error'].iloc[0]}"
-    return Section("failed-cells", "Cells that failed",
-                   "Each failed cell keeps its error and traceback in cells/model=…/checkpoint=…/_error.json; "
-                   "the next run of the study tries it again.",
+    first = errors.iloc[0]
+    where = f"{first['model']}/{first['checkpoint']}" + (f" ({first['analysis']})" if first["analysis"] else "")
+    cells = errors[["model", "checkpoint"]].drop_duplicates()
+    line = (f"{len(errors)} analyses failed in {len(cells)} cells (the other analyses of those cells kept their "
+            f"rows), e.g. {where}: {first['error']}")
+    return Section("failed-cells", "Analyses that failed",
+                   "Each failed analysis keeps its error and traceback in "
+                   "cells/model=…/checkpoint=…/_error-<analysis>.json (_error.json: the model did not load); "
+                   "the next run of the study computes only what failed.",
                    Result(rows=_records(errors), params={}), [], findings=[line])
 
 
@@ -175,7 +179,7 @@ def study_report(out_dir: str | os.PathLike, *, path: str | os.PathLike | None =
         ("training", "Over training", lambda: _training(res)),
         ("across-models", "Across models", lambda: _across(res)),
         ("phases", "Phase widths against depth", lambda: _phases(res)),
-        ("failed-cells", "Cells that failed", lambda: _errors(out)),
+        ("failed-cells", "Analyses that failed", lambda: _errors(out)),
     ]
     sections = []
     for name, heading, build in builders:
