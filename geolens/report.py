@@ -425,6 +425,8 @@ def report(
         "sections": chosen, "quick": settings.quick, "date": date,
         "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings, "errors": errors,
         "settings": settings.as_dict(), "versions": versions(),
+        # the positions the shared capture used (n_tokens is an upper bound unless set by hand)
+        "n_tokens_used": None if settings.states is None else settings.states.n_tokens,
     }
     subtitle = (f"{adapter.n_layers} layers, d_model = {adapter.d_model}; {len(texts)} texts; "
                 f"{'quick budgets; ' if settings.quick else ''}{meta['date']}")

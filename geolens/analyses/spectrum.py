@@ -202,7 +202,7 @@ def _summaries(matrices: dict[Any, torch.Tensor], *, centre: bool, fit_range: tu
         out[key] = metrics
     if cut:
         shown = ", ".join(f"{describe(key)}: ({a}, {b})" for key, a, b in cut[:5])
-        warnings.warn(f"alpha_fit_range: the default {tuple(fit_range)} reaches past the numerical rank of "
+        warnings.warn(f"alpha_fit_range: the default {ALPHA_FIT_RANGE} reaches past the numerical rank of "
                       f"{len(cut)} of {len(matrices)} spectra; each is fitted up to its rank ({shown}"
                       f"{', ...' if len(cut) > 5 else ''}; alpha is NaN below rank 2). The range used is in the "
                       "alpha_fit_start, alpha_fit_stop columns (pass alpha_fit_range to choose)", stacklevel=4)
