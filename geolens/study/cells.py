@@ -40,7 +40,7 @@ from geolens.study.spec import STUDY_ANALYSES, Cell
 
 __all__ = ["CELLS_DIR", "ERROR_FILE", "MANIFEST", "METADATA_FILE", "analysis_error_file", "analysis_file",
            "cell_dir", "cell_provenance", "compute_cell", "finish_cell", "is_finished", "is_valid",
-           "pending_analyses", "remaining", "row_schema", "run_cell", "tidy_cell"]
+           "pending_analyses", "read_cell_file", "remaining", "row_schema", "run_cell", "tidy_cell"]
 
 CELLS_DIR = "cells"
 MANIFEST = "study.json"
@@ -73,20 +73,26 @@ def analysis_error_file(analysis: str) -> str:
     return f"_error-{analysis}.json"
 
 
-def is_valid(path: str | os.PathLike, analysis_hash: str | None = None) -> bool:
-    """Whether ``path`` is a whole, readable cell file (footer, every page's checksum, the rows), written for
-    ``analysis_hash`` when given. A truncated or damaged file is not (its analysis is then recomputed)."""
+def read_cell_file(path: str | os.PathLike, analysis_hash: str | None = None):
+    """The rows of a cell file as an Arrow table if it reads back whole (footer, every page's checksum, the row
+    count recorded at write time) and was written for ``analysis_hash`` when given; else ``None``."""
     import pyarrow.parquet as pq
 
     try:
         meta = pq.read_schema(path).metadata or {}
         record = json.loads(meta[_METADATA_KEY])
         if analysis_hash is not None and record.get("analysis_hash") != analysis_hash:
-            return False
+            return None
         table = pq.read_table(path, page_checksum_verification=True)
-        return table.num_rows == record.get("n_rows", table.num_rows)
-    except Exception:  # any failure to read back is a damaged file: the caller recomputes it
-        return False
+    except Exception:  # any failure to read back is a damaged file: the caller recomputes or skips it
+        return None
+    return table if table.num_rows == record.get("n_rows", table.num_rows) else None
+
+
+def is_valid(path: str | os.PathLike, analysis_hash: str | None = None) -> bool:
+    """Whether ``path`` is a whole, readable cell file (:func:`read_cell_file`). A truncated or damaged file is
+    not (its analysis is then recomputed)."""
+    return read_cell_file(path, analysis_hash) is not None
 
 
 def pending_analyses(out_dir: str | os.PathLike, cell: Cell) -> list[str]:

@@ -36,7 +36,7 @@ from geolens.metrics.correlation import partial_rank_correlation, rank_correlati
 from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 from geolens.study.cells import (CELLS_DIR, ERROR_FILE, MANIFEST, METADATA_FILE, analysis_error_file, cell_dir,
-                                 cell_provenance, is_valid)
+                                 cell_provenance, read_cell_file)
 from geolens.study.spec import STUDY_KIND
 
 __all__ = ["GEOMETRY_METRICS", "StudyResult", "load_errors", "load_provenance", "load_results"]
@@ -104,12 +104,9 @@ def check_study_dir(out_dir: str | os.PathLike, *, writing: bool = False) -> Pat
     return out
 
 
-def _cell_files(out: Path) -> list[tuple[str, str, Path]]:
-    """``(model, checkpoint, file)`` of the current spec's finished analyses, in the spec's order.
-
-    A file that does not read back whole (truncated, damaged) is left out with a warning; the next run of the
-    study recomputes it.
-    """
+def _cell_files(out: Path) -> list[tuple[str, str, Path, str | None]]:
+    """``(model, checkpoint, file, analysis hash)`` of the current spec's analyses with a file, in the spec's
+    order (read them with :func:`_read`)."""
     manifest = _manifest(out)
     if manifest is not None:
         found = []
@@ -120,23 +117,22 @@ def _cell_files(out: Path) -> list[tuple[str, str, Path]]:
                 candidates = [(folder / f"part-{cell['spec_hash']}.parquet", None)]
             else:
                 candidates = [(folder / f"part-{name}-{digest}.parquet", digest) for name, digest in hashes.items()]
-            found += [(cell["model"], cell["checkpoint"], path) for path, digest in candidates
-                      if path.is_file() and _readable(path, digest)]
+            found += [(cell["model"], cell["checkpoint"], path, digest) for path, digest in candidates
+                      if path.is_file()]
         return found
     found = []  # no manifest (files copied without it): every cell file there is
     for path in sorted((out / CELLS_DIR).glob("model=*/checkpoint=*/part-*.parquet")):
-        if _readable(path, None):
-            found.append((path.parent.parent.name.split("=", 1)[1], path.parent.name.split("=", 1)[1], path))
+        found.append((path.parent.parent.name.split("=", 1)[1], path.parent.name.split("=", 1)[1], path, None))
     return found
 
 
-def _readable(path: Path, digest: str | None) -> bool:
-    if is_valid(path, digest):
-        return True
-    if not is_valid(path):  # damaged (a readable file of other options is merely stale)
+def _read(path: Path, digest: str | None):
+    """The file's rows, or ``None`` with a warning when it does not read back whole (the next run recomputes it)."""
+    table = read_cell_file(path, digest)
+    if table is None and read_cell_file(path) is None:  # damaged (a whole file of other options is merely stale)
         warnings.warn(f"{path} is damaged (truncated or unreadable); its rows are left out. Run the study again "
-                      "to recompute it", stacklevel=4)
-    return False
+                      "to recompute it", stacklevel=3)
+    return table
 
 
 def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
@@ -158,8 +154,11 @@ def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
     out = check_study_dir(out_dir)
     integers = {pa.int64(): pd.Int64Dtype()}
     frames = []
-    for model, checkpoint, path in _cell_files(out):
-        frame = pq.read_table(path).to_pandas(types_mapper=integers.get)
+    for model, checkpoint, path, digest in _cell_files(out):
+        rows = _read(path, digest)
+        if rows is None:
+            continue
+        frame = rows.to_pandas(types_mapper=integers.get)
         frame.insert(0, "model", model)
         frame.insert(1, "checkpoint", checkpoint)
         frames.append(frame)
@@ -182,7 +181,9 @@ def load_provenance(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     why none, ...), ``seconds`` (summed over the analyses), the latest ``finished`` time, and per analysis
     (``analyses``) its hash, finish time and seconds."""
     records: dict[str, dict[str, Any]] = {}
-    for model, checkpoint, path in _cell_files(check_study_dir(out_dir)):
+    for model, checkpoint, path, digest in _cell_files(check_study_dir(out_dir)):
+        if _read(path, digest) is None:
+            continue
         found = cell_provenance(path)
         record = records.setdefault(f"{model}/{checkpoint}", {"model": model, "checkpoint": checkpoint,
                                                               "params": {}, "analyses": {}, "seconds": 0.0})
