@@ -136,12 +136,14 @@ def run_study(
 ):
     """Compute every unfinished cell of ``spec`` and write its rows under ``out_dir``; return the whole table.
 
-    A cell is finished when its file for the current spec hash exists: a rerun skips it,
-    and recomputes a cell whose spec (model source, checkpoint, texts, analysis options)
-    changed. A cell that fails records its error and traceback in its folder
-    (``_error.json``, also in ``params["failed"]``) and the other cells go on; the next run
-    tries it again. Each finished cell is written atomically, so a run killed at any moment
-    loses none of them.
+    Each analysis of a cell is finished when its file for its current options (with the model
+    source, checkpoint and texts) exists and reads back whole: a rerun skips it, and computes
+    only the analyses whose options changed, that failed, or whose file was damaged. An
+    analysis that fails records its error and traceback in its cell's folder
+    (``_error-<analysis>.json``; ``_error.json`` when the model did not load; also in
+    ``params["failed"]``) while the cell's other analyses keep their rows and the other cells
+    go on; the next run tries it again. Each file is written atomically, so a run killed at
+    any moment loses no finished analysis.
 
     Args:
         spec: a :class:`~geolens.study.Study` or the path of a study TOML file.
@@ -158,7 +160,9 @@ def run_study(
 
     Returns:
         :class:`~geolens.study.StudyResult` of the whole study (``params``: ``out_dir``, ``computed``,
-        ``skipped``, ``failed`` — ``{"model/checkpoint": error}`` — and ``seconds``).
+        ``skipped``, ``failed`` — ``{"model/checkpoint": "analysis: error; ..."}`` — and ``seconds``).
+        An ``out_dir`` whose ``study.json`` is not a geolens study's is refused (``ValueError``), never
+        overwritten.
     """
     from geolens.study.results import StudyResult
 

@@ -15,7 +15,8 @@ Model entries (``Study.models``, label -> entry):
 * a :class:`ModelSpec` (all of the above plus per-model metadata, per-checkpoint metadata,
   per-analysis parameter overrides and resources); :func:`geolens.zoo.zoo_member` makes one
   for a member of the width zoo;
-* in a TOML file, a table: ``path =`` or ``hub =`` (with ``revisions = [...]``), ``zoo = "folder"``
+* in a TOML file, a table: ``path =`` (a local folder, relative to the file's; one that does not exist
+  fails its cell naming the folder) or ``hub =`` (a hub name) (with ``revisions = [...]``), ``zoo = "folder"``
   with ``width =`` (and ``steps =``), or ``factory = "module:function"`` with ``args = {...}`` (a
   function returning a :class:`ModelSpec`); plus ``metadata``, ``params`` and ``resources`` tables.
 
