@@ -29,7 +29,7 @@ import pandas as pd
 
 from geolens.pages import Section, versions, write_html
 from geolens.results import Result
-from geolens.study.results import StudyResult, load_errors
+from geolens.study.results import StudyResult, load_errors, load_provenance
 
 __all__ = ["study_report"]
 
@@ -164,6 +164,16 @@ def _errors(out: Path) -> Section | None:
                    Result(rows=_records(errors), params={}), [], findings=[line])
 
 
+def _tokens_used(out: Path) -> str:
+    """The numbers of token positions the analyses used (n_tokens is an upper bound unless set by hand)."""
+    used = sorted({int(params["n_tokens"]) for record in load_provenance(out).values()
+                   for params in record.get("params", {}).values()
+                   if isinstance(params, dict) and isinstance(params.get("n_tokens"), int)})
+    if not used:
+        return "—"
+    return str(used[0]) if len(used) == 1 else f"{used[0]}–{used[-1]} (cells differ)"
+
+
 def study_report(out_dir: str | os.PathLike, *, path: str | os.PathLike | None = None) -> Path:
     """Write the study's HTML page (default ``out_dir/report.html``) from the results under ``out_dir``.
 
@@ -195,7 +205,8 @@ def study_report(out_dir: str | os.PathLike, *, path: str | os.PathLike | None =
     manifest_versions = versions()
     meta = {"study": res.params.get("name"), "folder": str(out), "models": table["model"].nunique(),
             "cells": res.params.get("cells"), "failed cells": len(res.params.get("errors", {})),
-            "settings": res.params.get("settings", {}), "versions": manifest_versions,
+            "settings": res.params.get("settings", {}), "token positions used": _tokens_used(out),
+            "versions": manifest_versions,
             "date": time.strftime("%Y-%m-%d %H:%M"), "run_time_s": round(time.perf_counter() - started, 1)}
     target = Path(path) if path is not None else out / "report.html"
     return write_html(target, title=f"geolens study — {res.params.get('name')}",

@@ -166,3 +166,14 @@ def test_the_report_on_short_texts_uses_the_positions_there_are(wide, tmp_path, 
     meta = json.loads((tmp_path / "x" / "meta.json").read_text())
     assert set(meta["errors"]) == {"pga", "spectrum"}
     assert all(f"n_tokens = 1024 but only {available}" in error for error in meta["errors"].values())
+
+
+def test_the_study_report_says_how_many_positions_were_used(family, tmp_path):
+    from geolens.study import study_report
+
+    study = Study(models={"m": str(family["w16"])}, texts=TEXTS, analyses={"pga": PGA})
+    with pytest.warns(UserWarning, match="n_tokens"):
+        run_study(study, tmp_path / "out", progress=False)
+    used = load_provenance(tmp_path / "out")["m/main"]["params"]["pga"]["n_tokens"]
+    page = study_report(tmp_path / "out").read_text()
+    assert "token positions used" in page and f">{used}<" in page
