@@ -136,3 +136,32 @@ def test_a_damaged_cell_file_is_detected_and_recomputed(family, tmp_path, calls,
     after = load_results(out)
     assert after.drop(columns="value").equals(before.drop(columns="value"))
     assert after["value"].tolist() == pytest.approx(before["value"].tolist(), nan_ok=True)
+
+
+def test_a_folder_of_the_format_before_one_file_per_analysis_reads_and_is_recomputed(family, tmp_path, calls):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    counter, out = tmp_path / "loads.txt", tmp_path / "out"
+    spec = _study(family, counter)
+    run_study(spec, out, progress=False)
+    before = load_results(out)
+    manifest = json.loads((out / "study.json").read_text())
+    for cell in manifest["cells"]:  # one file per cell, named by the cell's hash; a manifest without "analyses"
+        folder = out / "cells" / f"model={cell.pop('model')}" / f"checkpoint={cell['checkpoint']}"
+        parts = sorted(folder.glob("part-*.parquet"), key=lambda p: list(cell["analyses"]).index(p.name.split("-")[1]))
+        rows = pa.concat_tables([pq.read_table(p) for p in parts]).replace_schema_metadata(
+            {b"geolens.study": json.dumps({"spec_hash": cell["spec_hash"]}).encode()})  # no row count, no checksums
+        pq.write_table(rows, folder / f"part-{cell['spec_hash']}.parquet")
+        for p in parts:
+            p.unlink()
+        cell["model"] = folder.parent.name.split("=", 1)[1]
+        del cell["analyses"]
+    del manifest["kind"]
+    (out / "study.json").write_text(json.dumps(manifest))
+    old = load_results(out)
+    assert old.drop(columns="value").equals(before.drop(columns="value"))
+    rerun = run_study(spec, out, progress=False)  # the old files are recomputed, then removed
+    assert rerun.params["computed"] == ["w16/main", "w24/main"] and dict(calls) == dict.fromkeys(calls, 4)
+    assert sorted(p.name.split("-")[1] for p in (out / "cells").rglob("part-*.parquet")) == sorted(
+        ["pga", "spectrum", "weights"] * 2)
