@@ -36,12 +36,13 @@ from typing import Any, Callable, Sequence
 from tqdm.auto import tqdm
 
 from geolens._io import atomic_write_text
+from geolens._validation import DEFAULT_N_TOKENS, UpperBound
 from geolens.analyses.compare import compare
 from geolens.analyses.convergence import ConvergenceResult, convergence, depth_pairs
 from geolens.analyses.pga import pga
 from geolens.analyses.phases import phases
 from geolens.analyses.probes import probes
-from geolens.analyses.spectrum import clipped_fit_range, spectrum, weight_geometry
+from geolens.analyses.spectrum import spectrum, weight_geometry
 from geolens.analyses.updates import updates
 from geolens.capture import States, capture
 from geolens.data import default_texts, load_default_model, load_model
@@ -73,12 +74,12 @@ REPORT_LENS_BUDGET: dict[str, Any] = {"method": "fast", "n_tokens": 8192, "max_s
 QUICK: dict[str, Any] = {
     "n_texts": 8,
     "max_length": 64,
-    "n_tokens": 256,
+    "n_tokens": UpperBound(256),  # sample sizes of presets are upper bounds, as the defaults are
     "n_null": 20,
     "ccr": (0, 1),
     "probe_texts": 50,
     "probe_folds": 3,
-    "convergence_positions": 128,
+    "convergence_positions": UpperBound(128),
     "convergence_null": 10,
     # A tuned lens fitted on 512 positions, no refinement: seconds; it has its own cache entry, so
     # it never stands in for a lens of the full budget.
@@ -104,7 +105,9 @@ class ReportSettings:
 
     n_texts: int = 32
     max_length: int = 128
-    n_tokens: int = 1024
+    # Sample sizes left at their defaults are upper bounds (short texts: what there is, with a warning; each
+    # section's params record the number used); a number set by hand is exact.
+    n_tokens: int = DEFAULT_N_TOKENS
     k: int | None = None
     n_null: int = 100
     ccr: int | Sequence[int] = (1, 5, 10)
@@ -112,17 +115,17 @@ class ReportSettings:
     probe_texts: int = 150
     probe_max_length: int = 64
     probe_folds: int = 5
-    convergence_positions: int = 512
+    convergence_positions: int = UpperBound(512)
     # Positions the lens section scores, a seeded sample of the report's captured ones: each costs 2 (L + 1)
     # full-vocabulary products (the logit and the tuned lens at every layer), PGA's only d-sized ones.
-    lens_positions: int = 512
+    lens_positions: int = UpperBound(512)
     # Second model of the convergence section: an offline model name, a model, or None (the model with itself
     # only). "auto": CROSS_FAMILY_MODEL when the report runs the default model, else None.
     convergence_model: Any = "auto"
     # Null subspace pairs per relative-depth pair of the cross-family comparison: fewer than n_null, since each
     # Spearman null draw sorts N(N-1)/2 distances twice (with 30, the sorts are about a quarter of that part's time).
     convergence_null: int = 30
-    alpha_fit_range: tuple[int, int] | None = None  # default (5, 100), clipped to what the spectrum has
+    alpha_fit_range: tuple[int, int] | None = None  # default (5, 100), cut to each spectrum's numerical rank
     lens_budget: dict[str, int] | None = None
     quick: bool = False  # made from the QUICK preset (recorded, so a quick report is never mistaken for a full one)
     progress: bool = True
@@ -186,9 +189,9 @@ def _pga_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
 
 def _spectrum_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     states = _states(adapter, texts, s)
+    # the default range is an upper bound: cut to each layer's eigenvalues and numerical rank
     result = spectrum(adapter, states, site=RESIDUAL_SITE, seed=s.seed, progress=s.progress,
-                      alpha_fit_range=clipped_fit_range(min(states.n_tokens - 1, adapter.d_model),
-                                                        s.alpha_fit_range or ALPHA_FIT_RANGE))
+                      alpha_fit_range=s.alpha_fit_range or ALPHA_FIT_RANGE)
     figures = [result.plot()]
     if "pga" in s.results:
         comparison = compare(s.results["pga"], result, ccr=1 if 1 in s.results["pga"].to_pandas().ccr.values else None)
@@ -245,7 +248,7 @@ def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
 
 
 def _weights_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
-    result = weight_geometry(adapter, progress=s.progress, alpha_fit_range=clipped_fit_range(adapter.d_model, s.alpha_fit_range or ALPHA_FIT_RANGE))
+    result = weight_geometry(adapter, progress=s.progress, alpha_fit_range=s.alpha_fit_range or ALPHA_FIT_RANGE)
     return result, []
 
 
@@ -422,6 +425,8 @@ def report(
         "sections": chosen, "quick": settings.quick, "date": date,
         "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings, "errors": errors,
         "settings": settings.as_dict(), "versions": versions(),
+        # the positions the shared capture used (n_tokens is an upper bound unless set by hand)
+        "n_tokens_used": None if settings.states is None else settings.states.n_tokens,
     }
     subtitle = (f"{adapter.n_layers} layers, d_model = {adapter.d_model}; {len(texts)} texts; "
                 f"{'quick budgets; ' if settings.quick else ''}{meta['date']}")

@@ -29,7 +29,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from geolens._validation import check_int, working_dtype
+from geolens._validation import UpperBound, check_int, working_dtype
 from geolens.analyses.pga import default_k
 from geolens.capture import capture
 from geolens.sites import RESIDUAL_SITE
@@ -304,9 +304,9 @@ def convergence(
     available = pos_a.shape[0]
     if available < 3:
         raise ValueError(f"only {available} word ends are shared by both tokenizations; need at least 3")
-    if n_positions is _DEFAULT_POSITIONS and available < MAX_POSITIONS:
+    if (n_positions is _DEFAULT_POSITIONS or isinstance(n_positions, UpperBound)) and available < n_positions:
         warnings.warn(f"the texts give only {available} aligned positions (fewer than the default n_positions = "
-                      f"{MAX_POSITIONS}): using all of them", UserWarning, stacklevel=2)
+                      f"{int(n_positions)}): using all of them", UserWarning, stacklevel=2)
         n_positions = None
     if n_positions is not None:
         n_positions = check_int(n_positions, "n_positions", low=3)

@@ -120,8 +120,11 @@ def spectrum(
         centre: mean-centre each layer's states first.
         seed: seed of the position sample.
         progress: show progress bars.
-        alpha_fit_range: 0-based half-open index range of the alpha-ReQ fit; its
-            stop must be <= min(n_tokens, d_model) (pass a smaller range for small models).
+        alpha_fit_range: 0-based half-open index range of the alpha-ReQ fit. The default ``(5, 100)`` is an
+            upper bound: cut to the eigenvalues there are and to each layer's numerical rank (with a warning;
+            the rows then carry the range used, ``alpha_fit_start, alpha_fit_stop``, and ``params``
+            lists the layers cut to their rank). An explicit range is used as given: its stop must be
+            <= the numerical rank of every layer.
         rtol: relative tolerance of "negligible" singular values (condition number, rank).
 
     Returns:
@@ -169,14 +172,41 @@ def clipped_fit_range(n_values: int, fit_range: tuple[int, int] = ALPHA_FIT_RANG
     return start, stop
 
 
-def _fit_range(fit_range: tuple[int, int], n_values: int, what: str) -> tuple[int, int]:
-    """The default range is an upper bound (clipped, with a warning); an explicit one is used as given."""
-    if fit_range is not ALPHA_FIT_RANGE or ALPHA_FIT_RANGE[1] <= n_values:
-        return tuple(fit_range)
+def _fit_range(fit_range: tuple[int, int], n_values: int, what: str) -> tuple[tuple[int, int], bool]:
+    """``(range, is_default)``: the default range is an upper bound (cut to the ``n_values`` eigenvalues, with a
+    warning, and later to each layer's numerical rank); an explicit one is used as given."""
+    if fit_range is not ALPHA_FIT_RANGE:
+        return tuple(fit_range), False
+    if ALPHA_FIT_RANGE[1] <= n_values:
+        return tuple(fit_range), True
     clipped = clipped_fit_range(n_values)
     warnings.warn(f"alpha_fit_range: the default {ALPHA_FIT_RANGE} needs {ALPHA_FIT_RANGE[1]} eigenvalues but {what} "
                   f"have {n_values}; fitting {clipped} (pass alpha_fit_range to choose)", stacklevel=3)
-    return clipped
+    return clipped, True
+
+
+def _summaries(matrices: dict[Any, torch.Tensor], *, centre: bool, fit_range: tuple[int, int], clip: bool,
+               rtol: float | None, eps: float, describe, progress: bool, desc: str) -> tuple[dict, list]:
+    """``spectral_summary`` of each matrix; with the default range (``clip``) each fit is cut to the matrix's
+    numerical rank, the range used kept in ``alpha_fit_start, alpha_fit_stop`` and the cut ones listed (and
+    warned about once)."""
+    out, cut = {}, []
+    for key, matrix in tqdm(matrices.items(), desc=desc, disable=not progress, leave=False):
+        try:
+            metrics = spectral_summary(matrix, centre=centre, alpha_fit_range=fit_range, rtol=rtol, eps=eps,
+                                       clip_fit_range=clip)
+        except ValueError as err:
+            raise ValueError(f"{describe(key)}: {err}") from err
+        if clip and (metrics["alpha_fit_start"], metrics["alpha_fit_stop"]) != tuple(fit_range):
+            cut.append((key, metrics["alpha_fit_start"], metrics["alpha_fit_stop"]))
+        out[key] = metrics
+    if cut:
+        shown = ", ".join(f"{describe(key)}: ({a}, {b})" for key, a, b in cut[:5])
+        warnings.warn(f"alpha_fit_range: the default {ALPHA_FIT_RANGE} reaches past the numerical rank of "
+                      f"{len(cut)} of {len(matrices)} spectra; each is fitted up to its rank ({shown}"
+                      f"{', ...' if len(cut) > 5 else ''}; alpha is NaN below rank 2). The range used is in the "
+                      "alpha_fit_start, alpha_fit_stop columns (pass alpha_fit_range to choose)", stacklevel=4)
+    return out, cut
 
 
 def _spectrum_of_states(
@@ -192,18 +222,16 @@ def _spectrum_of_states(
     """Spectral metrics of already-captured :class:`~geolens.capture.States` (every site, or just ``site``)."""
     sites = states.sites if site is None else (site,)
     n_values = min(states.n_tokens - 1 if centre else states.n_tokens, states.d_model)
-    alpha_fit_range = _fit_range(alpha_fit_range, n_values, f"{states.n_tokens} states of width {states.d_model}")
-    jobs = [(s, layer) for s in sites for layer in states.layers[s]]
-    rows = []
-    for s, layer in tqdm(jobs, desc="spectrum", disable=not progress, leave=False):
-        try:
-            metrics = spectral_summary(states.layer(s, layer), centre=centre, alpha_fit_range=alpha_fit_range,
-                                       rtol=rtol, eps=eps)
-        except ValueError as err:
-            raise ValueError(f"{s} layer {layer}: {err}") from err
-        rows.append({"layer": layer, "site": s, **metrics})
+    alpha_fit_range, default = _fit_range(alpha_fit_range, n_values,
+                                          f"{states.n_tokens} states of width {states.d_model}")
+    jobs = {(s, layer): states.layer(s, layer) for s in sites for layer in states.layers[s]}
+    metrics, cut = _summaries(jobs, centre=centre, fit_range=alpha_fit_range, clip=default, rtol=rtol, eps=eps,
+                              describe=lambda key: f"{key[0]} layer {key[1]}", progress=progress, desc="spectrum")
+    rows = [{"layer": layer, "site": s, **values} for (s, layer), values in metrics.items()]
     params = {"site": site if site is not None else list(sites), "n_tokens": states.n_tokens, "centre": centre,
               "alpha_fit_range": list(alpha_fit_range), "rtol": rtol, "rankme_eps": eps}
+    if default:  # the spectra whose fit was cut to their numerical rank: [site, layer, start, stop]
+        params["alpha_fit_clipped"] = [[s, layer, a, b] for (s, layer), a, b in cut]
     return SpectrumResult(rows=rows, params=params)
 
 
@@ -242,14 +270,14 @@ def weight_geometry(
     adapter = as_adapter(model)
     matrices = _weight_matrices(adapter)
     n_values = min(min(m.shape[0] - 1 if centre else m.shape[0], m.shape[1]) for m in matrices.values())
-    alpha_fit_range = _fit_range(alpha_fit_range, n_values, f"the [V, d = {adapter.d_model}] weight matrices")
-    rows = []
-    for name, matrix in tqdm(matrices.items(), desc="weights", disable=not progress, leave=False):
-        try:
-            metrics = spectral_summary(matrix, centre=centre, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps)
-        except ValueError as err:
-            raise ValueError(f"{name}: {err}") from err
-        rows.append({"matrix": name, "rows": int(matrix.shape[0]), "cols": int(matrix.shape[1]), **metrics})
+    alpha_fit_range, default = _fit_range(alpha_fit_range, n_values,
+                                          f"the [V, d = {adapter.d_model}] weight matrices")
+    metrics, cut = _summaries(matrices, centre=centre, fit_range=alpha_fit_range, clip=default, rtol=rtol, eps=eps,
+                              describe=str, progress=progress, desc="weights")
+    rows = [{"matrix": name, "rows": int(matrices[name].shape[0]), "cols": int(matrices[name].shape[1]), **values}
+            for name, values in metrics.items()]
     params: dict[str, Any] = {"model": adapter.name, "centre": centre, "alpha_fit_range": list(alpha_fit_range),
                               "rtol": rtol, "rankme_eps": eps, "processing": dict(adapter.processing)}
+    if default:
+        params["alpha_fit_clipped"] = [[name, a, b] for name, a, b in cut]
     return WeightGeometryResult(rows=rows, params=params)

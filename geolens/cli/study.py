@@ -41,16 +41,16 @@ def spec_file(text: str):
 
 
 def results_dir(text: str) -> Path:
-    """A folder a study wrote (``study.json`` or ``cells/``)."""
-    from geolens.study.cells import CELLS_DIR, MANIFEST
+    """A folder a study wrote (a geolens ``study.json`` or ``cells/``); a missing folder or another tool's
+    ``study.json`` is refused with one line."""
+    from geolens.study.results import check_study_dir
 
-    path = Path(text).expanduser()
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"results folder {text!r} does not exist")
-    if not (path / MANIFEST).is_file() and not (path / CELLS_DIR).is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} holds no study results (no {MANIFEST}); "
-                                         "run `geolens study run SPEC.toml --out DIR` first")
-    return path
+    try:
+        return check_study_dir(text)
+    except FileNotFoundError as err:
+        raise argparse.ArgumentTypeError(f"{err}; run `geolens study run SPEC.toml --out DIR` first") from None
+    except (ValueError, OSError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_study_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,10 +79,12 @@ def run_study_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
     from geolens.study import run_study, study_report
 
+    from geolens.study.results import check_study_dir
+
     if args.study_command == "report":
         try:
             page = study_report(args.dir, path=args.out)
-        except ValueError as err:
+        except (ValueError, OSError) as err:
             parser.error(str(err))
         print(f"wrote {page}")
         return 0
@@ -90,6 +92,10 @@ def run_study_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         parser.error("--address needs --executor ray")
     if args.executor == "ray" and importlib.util.find_spec("ray") is None:
         parser.error("--executor ray needs Ray: pip install 'geolens[ray]'")
+    try:
+        check_study_dir(args.out, writing=True)  # another tool's study.json there is never overwritten
+    except (ValueError, OSError) as err:
+        parser.error(f"--out: {err}")
     result = run_study(args.spec, args.out, executor=args.executor, address=args.address,
                        max_retries=args.max_retries, progress=not args.no_progress)
     params: dict[str, Any] = result.params

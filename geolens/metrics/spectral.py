@@ -73,6 +73,7 @@ __all__ = [
     "condition_number",
     "cosine_stats",
     "effective_rank",
+    "fit_range_within",
     "isotropy",
     "mean_cosine",
     "numerical_rank",
@@ -169,6 +170,33 @@ def _condition_number(sp: Spectrum, rtol: float | None) -> float:
     rank = _numerical_rank(sp, rtol)
     s = sp.s.double()
     return float(s[0] / s[rank - 1])
+
+
+def fit_range_within(fit_range: tuple[int, int], rank: int) -> tuple[int, int] | None:
+    """``fit_range`` cut to the first ``rank`` eigenvalues (``stop <= rank``, ``stop - start >= 2``, the start moved
+    down only as far as that needs); ``None`` when fewer than 2 remain.
+
+    The default range is an upper bound: a spectrum of numerical rank 33 is fitted on ``(5, 33)``, one of rank 4
+    on ``(2, 4)``.
+
+    Example:
+        >>> fit_range_within((5, 100), 33), fit_range_within((5, 100), 4), fit_range_within((5, 100), 1)
+        ((5, 33), (2, 4), None)
+    """
+    start, stop = _check_fit_range(fit_range)
+    stop = min(stop, int(rank))
+    start = max(0, min(start, stop - 2))
+    return (start, stop) if stop - start >= 2 else None
+
+
+def _alpha_req_within_rank(sp: Spectrum, fit_range: tuple[int, int], rtol: float | None
+                           ) -> tuple[float, float, int, int]:
+    """``(alpha, R^2, start, stop)`` with ``fit_range`` cut to the numerical rank (NaN where the rank is below 2)."""
+    rank = min(_numerical_rank(sp, rtol), sp.s.numel())
+    within = fit_range_within(fit_range, rank)
+    if within is None:
+        return math.nan, math.nan, 0, rank
+    return (*_alpha_req(sp, within, rtol), *within)
 
 
 def _alpha_req(sp: Spectrum, fit_range: tuple[int, int], rtol: float | None) -> tuple[float, float]:
@@ -387,6 +415,7 @@ def spectral_summary(
     alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
     rtol: float | None = None,
     eps: float = RANKME_EPS,
+    clip_fit_range: bool = False,
 ) -> dict[str, float]:
     """Every spectral metric of ``x`` from one SVD, as a dict of floats.
 
@@ -395,7 +424,10 @@ def spectral_summary(
     With ``centre=True`` (default) *every* metric is of the centred matrix,
     RankMe included (call :func:`rankme` on the raw matrix for Garrido's
     uncentred convention). ``alpha_fit_range`` must fit inside the spectrum
-    (``stop <= min(N, d)``); pass a smaller one for small ``d``.
+    (``stop <= min(N, d)``); pass a smaller one for small ``d``. With
+    ``clip_fit_range=True`` it is an upper bound instead: cut to the numerical
+    rank (:func:`fit_range_within`; alpha and R^2 are NaN below rank 2), and the
+    range used is returned too (``alpha_fit_start``, ``alpha_fit_stop``).
 
     See docs/methods.md §B.1 and §B.8.
 
@@ -408,9 +440,13 @@ def spectral_summary(
     """
     x = _prepare(x, "X", centre)
     sp = _svd(x, centre, True, "X")
-    alpha, r2 = _alpha_req(sp, alpha_fit_range, rtol)
+    if clip_fit_range:
+        alpha, r2, fit_start, fit_stop = _alpha_req_within_rank(sp, alpha_fit_range, rtol)
+    else:
+        alpha, r2 = _alpha_req(sp, alpha_fit_range, rtol)
     log_iso = _log_isotropy(sp)
     cos_mean, cos_std = cosine_stats(x)
+    used = {"alpha_fit_start": fit_start, "alpha_fit_stop": fit_stop} if clip_fit_range else {}
     return {
         "effective_rank": _effective_rank(sp),
         "rankme": _rankme(sp, eps),
@@ -422,4 +458,5 @@ def spectral_summary(
         "cosine_std": cos_std,
         "condition_number": _condition_number(sp, rtol),
         "numerical_rank": _numerical_rank(sp, rtol),
+        **used,
     }

@@ -4,12 +4,16 @@ On disk (``out_dir``)::
 
     study.json                                  the spec's cells, their hashes, the metadata columns
     metadata.parquet                            one row per cell: model, checkpoint, step, metadata columns
-    cells/model=<m>/checkpoint=<c>/part-<hash>.parquet   a finished cell's rows (hive partitions)
-    cells/model=<m>/checkpoint=<c>/_error.json           a failed cell: error and traceback
+    cells/model=<m>/checkpoint=<c>/part-<analysis>-<hash>.parquet   one finished analysis of a cell (hive partitions)
+    cells/model=<m>/checkpoint=<c>/_error-<analysis>.json           one failed analysis: error and traceback
+    cells/model=<m>/checkpoint=<c>/_error.json                      a cell whose model did not load
 
-A cell's file is written to a temporary name in its folder and renamed into place
-(``os.replace``): it exists whole or not at all, so a run killed at any moment loses
-no finished cell, and a file named with the current hash *is* a finished cell.
+Each analysis of a cell is its own unit: one that raises is recorded in its error file
+while the others keep their rows, and the next run computes only what is missing
+(an analysis whose file for its current hash is on disk and reads back whole is finished).
+Files are written to a temporary name in their folder and renamed into place
+(``os.replace``), with Parquet page checksums: a file exists whole or not at all, and one
+damaged later (truncated, a bad page) fails :func:`is_valid` and is recomputed.
 
 Example:
     >>> cell_dir("out", "pythia-70m", "step1000").as_posix()
@@ -23,18 +27,20 @@ import json
 import os
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from geolens._io import atomic_file, atomic_write_text
-from geolens.analyses.spectrum import clipped_fit_range
+from geolens._validation import UpperBound
 from geolens.capture import capture
 from geolens.model import as_adapter
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 from geolens.study.spec import STUDY_ANALYSES, Cell
 
-__all__ = ["CELLS_DIR", "ERROR_FILE", "MANIFEST", "METADATA_FILE", "cell_dir", "cell_file", "cell_provenance", "compute_cell", "finish_cell",
-           "is_finished", "row_schema", "run_cell"]
+__all__ = ["CELLS_DIR", "ERROR_FILE", "MANIFEST", "METADATA_FILE", "analysis_error_file", "analysis_file",
+           "cell_dir", "cell_provenance", "compute_cell", "finish_cell", "is_finished", "is_valid",
+           "pending_analyses", "read_cell_file", "remaining", "row_schema", "run_cell", "tidy_cell"]
 
 CELLS_DIR = "cells"
 MANIFEST = "study.json"
@@ -57,21 +63,78 @@ def cell_dir(out_dir: str | os.PathLike, model: str, checkpoint: str) -> Path:
     return Path(out_dir) / CELLS_DIR / f"model={model}" / f"checkpoint={checkpoint}"
 
 
-def cell_file(out_dir: str | os.PathLike, cell: Cell) -> Path:
-    return cell_dir(out_dir, cell.model, cell.checkpoint) / f"part-{cell.spec_hash}.parquet"
+def analysis_file(out_dir: str | os.PathLike, cell: Cell, analysis: str) -> Path:
+    """Where the rows of one analysis of ``cell`` (for its current options) go."""
+    return cell_dir(out_dir, cell.model, cell.checkpoint) / f"part-{analysis}-{cell.analysis_hashes[analysis]}.parquet"
+
+
+def analysis_error_file(analysis: str) -> str:
+    """The name of the error file of one failed analysis in its cell's folder."""
+    return f"_error-{analysis}.json"
+
+
+def read_cell_file(path: str | os.PathLike, analysis_hash: str | None = None):
+    """The rows of a cell file as an Arrow table if it reads back whole (footer, every page's checksum, the row
+    count recorded at write time) and was written for ``analysis_hash`` when given; else ``None``."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        record = json.loads(meta[_METADATA_KEY])
+        if analysis_hash is not None and record.get("analysis_hash") != analysis_hash:
+            return None
+        table = pq.read_table(path, page_checksum_verification=True)
+    except Exception:  # any failure to read back is a damaged file: the caller recomputes or skips it
+        return None
+    return table if table.num_rows == record.get("n_rows", table.num_rows) else None
+
+
+def is_valid(path: str | os.PathLike, analysis_hash: str | None = None) -> bool:
+    """Whether ``path`` is a whole, readable cell file (:func:`read_cell_file`). A truncated or damaged file is
+    not (its analysis is then recomputed)."""
+    return read_cell_file(path, analysis_hash) is not None
+
+
+def pending_analyses(out_dir: str | os.PathLike, cell: Cell) -> list[str]:
+    """The analyses of ``cell`` without a valid file for their current options (all of them in a new cell)."""
+    return [name for name in cell.analyses
+            if not is_valid(analysis_file(out_dir, cell, name), cell.analysis_hashes[name])]
 
 
 def is_finished(out_dir: str | os.PathLike, cell: Cell) -> bool:
-    """Whether the cell's rows for its current spec are on disk."""
-    return cell_file(out_dir, cell).is_file()
+    """Whether every analysis of the cell has its rows for its current options on disk, whole."""
+    return not pending_analyses(out_dir, cell)
+
+
+def remaining(out_dir: str | os.PathLike, cell: Cell) -> Cell:
+    """``cell`` cut to its pending analyses: what a rerun computes (finished analyses are not recomputed)."""
+    pending = pending_analyses(out_dir, cell)
+    if len(pending) == len(cell.analyses):
+        return cell
+    return replace(cell, analyses={name: cell.analyses[name] for name in pending},
+                   analysis_hashes={name: cell.analysis_hashes[name] for name in pending})
+
+
+def tidy_cell(out_dir: str | os.PathLike, cell: Cell) -> None:
+    """Remove what a finished cell no longer needs: files of older options, analyses no longer asked for, and
+    error files (a run killed between writing a new file and removing an old one leaves both)."""
+    folder = cell_dir(out_dir, cell.model, cell.checkpoint)
+    keep = {analysis_file(out_dir, cell, name).name for name in cell.analyses}
+    for old in folder.glob("part-*.parquet"):
+        if old.name not in keep:
+            old.unlink(missing_ok=True)
+    for error in folder.glob("_error*.json"):
+        error.unlink(missing_ok=True)
 
 
 def _capture_key(options: dict[str, Any]) -> tuple:
-    return tuple(options.get(k) for k in ("n_tokens", "seed", "batch_size", "max_length"))
+    # "at most 1024" and "exactly 1024" are different captures when the text is short
+    return tuple((options.get(k), isinstance(options.get(k), UpperBound))
+                 for k in ("n_tokens", "seed", "batch_size", "max_length"))
 
 
-def _shared_states(adapter, cell: Cell) -> dict[tuple, Any]:
-    """States for pga and spectrum, captured once per set of sampling options (one capture in the usual case).
+def _shared_sites(cell: Cell) -> dict[tuple, list[str]]:
+    """The sites pga and spectrum need, per set of sampling options (one set in the usual case).
 
     An analysis given its own ``layers`` captures for itself.
     """
@@ -85,12 +148,7 @@ def _shared_states(adapter, cell: Cell) -> dict[tuple, Any]:
                           and site != FINAL_SITE else [])
         bucket = wanted.setdefault(_capture_key(options), [])
         bucket.extend(s for s in sites if s not in bucket)
-    states = {}
-    for key, sites in wanted.items():
-        n_tokens, seed, batch_size, max_length = key
-        states[key] = capture(adapter, list(cell.texts), sites=tuple(sites), n_tokens=n_tokens, seed=seed,
-                              batch_size=batch_size, max_length=max_length, progress=False)
-    return states
+    return wanted
 
 
 def _phase_rows(result) -> list[dict[str, Any]]:
@@ -109,48 +167,73 @@ def _phase_rows(result) -> list[dict[str, Any]]:
              "value": float(value) if value is not None else nan} for key, value in values.items()]
 
 
-def compute_cell(cell: Cell) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every number of one cell in the long format, and the parameters each analysis reported.
+def _run_analysis(adapter, cell: Cell, name: str, states: dict[tuple, Any], sites: dict[tuple, list[str]]):
+    """One analysis of the cell: on the shared states where it can (captured on first use), else by itself."""
+    fn, takes_tokens = STUDY_ANALYSES[name]
+    options = dict(cell.analyses[name])
+    key = _capture_key(options)
+    if name in _STATE_ANALYSES and options.get("layers") is None and key in sites:
+        if key not in states:  # a capture that raises fails the analyses that need it, and only them
+            _, seed, batch_size, max_length = (value for value, _ in key)
+            try:
+                states[key] = capture(adapter, list(cell.texts), sites=tuple(sites[key]),
+                                      n_tokens=options.get("n_tokens"), seed=seed, batch_size=batch_size,
+                                      max_length=max_length, progress=False)
+            except Exception as err:
+                states[key] = err
+        if isinstance(states[key], Exception):
+            raise states[key]
+        # the sampling options were used by the capture; seed also seeds PGA's nulls
+        return fn(adapter, states[key], progress=False, **options)
+    if takes_tokens:
+        return fn(adapter, list(cell.texts), progress=False, **options)
+    return fn(adapter, progress=False, **options)
 
-    Loads the model, captures the states pga and spectrum share once, runs each analysis
-    with its options (progress bars off). The model is freed when this returns
+
+def _failure(err: BaseException, **extra: Any) -> dict[str, Any]:
+    return {"ok": False, "error": f"{type(err).__name__}: {err}", "error_type": type(err).__name__,
+            "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__)), **extra}
+
+
+def compute_cell(cell: Cell) -> dict[str, Any]:
+    """Every analysis of one cell: ``{"n_layers", "d_model", "analyses": {name: outcome}}``.
+
+    Loads the model (an error there propagates: the cell has nothing to compute), captures the
+    states pga and spectrum share once, runs each analysis with its options (progress bars off).
+    An analysis that raises is caught: its outcome is ``{"ok": False, "error", "error_type",
+    "traceback"}`` and the other analyses go on; one that succeeds gives ``{"ok": True, "rows",
+    "params", "seconds"}`` (its rows in the long format). The model is freed when this returns
     (:func:`run_cell` then collects garbage and empties CUDA's cache).
     """
     adapter = as_adapter(cell.load())
     n_layers, d_model = adapter.n_layers, adapter.d_model
-    states = _shared_states(adapter, cell)
-    rows: list[dict[str, Any]] = []
-    reported: dict[str, Any] = {}
-    for name, options in cell.analyses.items():
-        fn, takes_tokens = STUDY_ANALYSES[name]
-        options = dict(options)
-        shared = states.get(_capture_key(options)) if name in _STATE_ANALYSES and options.get("layers") is None \
-            else None
-        if shared is not None:  # the sampling options were used by the capture; seed also seeds PGA's nulls
-            if name == "spectrum" and "alpha_fit_range" not in options:  # the default range, cut to the
-                centred = options.get("centre", True)                    # states (as the report does)
-                options["alpha_fit_range"] = clipped_fit_range(
-                    min(shared.n_tokens - 1 if centred else shared.n_tokens, shared.d_model))
-            result = fn(adapter, shared, progress=False, **options)
-        elif takes_tokens:
-            result = fn(adapter, list(cell.texts), progress=False, **options)
-        else:
-            result = fn(adapter, progress=False, **options)
-        found = result.long_rows(name)
-        if name == "phases":
-            result.params.setdefault("n_layers", n_layers)
-            found += _phase_rows(result)
-        rows.extend(found)
-        reported[name] = {k: v for k, v in result.params.items() if k != "processing"}
-    for row in rows:
-        layer = row["layer"]
-        row.update(step=cell.step, n_layers=n_layers, d_model=d_model,
-                   relative_depth=None if layer is None else layer / n_layers)
-    return rows, {"params": reported, "n_layers": n_layers, "d_model": d_model}
+    states: dict[tuple, Any] = {}
+    sites = _shared_sites(cell)
+    outcomes: dict[str, dict[str, Any]] = {}
+    for name in cell.analyses:
+        started = time.perf_counter()
+        try:
+            result = _run_analysis(adapter, cell, name, states, sites)
+            rows = result.long_rows(name)
+            if name == "phases":
+                result.params.setdefault("n_layers", n_layers)
+                rows += _phase_rows(result)
+        except Exception as err:  # this analysis fails alone; the others keep their rows
+            outcomes[name] = _failure(err, seconds=round(time.perf_counter() - started, 3))
+            continue
+        for row in rows:
+            layer = row["layer"]
+            row.update(step=cell.step, n_layers=n_layers, d_model=d_model,
+                       relative_depth=None if layer is None else layer / n_layers)
+        outcomes[name] = {"ok": True, "rows": rows, "seconds": round(time.perf_counter() - started, 3),
+                          "params": {k: v for k, v in result.params.items() if k != "processing"}}
+    return {"n_layers": n_layers, "d_model": d_model, "analyses": outcomes}
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
-    """Compute one cell, catching its failure: ``{"ok", "rows", "info"}`` or ``{"ok": False, "error", "traceback"}``.
+    """Compute one cell, catching its failures: ``{"ok", "analyses", "info", "seconds"}``, ``ok`` when every
+    analysis succeeded (else ``error`` sums up the failed ones); a model that does not load gives
+    ``{"ok": False, "error", "error_type", "traceback"}``.
 
     This is what an executor runs (in-process or as a Ray task); the driver writes the outcome
     with :func:`finish_cell`, so workers need no shared filesystem. The model is freed before it
@@ -160,66 +243,91 @@ def run_cell(cell: Cell) -> dict[str, Any]:
 
     started = time.perf_counter()
     try:
-        rows, info = compute_cell(cell)
-        outcome = {"ok": True, "rows": rows, "info": info}
-    except Exception as err:  # a failing cell is recorded; the others go on
-        outcome = {"ok": False, "error": f"{type(err).__name__}: {err}", "error_type": type(err).__name__,
-                   "traceback": traceback.format_exc()}
+        info = compute_cell(cell)
+        analyses = info.pop("analyses")
+        failed = {name: o["error"] for name, o in analyses.items() if not o["ok"]}
+        outcome = {"ok": not failed, "analyses": analyses, "info": info}
+        if failed:
+            outcome["error"] = "; ".join(f"{name}: {error}" for name, error in failed.items())
+            outcome["error_type"] = next(analyses[name]["error_type"] for name in failed)
+    except Exception as err:  # the model did not load: the cell is recorded as failed; the others go on
+        outcome = _failure(err)
     _free_memory()  # the model (and the traceback's frames) are gone by now
     outcome["seconds"] = round(time.perf_counter() - started, 3)
     return outcome
 
 
-def _remove_others(folder: Path, keep: str | None) -> None:
+def _write_rows(path: Path, rows: list[dict[str, Any]], provenance: dict[str, Any]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from geolens.results import json_text
+
+    schema = row_schema()
+    table = pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)
+    provenance = {**provenance, "n_rows": table.num_rows}
+    table = table.replace_schema_metadata({_METADATA_KEY: json_text(provenance, indent=None).encode()})
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp, write_page_checksum=True)
+
+
+def finish_cell(out_dir: str | os.PathLike, cell: Cell, outcome: dict[str, Any]) -> list[Path]:
+    """Write a cell's outcome; returns the files written.
+
+    Each analysis that succeeded: its rows as Parquet (atomically, with page checksums; its error
+    file removed, files of its older options removed). Each that failed: ``_error-<analysis>.json``
+    (error and traceback; files of its older options removed, so the dataset holds results of the
+    current spec only). A model that did not load (no ``analyses`` in the outcome): ``_error.json``,
+    listing the analyses that were to run.
+    """
+    folder = cell_dir(out_dir, cell.model, cell.checkpoint)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    base = {"model": cell.model, "checkpoint": cell.checkpoint, "spec_hash": cell.spec_hash}
+    written: list[Path] = []
+    analyses = outcome.get("analyses")
+    if analyses is None:  # nothing ran: the model did not load (or the worker died)
+        written.append(atomic_write_text(folder / ERROR_FILE, json.dumps(
+            {**base, "analyses": list(cell.analyses), "time": stamp, "seconds": outcome.get("seconds"),
+             "error": outcome["error"], "error_type": outcome.get("error_type"),
+             "traceback": outcome.get("traceback", "")}, indent=1)))
+        for name in cell.analyses:
+            (folder / analysis_error_file(name)).unlink(missing_ok=True)
+            _remove_older(folder, cell, name)
+        return written
+    for name, result in analyses.items():
+        record = {**base, "analysis": name, "analysis_hash": cell.analysis_hashes[name], "time": stamp,
+                  "seconds": result.get("seconds")}
+        if result["ok"]:
+            path = analysis_file(out_dir, cell, name)
+            _write_rows(path, result["rows"], {**record, "finished": stamp, "cell_seconds": outcome.get("seconds"),
+                                               **outcome.get("info", {}), "params": {name: result["params"]}})
+            (folder / analysis_error_file(name)).unlink(missing_ok=True)
+        else:
+            path = atomic_write_text(folder / analysis_error_file(name), json.dumps(
+                {**record, "error": result["error"], "error_type": result.get("error_type"),
+                 "traceback": result.get("traceback", "")}, indent=1))
+        _remove_older(folder, cell, name, keep=path.name if result["ok"] else None)
+        written.append(path)
+    (folder / ERROR_FILE).unlink(missing_ok=True)  # the model loaded this time
+    return written
+
+
+def _remove_older(folder: Path, cell: Cell, analysis: str, keep: str | None = None) -> None:
+    """Files of ``analysis`` for other options than the current ones, and files of the format before one file
+    per analysis (``part-<hash>.parquet``)."""
     for old in folder.glob("part-*.parquet"):
-        if old.name != keep:
+        parts = old.stem.split("-")
+        if old.name != keep and (len(parts) == 2 or parts[1] == analysis):
             with contextlib.suppress(OSError):
                 old.unlink()
 
 
-def finish_cell(out_dir: str | os.PathLike, cell: Cell, outcome: dict[str, Any]) -> Path:
-    """Write a cell's outcome: its rows as Parquet (atomically), or its error; returns the file written.
-
-    A success removes the cell's error file and files of older specs; a failure removes the
-    files of older specs (the dataset holds results of the current spec only) and keeps the error
-    and traceback in ``_error.json``.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder = cell_dir(out_dir, cell.model, cell.checkpoint)
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    if not outcome["ok"]:
-        path = atomic_write_text(folder / ERROR_FILE, json.dumps(
-            {"model": cell.model, "checkpoint": cell.checkpoint, "spec_hash": cell.spec_hash, "time": stamp,
-             "seconds": outcome.get("seconds"), "error": outcome["error"],
-             "error_type": outcome.get("error_type"), "traceback": outcome.get("traceback", "")}, indent=1))
-        _remove_others(folder, None)
-        return path
-    from geolens.results import json_text
-
-    schema = row_schema()
-    table = pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in outcome["rows"]],
-                                 schema=schema)
-    provenance = {"model": cell.model, "checkpoint": cell.checkpoint, "spec_hash": cell.spec_hash,
-                  "finished": stamp, "seconds": outcome.get("seconds"), **outcome.get("info", {})}
-    table = table.replace_schema_metadata({_METADATA_KEY: json_text(provenance, indent=None).encode()})
-    path = cell_file(out_dir, cell)
-    with atomic_file(path) as tmp:
-        pq.write_table(table, tmp)
-    with contextlib.suppress(FileNotFoundError):
-        (folder / ERROR_FILE).unlink()
-    _remove_others(folder, path.name)
-    return path
-
-
 def cell_provenance(path: str | os.PathLike) -> dict[str, Any]:
-    """What a cell file records besides its rows: hash, time, seconds, each analysis's reported parameters."""
+    """What a cell file records besides its rows: hashes, time, seconds, its analysis's reported parameters."""
     import pyarrow.parquet as pq
 
     from geolens.results import _restore_non_finite
 
     meta = pq.read_schema(path).metadata or {}
     return _restore_non_finite(json.loads(meta.get(_METADATA_KEY, b"{}")))
-

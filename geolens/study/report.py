@@ -29,7 +29,7 @@ import pandas as pd
 
 from geolens.pages import Section, versions, write_html
 from geolens.results import Result
-from geolens.study.results import StudyResult, load_errors
+from geolens.study.results import StudyResult, load_errors, load_provenance
 
 __all__ = ["study_report"]
 
@@ -152,12 +152,26 @@ def _errors(out: Path) -> Section | None:
     errors = load_errors(out)
     if errors.empty:
         return None
-    line = f"{len(errors)} cells failed, e.g. {errors['model'].iloc[0]}/{errors['checkpoint'].iloc[0]}: " \
-           f"{errors['error'].iloc[0]}"
-    return Section("failed-cells", "Cells that failed",
-                   "Each failed cell keeps its error and traceback in cells/model=…/checkpoint=…/_error.json; "
-                   "the next run of the study tries it again.",
+    first = errors.iloc[0]
+    where = f"{first['model']}/{first['checkpoint']}" + (f" ({first['analysis']})" if first["analysis"] else "")
+    cells = errors[["model", "checkpoint"]].drop_duplicates()
+    line = (f"{len(errors)} analyses failed in {len(cells)} cells (the other analyses of those cells kept their "
+            f"rows), e.g. {where}: {first['error']}")
+    return Section("failed-cells", "Analyses that failed",
+                   "Each failed analysis keeps its error and traceback in "
+                   "cells/model=…/checkpoint=…/_error-<analysis>.json (_error.json: the model did not load); "
+                   "the next run of the study computes only what failed.",
                    Result(rows=_records(errors), params={}), [], findings=[line])
+
+
+def _tokens_used(out: Path) -> str:
+    """The numbers of token positions the analyses used (n_tokens is an upper bound unless set by hand)."""
+    used = sorted({int(params["n_tokens"]) for record in load_provenance(out).values()
+                   for params in record.get("params", {}).values()
+                   if isinstance(params, dict) and isinstance(params.get("n_tokens"), int)})
+    if not used:
+        return "—"
+    return str(used[0]) if len(used) == 1 else f"{used[0]}–{used[-1]} (cells differ)"
 
 
 def study_report(out_dir: str | os.PathLike, *, path: str | os.PathLike | None = None) -> Path:
@@ -175,7 +189,7 @@ def study_report(out_dir: str | os.PathLike, *, path: str | os.PathLike | None =
         ("training", "Over training", lambda: _training(res)),
         ("across-models", "Across models", lambda: _across(res)),
         ("phases", "Phase widths against depth", lambda: _phases(res)),
-        ("failed-cells", "Cells that failed", lambda: _errors(out)),
+        ("failed-cells", "Analyses that failed", lambda: _errors(out)),
     ]
     sections = []
     for name, heading, build in builders:
@@ -191,7 +205,8 @@ def study_report(out_dir: str | os.PathLike, *, path: str | os.PathLike | None =
     manifest_versions = versions()
     meta = {"study": res.params.get("name"), "folder": str(out), "models": table["model"].nunique(),
             "cells": res.params.get("cells"), "failed cells": len(res.params.get("errors", {})),
-            "settings": res.params.get("settings", {}), "versions": manifest_versions,
+            "settings": res.params.get("settings", {}), "token positions used": _tokens_used(out),
+            "versions": manifest_versions,
             "date": time.strftime("%Y-%m-%d %H:%M"), "run_time_s": round(time.perf_counter() - started, 1)}
     target = Path(path) if path is not None else out / "report.html"
     return write_html(target, title=f"geolens study — {res.params.get('name')}",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
@@ -34,7 +35,9 @@ from geolens import plotting
 from geolens.metrics.correlation import partial_rank_correlation, rank_correlation
 from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
-from geolens.study.cells import CELLS_DIR, ERROR_FILE, MANIFEST, METADATA_FILE, cell_dir, cell_provenance
+from geolens.study.cells import (CELLS_DIR, ERROR_FILE, MANIFEST, METADATA_FILE, analysis_error_file, cell_dir,
+                                 cell_provenance, read_cell_file)
+from geolens.study.spec import STUDY_KIND
 
 __all__ = ["GEOMETRY_METRICS", "StudyResult", "load_errors", "load_provenance", "load_results"]
 
@@ -43,33 +46,93 @@ ROW_COLUMNS = ["analysis", "site", "ccr", "layer", "relative_depth", "metric", "
 GEOMETRY_METRICS = ("pga.z", "spectrum.effective_rank", "spectrum.alpha_req", "spectrum.log_isotropy",
                     "spectrum.mean_cosine")
 _PHASES = ("I", "II", "III")
-_ERROR_COLUMNS = ("model", "checkpoint", "error", "error_type", "traceback", "time")
+_ERROR_COLUMNS = ("model", "checkpoint", "analysis", "error", "error_type", "traceback", "time")
+
+
+def _not_a_study(path: Path, why: str) -> ValueError:
+    return ValueError(f"{path} is not a geolens study's {MANIFEST} ({why}); give the folder run_study / "
+                      "`geolens study run` wrote")
 
 
 def _manifest(out: Path) -> dict[str, Any] | None:
+    """``study.json`` of ``out`` (``None`` when absent), checked to be a geolens study's."""
     path = out / MANIFEST
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is damaged: {err}") from None
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is damaged or not JSON: {err}") from None
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read: {err}") from None
+    if not isinstance(manifest, dict):
+        raise _not_a_study(path, f"a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("kind", STUDY_KIND) != STUDY_KIND:
+        raise _not_a_study(path, f"its kind is {manifest.get('kind')!r}")
+    cells = manifest.get("cells")
+    if not isinstance(cells, list):
+        raise _not_a_study(path, "no 'cells' list")
+    for cell in cells:
+        if not (isinstance(cell, dict) and all(isinstance(cell.get(k), str) for k in ("model", "checkpoint",
+                                                                                      "spec_hash"))
+                and isinstance(cell.get("analyses", {}), dict)):
+            raise _not_a_study(path, f"a cell entry without model, checkpoint and spec_hash: {cell!r:.120}")
+    return manifest
 
 
-def _cell_files(out: Path) -> list[tuple[str, str, Path]]:
-    """``(model, checkpoint, file)`` of the current spec's finished cells, in the spec's order."""
+def check_study_dir(out_dir: str | os.PathLike, *, writing: bool = False) -> Path:
+    """``out_dir`` as a ``Path`` if it holds a geolens study (``study.json`` or ``cells/``), else a clear error:
+    ``FileNotFoundError`` for a folder that does not exist or holds no study, ``ValueError`` for another tool's
+    ``study.json``. With ``writing`` (a run about to write there), a missing or empty folder is fine.
+
+    Example:
+        >>> check_study_dir("no/such/folder")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: study folder no/such/folder does not exist: run the study first
+    """
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"study folder {out} is a file, not a folder")
+    if not out.exists():
+        if writing:
+            return out
+        raise FileNotFoundError(f"study folder {out} does not exist: run the study first")
+    if _manifest(out) is None and not (out / CELLS_DIR).is_dir() and not writing:
+        raise FileNotFoundError(f"{out} holds no study results (no {MANIFEST}, no {CELLS_DIR}/): run the study "
+                                "first, or give the folder it wrote")
+    return out
+
+
+def _cell_files(out: Path) -> list[tuple[str, str, Path, str | None]]:
+    """``(model, checkpoint, file, analysis hash)`` of the current spec's analyses with a file, in the spec's
+    order (read them with :func:`_read`)."""
     manifest = _manifest(out)
     if manifest is not None:
         found = []
         for cell in manifest["cells"]:
-            path = cell_dir(out, cell["model"], cell["checkpoint"]) / f"part-{cell['spec_hash']}.parquet"
-            if path.is_file():
-                found.append((cell["model"], cell["checkpoint"], path))
+            folder = cell_dir(out, cell["model"], cell["checkpoint"])
+            hashes = cell.get("analyses")
+            if hashes is None:  # written before one file per analysis
+                candidates = [(folder / f"part-{cell['spec_hash']}.parquet", None)]
+            else:
+                candidates = [(folder / f"part-{name}-{digest}.parquet", digest) for name, digest in hashes.items()]
+            found += [(cell["model"], cell["checkpoint"], path, digest) for path, digest in candidates
+                      if path.is_file()]
         return found
     found = []  # no manifest (files copied without it): every cell file there is
     for path in sorted((out / CELLS_DIR).glob("model=*/checkpoint=*/part-*.parquet")):
-        found.append((path.parent.parent.name.split("=", 1)[1], path.parent.name.split("=", 1)[1], path))
+        found.append((path.parent.parent.name.split("=", 1)[1], path.parent.name.split("=", 1)[1], path, None))
     return found
+
+
+def _read(path: Path, digest: str | None):
+    """The file's rows, or ``None`` with a warning when it does not read back whole (the next run recomputes it)."""
+    table = read_cell_file(path, digest)
+    if table is None and read_cell_file(path) is None:  # damaged (a whole file of other options is merely stale)
+        warnings.warn(f"{path} is damaged (truncated or unreadable); its rows are left out. Run the study again "
+                      "to recompute it", stacklevel=3)
+    return table
 
 
 def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
@@ -79,20 +142,23 @@ def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
     model gives them), then ``analysis, site, ccr, layer, relative_depth, metric, value`` and the
     model's ``n_layers, d_model``. ``step`` is the training step a checkpoint names (``16``,
     ``"step1000"``), else missing; ``ccr`` is set on PGA rows; rows without a layer (weights, phase
-    breakpoints) have none. Failed cells have no rows (see :func:`load_errors`).
+    breakpoints) have none. Failed analyses have no rows (see :func:`load_errors`); a cell file that
+    does not read back whole is left out with a warning (the next run recomputes it).
+
+    Raises ``FileNotFoundError`` for a folder that does not exist or holds no study, ``ValueError``
+    for a ``study.json`` that is not a geolens study's.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    out = Path(out_dir).expanduser()
-    if not out.is_dir():
-        raise FileNotFoundError(f"{out} does not exist: run the study first")
-    if _manifest(out) is None and not (out / CELLS_DIR).is_dir():
-        raise FileNotFoundError(f"{out} holds no study results (no {MANIFEST}, no {CELLS_DIR}/)")
+    out = check_study_dir(out_dir)
     integers = {pa.int64(): pd.Int64Dtype()}
     frames = []
-    for model, checkpoint, path in _cell_files(out):
-        frame = pq.read_table(path).to_pandas(types_mapper=integers.get)
+    for model, checkpoint, path, digest in _cell_files(out):
+        rows = _read(path, digest)
+        if rows is None:
+            continue
+        frame = rows.to_pandas(types_mapper=integers.get)
         frame.insert(0, "model", model)
         frame.insert(1, "checkpoint", checkpoint)
         frames.append(frame)
@@ -110,26 +176,79 @@ def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
 
 
 def load_provenance(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """``{"model/checkpoint": record}`` of the finished cells: spec hash, finish time, seconds, ``n_layers``,
-    ``d_model`` and ``params`` (what each analysis reported: the k used, phase breakpoints and why none, ...)."""
-    return {f"{model}/{checkpoint}": cell_provenance(path)
-            for model, checkpoint, path in _cell_files(Path(out_dir).expanduser())}
+    """``{"model/checkpoint": record}`` of the cells with a finished analysis: ``n_layers``, ``d_model``,
+    ``params`` (what each analysis reported: the number of tokens used, the k used, phase breakpoints and
+    why none, ...), ``seconds`` (summed over the analyses), the latest ``finished`` time, and per analysis
+    (``analyses``) its hash, finish time and seconds."""
+    records: dict[str, dict[str, Any]] = {}
+    for model, checkpoint, path, digest in _cell_files(check_study_dir(out_dir)):
+        if _read(path, digest) is None:
+            continue
+        found = cell_provenance(path)
+        record = records.setdefault(f"{model}/{checkpoint}", {"model": model, "checkpoint": checkpoint,
+                                                              "params": {}, "analyses": {}, "seconds": 0.0})
+        record["params"].update(found.get("params", {}))
+        record["seconds"] = round(record["seconds"] + (found.get("seconds") or 0.0), 3)
+        for key in ("spec_hash", "n_layers", "d_model"):
+            record[key] = found.get(key, record.get(key))
+        record["finished"] = max(filter(None, [record.get("finished"), found.get("finished")]), default=None)
+        if "analysis" in found:
+            record["analyses"][found["analysis"]] = {k: found.get(k) for k in ("analysis_hash", "finished",
+                                                                                "seconds")}
+    return records
 
 
 def load_errors(out_dir: str | os.PathLike) -> pd.DataFrame:
-    """The failed cells of a study's current spec: ``model, checkpoint, error, error_type, traceback, time``."""
-    out = Path(out_dir).expanduser()
+    """The failed analyses of a study's current spec: ``model, checkpoint, analysis, error, error_type, traceback,
+    time`` (a model that did not load gives one row per analysis it was to run).
+
+    Raises like :func:`load_results` for a folder that does not exist or is not a study's.
+    """
+    out = check_study_dir(out_dir)
     manifest = _manifest(out)
     if manifest is not None:
-        paths = [cell_dir(out, c["model"], c["checkpoint"]) / ERROR_FILE for c in manifest["cells"]]
+        cells = [(cell_dir(out, c["model"], c["checkpoint"]), c) for c in manifest["cells"]]
     else:
-        paths = sorted((out / CELLS_DIR).glob(f"model=*/checkpoint=*/{ERROR_FILE}"))
+        cells = [(folder, None) for folder in sorted((out / CELLS_DIR).glob("model=*/checkpoint=*"))]
     rows = []
-    for path in paths:
-        if path.is_file():
-            record = json.loads(path.read_text(encoding="utf-8"))
-            rows.append({key: record.get(key) for key in _ERROR_COLUMNS})
+    for folder, cell in cells:
+        hashes = (cell or {}).get("analyses")
+        whole = folder / ERROR_FILE
+        if whole.is_file():
+            record = _error_record(whole)
+            if cell is None or record.get("spec_hash") in (None, cell["spec_hash"]):
+                for name in record.get("analyses") or [None]:
+                    rows.append({**{key: record.get(key) for key in _ERROR_COLUMNS}, "analysis": name})
+        names = list(hashes) if hashes is not None else sorted(
+            p.stem.split("-", 1)[1] for p in folder.glob("_error-*.json"))
+        for name in names:
+            path = folder / analysis_error_file(name)
+            if path.is_file():
+                record = _error_record(path)
+                if hashes is None or record.get("analysis_hash") in (None, hashes[name]):
+                    rows.append({key: record.get(key) for key in _ERROR_COLUMNS} | {"analysis": name})
     return pd.DataFrame(rows, columns=list(_ERROR_COLUMNS))
+
+
+def _errors_by_cell(errors: pd.DataFrame) -> dict[str, str]:
+    """``{"model/checkpoint": "analysis, analysis: error; ..."}`` (analyses failing with one error grouped)."""
+    grouped: dict[str, dict[str, list[str]]] = {}
+    for row in errors.itertuples():
+        by_error = grouped.setdefault(f"{row.model}/{row.checkpoint}", {})
+        by_error.setdefault(str(row.error), []).append(row.analysis)
+    return {cell: "; ".join(f"{', '.join(a for a in names if a)}: {error}" if any(names) else error
+                            for error, names in by_error.items())
+            for cell, by_error in grouped.items()}
+
+
+def _error_record(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return {"error": f"the error file {path.name} cannot be read ({err})", "error_type": "unreadable"}
+    if not isinstance(record, dict):
+        return {"error": f"the error file {path.name} is not a JSON object", "error_type": "unreadable"}
+    return record
 
 
 def _band_labels(bands: int) -> list[str]:
@@ -160,7 +279,7 @@ class StudyResult(Result):
                   "settings": manifest.get("settings", {}), "analyses": manifest.get("analyses", {}),
                   "metadata_columns": manifest.get("metadata_columns", []),
                   "cells": len(manifest.get("cells", [])) or int(table.groupby(["model", "checkpoint"]).ngroups),
-                  "errors": {f"{r.model}/{r.checkpoint}": r.error for r in errors.itertuples()}}
+                  "errors": _errors_by_cell(errors)}
         result = cls(rows=[], params=params)
         result._frame = table
         return result

@@ -22,9 +22,10 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from geolens._io import atomic_file, atomic_write_text
-from geolens.study.cells import (CELLS_DIR, ERROR_FILE, MANIFEST, METADATA_FILE, cell_dir, cell_file, finish_cell,
-                                 is_finished, run_cell)
-from geolens.study.spec import Cell, Study
+from geolens._validation import UpperBound
+from geolens.study.cells import (CELLS_DIR, MANIFEST, METADATA_FILE, finish_cell, is_finished, remaining, run_cell,
+                                 tidy_cell)
+from geolens.study.spec import CELL_FORMAT, STUDY_KIND, Cell, Study
 
 __all__ = ["EXECUTORS", "run_study", "write_manifest"]
 
@@ -46,17 +47,21 @@ def write_manifest(out_dir: Path, study: Study, cells: list[Cell]) -> None:
 
     from geolens.pages import versions
     from geolens.results import json_text
+    from geolens.study.results import check_study_dir
 
     columns = list(dict.fromkeys(key for cell in cells for key in cell.metadata))
+    check_study_dir(out_dir, writing=True)  # never overwrite another tool's study.json
     manifest = {
+        "kind": STUDY_KIND, "cell_format": CELL_FORMAT,
         "name": study.name, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
-        "settings": {"n_tokens": study.n_tokens, "seed": study.seed, "batch_size": study.batch_size,
+        "settings": {"n_tokens": study.n_tokens, "n_tokens_upper_bound": isinstance(study.n_tokens, UpperBound),
+                     "seed": study.seed, "batch_size": study.batch_size,
                      "max_length": study.max_length, "dtype": study.dtype, "n_texts": len(cells[0].texts)},
         "analyses": {name: {k: v for k, v in options.items() if k not in ("lens_texts",)}
                      for name, options in cells[0].analyses.items()},
         "metadata_columns": columns,
         "cells": [{"model": c.model, "checkpoint": c.checkpoint, "step": c.step, "spec_hash": c.spec_hash,
-                   "order": c.order} for c in cells],
+                   "order": c.order, "analyses": dict(c.analysis_hashes)} for c in cells],
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / MANIFEST, json_text(manifest))
@@ -131,12 +136,14 @@ def run_study(
 ):
     """Compute every unfinished cell of ``spec`` and write its rows under ``out_dir``; return the whole table.
 
-    A cell is finished when its file for the current spec hash exists: a rerun skips it,
-    and recomputes a cell whose spec (model source, checkpoint, texts, analysis options)
-    changed. A cell that fails records its error and traceback in its folder
-    (``_error.json``, also in ``params["failed"]``) and the other cells go on; the next run
-    tries it again. Each finished cell is written atomically, so a run killed at any moment
-    loses none of them.
+    Each analysis of a cell is finished when its file for its current options (with the model
+    source, checkpoint and texts) exists and reads back whole: a rerun skips it, and computes
+    only the analyses whose options changed, that failed, or whose file was damaged. An
+    analysis that fails records its error and traceback in its cell's folder
+    (``_error-<analysis>.json``; ``_error.json`` when the model did not load; also in
+    ``params["failed"]``) while the cell's other analyses keep their rows and the other cells
+    go on; the next run tries it again. Each file is written atomically, so a run killed at
+    any moment loses no finished analysis.
 
     Args:
         spec: a :class:`~geolens.study.Study` or the path of a study TOML file.
@@ -153,7 +160,9 @@ def run_study(
 
     Returns:
         :class:`~geolens.study.StudyResult` of the whole study (``params``: ``out_dir``, ``computed``,
-        ``skipped``, ``failed`` — ``{"model/checkpoint": error}`` — and ``seconds``).
+        ``skipped``, ``failed`` — ``{"model/checkpoint": "analysis: error; ..."}`` — and ``seconds``).
+        An ``out_dir`` whose ``study.json`` is not a geolens study's is refused (``ValueError``), never
+        overwritten.
     """
     from geolens.study.results import StudyResult
 
@@ -171,12 +180,9 @@ def run_study(
 
     done = [c for c in cells if is_finished(out, c)]
     for cell in done:  # a run killed between writing a new file and removing the old one left both
-        for old in cell_dir(out, cell.model, cell.checkpoint).glob("part-*.parquet"):
-            if old != cell_file(out, cell):
-                old.unlink(missing_ok=True)
-        (cell_dir(out, cell.model, cell.checkpoint) / ERROR_FILE).unlink(missing_ok=True)
+        tidy_cell(out, cell)
     finished = {c.spec_hash for c in done}
-    todo = [c for c in cells if c.spec_hash not in finished]
+    todo = [remaining(out, c) for c in cells if c.spec_hash not in finished]  # only its unfinished analyses
     computed: list[str] = []
     failed: dict[str, str] = {}
     bar = tqdm(total=len(cells), initial=len(done), desc=f"study {study.name}", unit="cell", disable=not progress)
@@ -201,7 +207,7 @@ def run_study(
         bar.close()
     if failed:
         first = next(iter(failed.items()))
-        warnings.warn(f"{len(failed)} of {len(cells)} cells failed (errors in {out / CELLS_DIR}/*/*/{ERROR_FILE}), "
+        warnings.warn(f"{len(failed)} of {len(cells)} cells failed (errors in {out / CELLS_DIR}/*/*/_error*.json), "
                       f"e.g. {first[0]}: {first[1]}", stacklevel=2)
     result = StudyResult.from_dir(out)
     result.params.update(computed=computed, skipped=[f"{c.model}/{c.checkpoint}" for c in done], failed=failed,

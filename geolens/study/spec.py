@@ -15,7 +15,8 @@ Model entries (``Study.models``, label -> entry):
 * a :class:`ModelSpec` (all of the above plus per-model metadata, per-checkpoint metadata,
   per-analysis parameter overrides and resources); :func:`geolens.zoo.zoo_member` makes one
   for a member of the width zoo;
-* in a TOML file, a table: ``path =`` or ``hub =`` (with ``revisions = [...]``), ``zoo = "folder"``
+* in a TOML file, a table: ``path =`` (a local folder, relative to the file's; one that does not exist
+  fails its cell naming the folder) or ``hub =`` (a hub name) (with ``revisions = [...]``), ``zoo = "folder"``
   with ``width =`` (and ``steps =``), or ``factory = "module:function"`` with ``args = {...}`` (a
   function returning a :class:`ModelSpec`); plus ``metadata``, ``params`` and ``resources`` tables.
 
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_int
 from geolens.analyses.checkpoints import ANALYSES
 from geolens.analyses.phases import phases
 from geolens.analyses.updates import updates
@@ -58,14 +60,19 @@ STUDY_ANALYSES: dict[str, tuple[Callable[..., Any], bool]] = {
     "phases": (phases, True),
 }
 # Options every analysis that takes them gets from the study (an analysis's own table overrides them).
+# A sample size the user did not set goes out as an upper bound (geolens._validation.UpperBound), as the
+# analyses' own defaults are: with less text, the analysis uses what there is and records it.
 SHARED_OPTIONS = ("n_tokens", "seed", "batch_size", "max_length")
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
-# Columns of the long table; metadata keys may not take these names.
+# Columns of the long table and of metadata.parquet (``order``); metadata keys may not take these names.
 RESERVED_COLUMNS = ("model", "checkpoint", "step", "n_layers", "d_model", "analysis", "site", "ccr", "layer",
-                    "relative_depth", "metric", "value")
+                    "relative_depth", "metric", "value", "order")
 # Bump when a cell's rows change meaning: every cell is then recomputed.
-CELL_FORMAT = 1
+# 2: one file per (cell, analysis); sample sizes that are upper bounds hash apart from explicit ones.
+CELL_FORMAT = 2
 MAIN = "main"
+# study.json says it is a geolens study with this (other tools write files of that name too).
+STUDY_KIND = "geolens.study"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 # Short names of model factories usable from TOML (``zoo = "folder"``): resolved when used, so the
 # study engine does not import the zoo (which sits above it and builds on it).
@@ -104,6 +111,8 @@ def _callable_id(fn: Any) -> Any:
 
 def _canonical(value: Any) -> Any:
     """JSON-able, deterministic form of a parameter value (for hashing)."""
+    if isinstance(value, UpperBound):  # "at most n" is another setting than "exactly n"
+        return {"at_most": int(value)}
     if isinstance(value, Mapping):
         return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, (list, tuple)):
@@ -125,11 +134,21 @@ def _sha(value: Any, length: int = 16) -> str:
     return hashlib.sha256(json.dumps(_canonical(value), sort_keys=True).encode()).hexdigest()[:length]
 
 
+def _table(value: Any, what: str) -> Mapping[Any, Any]:
+    """``value`` if it is a mapping (a TOML table, a dict), else a ``TypeError`` naming ``what``."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} must be a table (a dict, a TOML table), got {type(value).__name__} {value!r}")
+    return value
+
+
 def _scalar_metadata(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     out = {}
-    for key, value in values.items():
+    for key, value in _table(values, f"{where}: metadata").items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"{where}: metadata keys must be non-empty strings (they name columns), got {key!r}")
         if key in RESERVED_COLUMNS:
-            raise ValueError(f"{where}: metadata key {key!r} is a column of the results; rename it")
+            raise ValueError(f"{where}: metadata key {key!r} is a column of the results (reserved: "
+                             f"{', '.join(RESERVED_COLUMNS)}); rename it")
         if hasattr(value, "item"):
             value = value.item()
         if not (isinstance(value, (str, int, float, bool)) or value is None):
@@ -175,6 +194,8 @@ class ModelSpec:
 
     Attributes:
         path: a local Hugging Face folder or a hub name (booted with :func:`geolens.model.boot_bridge`).
+        local: ``path`` is a local folder, never a hub name (a TOML ``path =``): loading a folder that
+            does not exist fails naming it, instead of asking the hub.
         checkpoints: hub revisions of ``path`` (``None``: the default one), or labels passed to ``loader``.
         loader: ``loader(checkpoint) -> model`` (``loader()`` for the checkpoint ``None``); instead of ``path``.
             With Ray it must pickle (module-level functions and ``functools.partial`` of them do).
@@ -194,6 +215,7 @@ class ModelSpec:
     checkpoint_metadata: Mapping[Any, Mapping[str, Any]] = field(default_factory=dict)
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     resources: Mapping[str, Any] = field(default_factory=dict)
+    local: bool = False
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.loader is None):
@@ -202,6 +224,14 @@ class ModelSpec:
             raise TypeError(f"path must be a folder or hub name, got {type(self.path).__name__}")
         if self.loader is not None and not callable(self.loader):
             raise TypeError(f"loader must be callable, got {type(self.loader).__name__}")
+        for name in ("metadata", "checkpoint_metadata", "params", "resources"):
+            _table(getattr(self, name), name)
+        for checkpoint, values in self.checkpoint_metadata.items():
+            _table(values, f"checkpoint_metadata[{checkpoint!r}]")
+        for analysis, options in self.params.items():
+            if analysis not in STUDY_ANALYSES:
+                raise ValueError(f"params: unknown analysis {analysis!r}; choose from {list(STUDY_ANALYSES)}")
+            _table(options, f"params[{analysis!r}]")
         checkpoints = self.checkpoints
         if isinstance(checkpoints, (str, numbers.Integral)) or checkpoints is None:
             checkpoints = (checkpoints,)
@@ -253,7 +283,8 @@ def _local_path(value: str, base_dir: Path | None) -> str:
 
 def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) -> ModelSpec:
     where = f"model {label!r}"
-    extra = {key: table.pop(key) for key in ("metadata", "params", "resources") if key in table}
+    extra = {key: _table(table.pop(key), f"{where}: {key}") for key in ("metadata", "params", "resources")
+             if key in table}
     sources = [key for key in ("path", "hub", "loader", "factory", *FACTORIES) if key in table]
     if len(sources) != 1:
         raise ValueError(f"{where}: give exactly one of path=, hub=, loader=, factory= or "
@@ -267,17 +298,18 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
         name = table.pop(source)
         if not isinstance(name, str) or not name:
             raise TypeError(f"{where}: {source} must be a non-empty string")
-        spec = ModelSpec(path=_local_path(name, base_dir) if source == "path" else name,
+        spec = ModelSpec(path=_local_path(name, base_dir) if source == "path" else name, local=source == "path",
                          checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
     elif source == "loader":
         fn = _resolve_import(table.pop("loader"), where)
-        kwargs = table.pop("kwargs", {})
+        kwargs = _table(table.pop("kwargs", {}), f"{where}: kwargs")
         checkpoints = table.pop(revisions[0]) if revisions else None
         spec = ModelSpec(loader=functools.partial(fn, **kwargs) if kwargs else fn,
                          checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
     else:  # a factory returning a ModelSpec: factory = "module:function" with args, or a short name (zoo = ...)
         if source == "factory":
-            factory, args = _resolve_import(table.pop("factory"), where), dict(table.pop("args", {}))
+            factory = _resolve_import(table.pop("factory"), where)
+            args = dict(_table(table.pop("args", {}), f"{where}: args"))
         else:
             factory = _resolve_import(FACTORIES[source], where)
             args = {source: _local_path(table.pop(source), base_dir)}
@@ -297,27 +329,59 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
     return spec
 
 
-def _texts_from(value: Any, base_dir: Path | None) -> list[str]:
+def _read_text(value: Any, base_dir: Path | None, what: str) -> tuple[Path, str]:
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise TypeError(f"{what} must be a file name, got {type(value).__name__} {value!r}")
+    path = Path(_local_path(os.fspath(value), base_dir))
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: {path} {'is not a file' if path.exists() else 'does not exist'}")
+    try:
+        return path, path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what}: cannot read {path} as UTF-8 text ({err})") from None
+
+
+def _texts_from(value: Any, base_dir: Path | None, what: str = "texts") -> list[str]:
     """Texts from a list, or a TOML table: ``{default = 32}`` (BBC News), ``{files = [...]}`` (one text per file),
-    ``{lines = "file"}`` (one text per non-empty line)."""
+    ``{lines = "file"}`` (one text per non-empty line). Each way must give at least one non-blank text."""
     if isinstance(value, str):
-        return [value]
+        value = [value]
     if isinstance(value, Mapping):
         keys = set(value)
         if keys == {"default"} or keys == {"default", "seed"}:
             from geolens.data import default_texts
 
-            return list(default_texts(n=int(value["default"]), seed=int(value.get("seed", 0))))
+            n, seed = value["default"], value.get("seed", 0)
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                raise ValueError(f"{what}: {{default = n}} needs a whole number of texts n >= 1, got {n!r}")
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+                raise ValueError(f"{what}: {{default = n, seed = s}} needs a whole number seed >= 0, got {seed!r}")
+            return list(default_texts(n=int(n), seed=int(seed)))
         if keys == {"files"}:
-            return [Path(_local_path(f, base_dir)).read_text(encoding="utf-8") for f in value["files"]]
+            files = value["files"]
+            if isinstance(files, (str, os.PathLike)) or not isinstance(files, (list, tuple)) or not files:
+                raise TypeError(f"{what}: {{files = [...]}} needs a non-empty list of file names, got {files!r}")
+            texts = []
+            for name in files:
+                path, text = _read_text(name, base_dir, f"{what}: files")
+                if not text.strip():
+                    raise ValueError(f"{what}: file {path} is empty (every file is one text)")
+                texts.append(text)
+            return texts
         if keys == {"lines"}:
-            text = Path(_local_path(value["lines"], base_dir)).read_text(encoding="utf-8")
-            return [line.strip() for line in text.splitlines() if line.strip()]
-        raise ValueError(f"texts: a table must be {{default = n}}, {{files = [...]}} or {{lines = 'file'}}; "
+            path, text = _read_text(value["lines"], base_dir, f"{what}: lines")
+            texts = [line.strip() for line in text.splitlines() if line.strip()]
+            if not texts:
+                raise ValueError(f"{what}: file {path} has no non-blank line (each line is one text)")
+            return texts
+        raise ValueError(f"{what}: a table must be {{default = n}}, {{files = [...]}} or {{lines = 'file'}}; "
                          f"got keys {sorted(keys)}")
-    texts = list(value)
+    try:
+        texts = list(value)
+    except TypeError:
+        raise TypeError(f"{what} must be a list of strings or a table, got {type(value).__name__}") from None
     if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
-        raise ValueError("texts must be a non-empty list of non-empty strings")
+        raise ValueError(f"{what} must be a non-empty list of non-empty strings")
     return texts
 
 
@@ -326,8 +390,9 @@ class Cell:
     """One ``(model, checkpoint)`` of a study: how to load it, what to compute, where its rows go.
 
     ``analyses`` holds each analysis's complete options (the study's, the model's overrides, the
-    shared ``n_tokens``/``seed``/``batch_size``/``max_length``); ``spec_hash`` hashes them with the
-    model's source, the checkpoint and the texts.
+    shared ``n_tokens``/``seed``/``batch_size``/``max_length``); ``analysis_hashes`` hashes each
+    analysis's options with the model's source, the checkpoint and the texts (an analysis is finished
+    when its file for that hash is on disk), ``spec_hash`` all of them.
     """
 
     model: str
@@ -344,11 +409,17 @@ class Cell:
     device: str | None
     spec_hash: str
     order: int
+    analysis_hashes: Mapping[str, str] = field(default_factory=dict)
+    local: bool = False
 
     def load(self) -> Any:
         """Boot this cell's model (a path: :func:`geolens.model.boot_bridge`; else its loader)."""
         if self.loader is not None:
             return self.loader() if self.checkpoint_value is None else self.loader(self.checkpoint_value)
+        if self.local and not Path(self.path).is_dir():
+            raise FileNotFoundError(f"model {self.model!r}: path = {self.path!r} is not a folder "
+                                    f"({'not a directory' if Path(self.path).exists() else 'it does not exist'}); "
+                                    "path = names a local folder, hub = a Hugging Face hub name")
         import torch
 
         from geolens.model import boot_bridge
@@ -360,8 +431,7 @@ class Cell:
 def _route(name: str, fn: Callable[..., Any], own: Mapping[str, Any], shared: Mapping[str, Any]) -> dict[str, Any]:
     """The options one analysis gets: the shared ones its signature takes, then its own (checked)."""
     accepted = inspect.signature(fn).parameters
-    if not isinstance(own, Mapping):
-        raise TypeError(f"analysis {name!r}: options must be a table/dict, got {type(own).__name__}")
+    _table(own, f"analysis {name!r}: options")
     unknown = [k for k in own if k not in accepted or k in ("model", "tokens", "progress")]
     if unknown:
         raise ValueError(f"analysis {name!r} takes no options {unknown}")
@@ -383,7 +453,11 @@ class Study:
         metadata: ``{label: {column: value}}``, free-form per model (width, depth, batch size,
             weight decay, learning-rate schedule, held-out loss, ...); merged over the model's own.
         resources: per cell, for Ray: ``num_cpus``, ``num_gpus``, ``memory`` (bytes or ``"16GiB"``).
-        n_tokens, seed, batch_size, max_length: shared by every analysis that takes them.
+        n_tokens, seed, batch_size, max_length: shared by every analysis that takes them. The default
+            ``n_tokens`` (1024) is an upper bound, as each analysis's own default is: with fewer token
+            positions in the texts, an analysis uses all there are (with a warning) and records the number
+            used in its ``params`` (:func:`~geolens.study.load_provenance`); an ``n_tokens`` given here or in
+            the TOML file is exact (a cell with too little text fails, saying so).
         dtype: weights of models booted from a path (``"float32"``, ``"bfloat16"``, ...).
         device: where models booted from a path go (``None``: TransformerLens's choice).
         name: a name for the study's pages.
@@ -394,7 +468,7 @@ class Study:
     analyses: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"pga": {}, "spectrum": {}})
     metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     resources: Mapping[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
-    n_tokens: int = 1024
+    n_tokens: int | None = DEFAULT_N_TOKENS
     seed: int = 0
     batch_size: int = 8
     max_length: int | None = None
@@ -429,15 +503,28 @@ class Study:
         if "models" not in data:
             raise ValueError(f"{path}: no [models] table")
         models = {}
-        metadata = {label: dict(values) for label, values in data.get("metadata", {}).items()}
-        for label, entry in data["models"].items():
+        metadata = {label: dict(_table(values, f"{path}: metadata.{label}"))
+                    for label, values in _table(data.get("metadata", {}), f"{path}: metadata").items()}
+        for label, entry in _table(data["models"], f"{path}: models").items():
             if isinstance(entry, dict) and "metadata" in entry:  # inline metadata joins the study's table,
                 entry = dict(entry)                               # so models= overrides keep it
-                metadata[label] = {**entry.pop("metadata"), **metadata.get(label, {})}
+                metadata[label] = {**_table(entry.pop("metadata"), f"{path}: models.{label}.metadata"),
+                                   **metadata.get(label, {})}
             models[label] = entry
         data.update(models=models, metadata=metadata)
         study = cls(**data, base_dir=path.parent)
         return replace(study, **overrides) if overrides else study
+
+    def _shared_options(self) -> dict[str, Any]:
+        """``n_tokens, seed, batch_size, max_length``, checked (``n_tokens`` stays an upper bound if it is one)."""
+        n_tokens = self.n_tokens
+        if n_tokens is not None:
+            bound = isinstance(n_tokens, UpperBound)
+            n_tokens = check_int(n_tokens, "n_tokens", low=3)
+            n_tokens = UpperBound(n_tokens) if bound else n_tokens
+        return {"n_tokens": n_tokens, "seed": check_int(self.seed, "seed", low=0),
+                "batch_size": check_int(self.batch_size, "batch_size", low=1),
+                "max_length": None if self.max_length is None else check_int(self.max_length, "max_length", low=1)}
 
     def model_specs(self) -> dict[str, ModelSpec]:
         """Every model entry as a :class:`ModelSpec`, labels checked."""
@@ -445,6 +532,8 @@ class Study:
             raise ValueError("models must be a non-empty mapping label -> model")
         specs = {check_label(label, "model label"): as_model_spec(entry, str(label), self.base_dir)
                  for label, entry in self.models.items()}
+        for label, values in _table(self.metadata, "metadata").items():
+            _table(values, f"metadata[{label!r}] (the columns of model {label!r})")
         unknown = [label for label in self.metadata if label not in specs]
         if unknown:
             raise ValueError(f"metadata for models {unknown} that the study does not have ({list(specs)})")
@@ -452,23 +541,25 @@ class Study:
 
     def cells(self) -> list[Cell]:
         """The study's cells in order (model by model, checkpoints in the given order); checks the whole spec."""
-        if not isinstance(self.analyses, Mapping) or not self.analyses:
+        _table(self.analyses, "analyses")
+        if not self.analyses:
             raise ValueError("analyses is empty: give at least one, e.g. {'pga': {}, 'spectrum': {}}")
         unknown = [name for name in self.analyses if name not in STUDY_ANALYSES]
         if unknown:
             raise ValueError(f"unknown analyses {unknown}; choose from {list(STUDY_ANALYSES)}")
+        for name, options in self.analyses.items():
+            _table(options, f"analyses[{name!r}] (the options of {name}; {{}} for its defaults)")
         texts = tuple(_texts_from(self.texts, self.base_dir))
-        shared = {"n_tokens": self.n_tokens, "seed": self.seed, "batch_size": self.batch_size,
-                  "max_length": self.max_length}
+        shared = self._shared_options()
         if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
             raise ValueError(f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}")
         resources = _check_resources(self.resources, "resources")
         texts_sha = _sha(list(texts), 32)
-        study_options = {name: dict(options) if isinstance(options, Mapping) else options
-                         for name, options in self.analyses.items()}
-        for options in study_options.values():  # lens_texts may be given as texts are ({default = 200, seed = 1})
-            if isinstance(options, dict) and isinstance(options.get("lens_texts"), Mapping):
-                options["lens_texts"] = _texts_from(options["lens_texts"], self.base_dir)
+        study_options = {name: dict(options) for name, options in self.analyses.items()}
+        for name, options in study_options.items():  # lens_texts may be given as texts are ({default = 200})
+            if isinstance(options.get("lens_texts"), Mapping):
+                options["lens_texts"] = _texts_from(options["lens_texts"], self.base_dir,
+                                                    f"analyses[{name!r}].lens_texts")
         cells = []
         for label, spec in self.model_specs().items():
             metadata = _scalar_metadata({**spec.metadata, **self.metadata.get(label, {})}, f"model {label!r}")
@@ -483,13 +574,15 @@ class Study:
                 extra = spec.checkpoint_metadata.get(value, spec.checkpoint_metadata.get(checkpoint, {}))
                 source = ({"path": spec.path} if spec.path is not None else {"loader": _callable_id(spec.loader)})
                 identity = {"format": CELL_FORMAT, "model": label, "checkpoint": checkpoint, "source": source,
-                            "dtype": self.dtype if spec.path is not None else None, "texts": texts_sha,
-                            "analyses": analyses}
+                            "dtype": self.dtype if spec.path is not None else None, "texts": texts_sha}
+                hashes = {name: _sha({**identity, "analysis": name, "options": options})
+                          for name, options in analyses.items()}
                 cells.append(Cell(
                     model=label, checkpoint=checkpoint, checkpoint_value=value, step=parse_checkpoint_step(value)
                     if value is not None else None, path=spec.path, loader=spec.loader, texts=texts,
                     analyses=analyses, metadata={**metadata, **_scalar_metadata(extra, f"model {label!r} "
                                                                                         f"checkpoint {checkpoint}")},
-                    resources=own_resources, dtype=self.dtype, device=self.device, spec_hash=_sha(identity),
-                    order=len(cells)))
+                    resources=own_resources, dtype=self.dtype, device=self.device,
+                    spec_hash=_sha({**identity, "analyses": hashes}), order=len(cells), analysis_hashes=hashes,
+                    local=spec.local))
         return cells
