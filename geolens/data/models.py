@@ -35,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,9 @@ MODELS: dict[str, ModelSpec] = {
 
 # Written last into a converted folder: its presence means the folder is whole.
 _MARKER = "geolens_source.json"
+# JSON files of a converted folder up to this size are parsed by the check on every load; larger
+# ones (the tokenizer) only have their end checked.
+_PARSED_JSON_BYTES = 1 << 18
 # The default model's names, kept for code that reads them.
 MODEL_DIST = MODELS[DEFAULT_MODEL].dist
 MODEL_GGUF = MODELS[DEFAULT_MODEL].gguf_file
@@ -141,6 +145,54 @@ def get_spec(name: str) -> ModelSpec:
 
 def _model_is_complete(folder: Path) -> bool:
     return (folder / _MARKER).is_file()
+
+
+def _damage(folder: Path) -> str | None:
+    """Why a finished converted folder cannot be booted (a JSON file that does not parse, weights
+    missing or cut short), or ``None``. Reads the small JSON files, the end of large ones (the
+    tokenizer's, parsed in full on boot) and each safetensors header only."""
+    for path in sorted(folder.glob("*.json")):
+        try:
+            if path.stat().st_size > _PARSED_JSON_BYTES:
+                with open(path, "rb") as handle:
+                    handle.seek(-64, os.SEEK_END)
+                    if not handle.read().rstrip().endswith((b"}", b"]")):
+                        return f"{path.name} is cut short (it does not end its JSON object)"
+            else:
+                json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            return f"{path.name} is not valid JSON ({err})"
+    if not (folder / "config.json").is_file():
+        return "config.json is missing"
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        return "the *.safetensors weights are missing"
+    for path in weights:
+        problem = _safetensors_damage(path)
+        if problem:
+            return f"{path.name} {problem}"
+    return None
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    """A safetensors file is an 8-byte header length, a JSON header giving each tensor's byte range,
+    then the data: the file must end exactly where the last range does."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"is cut short ({size} bytes, no header)"
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            return f"is cut short ({size} bytes; its header alone is {length})"
+        try:
+            header = json.loads(handle.read(length))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError) as err:
+            return f"has a damaged header ({type(err).__name__})"
+    if 8 + length + end != size:
+        return f"is {size} bytes where its header says {8 + length + end} (cut short or damaged)"
+    return None
 
 
 @contextlib.contextmanager
@@ -331,7 +383,9 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
     dequantises it and saves model + tokenizer to ``<cache>/<folder>`` (SmolLM2-135M:
     about 540 MB, ~30 s; Gemma-3-270M: about 1.1 GB, ~100 s on 2 cores). The folder
     is built in a temporary sibling and renamed into place, so an interrupted
-    conversion leaves nothing half-written. Later calls return at once.
+    conversion leaves nothing half-written. Later calls return at once, after a quick
+    check of the folder (its JSON files parse, each safetensors file is as long as its
+    header says): a damaged folder is converted again, with a warning.
 
     Args:
         name: a key of :data:`MODELS` (see :func:`available_models`).
@@ -351,7 +405,12 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
     root = cache_root(cache_dir)
     target = root / spec.dirname
     if _model_is_complete(target):
-        return target
+        problem = _damage(target)
+        if problem is None:
+            return target
+        warnings.warn(f"the cached model {target} is damaged ({problem}); converting it again", UserWarning,
+                      stacklevel=2)
+        (target / _MARKER).unlink()  # now debris: replaced by the new conversion, also if this one is killed
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(root)
     started = time.perf_counter()
