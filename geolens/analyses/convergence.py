@@ -90,18 +90,20 @@ def _token_rows(adapter: ModelAdapter, text: str, max_length: int | None, index:
         ids, ends = [adapter.bos_token_id] + ids, [-1] + ends
     reference, mask = adapter.tokenize([text])  # to_tokens: cut at the model's context (n_ctx)
     reference = reference[0, : int(mask[0].sum())].tolist()
-    context = int(adapter.model.cfg.n_ctx)
-    limit = context if max_length is None else min(max_length, context)
-    if ids[:limit] != reference[:limit]:
+    context = len(reference)
+    if ids[:context] != reference:
         raise ValueError(
             f"{adapter.name!r}: the tokenizer with offsets does not reproduce the model's own tokenisation; "
             "cannot align positions on character spans"
         )
-    if max_length is None and len(ids) > context:
-        raise ValueError(
-            f"text {index} is {len(ids)} tokens for {adapter.name!r}, which takes at most {context} (n_ctx); "
-            f"pass max_length (it is clipped to each model's n_ctx) or shorter texts"
-        )
+    limit = max_length
+    if len(ids) > context:  # the same tokens, cut where the model's context ends
+        if max_length is None:
+            raise ValueError(
+                f"text {index} is {len(ids)} tokens for {adapter.name!r}, which takes at most {context} (n_ctx); "
+                f"pass max_length (it is clipped to each model's n_ctx) or shorter texts"
+            )
+        limit = min(max_length, context)
     return ids[:limit], ends[:limit]
 
 

@@ -185,7 +185,8 @@ class TunedLens(LogitLens):
         try:
             config = json.loads(config_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DamagedFileError(f"{config_path} is not valid JSON ({err}); the lens folder is damaged: {remedy}") from None
+            raise DamagedFileError(f"{config_path} is not valid JSON ({err}); the lens folder is damaged: "
+                                   f"{remedy}") from None
         if not isinstance(config, dict) or config.get("format") != _FORMAT:
             found = config.get("format") if isinstance(config, dict) else type(config).__name__
             raise ValueError(f"{config_path} is not a geolens tuned lens (format {found!r})")
@@ -204,7 +205,7 @@ class TunedLens(LogitLens):
         if config.get("model_name") != lens.model_name:
             warnings.warn(
                 f"tuned lens trained for {config.get('model_name')!r}, loaded into {lens.model_name!r} "
-                "(same shape, so it loads; the numbers may not mean much)", stacklevel=2,
+                "(same shape, so it loads; the numbers may not mean much)", stacklevel=3,
             )
         state, metadata = _read_weights(weights_path, str(lens.adapter.device), remedy)
         expected = {name: tuple(value.shape) for name, value in lens.translators.state_dict().items()}
