@@ -598,6 +598,9 @@ def test_a_damaged_cached_lens_is_trained_again_with_a_warning(tmp_path, native_
             again = cached_tuned_lens(native_bridge, texts, **budget)
     assert again.cache_dir == lens.cache_dir
     assert torch.equal(TunedLens.load(again.cache_dir, native_bridge).linear_map(0), again.linear_map(0))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="file is a file .in .*; a cached tuned lens is saved as a folder"):
+        cached_tuned_lens(native_bridge, texts, **{**budget, "cache_dir": tmp_path / "file"})
 
 
 # ---------------------------------------------------------------- the converted model cache
@@ -689,3 +692,15 @@ def test_convergence_between_models_of_different_context_lengths(native_bridge, 
     for a, b in zip(clipped.rows, exact.rows):
         assert a["rho_full"] == pytest.approx(b["rho_full"], abs=1e-6)
         assert a["cka_full"] == pytest.approx(b["cka_full"], abs=1e-6)
+
+
+def test_a_cache_root_that_is_a_file_is_named(tmp_path, monkeypatch):
+    from geolens._cache import cache_root
+
+    path = tmp_path / "cache"
+    path.write_text("x")
+    with pytest.raises(ValueError, match="cache_dir = .*cache is a file; the geolens cache must be a folder"):
+        cache_root(path)
+    monkeypatch.setenv("GEOLENS_CACHE", str(path))
+    with pytest.raises(ValueError, match=r"\$GEOLENS_CACHE = .*cache is a file"):
+        cache_root()

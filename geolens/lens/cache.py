@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from geolens._cache import cache_root
+from geolens._io import check_folder_target
 from geolens._validation import DamagedFileError
 from geolens.lens.fit import DEFAULT_RIDGE, FAST_BUDGET, fit_tuned_lens
 from geolens.lens.train import DEFAULT_SEQ_LEN, dtype_name, resolve_matmul_dtype, train_tuned_lens
@@ -120,6 +121,7 @@ def cached_tuned_lens(
     if method == "reference":  # keeps the keys of lenses cached before the fast method existed
         plan.pop("method")
     folder = (Path(cache_dir) if cache_dir is not None else cache_root() / "tuned_lens") / _cache_key(adapter, plan)
+    check_folder_target(folder, "a cached tuned lens")  # before training, not after
     try:
         lens = TunedLens.load(folder, adapter)
     except (FileNotFoundError, DamagedFileError) as err:
