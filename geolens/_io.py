@@ -20,7 +20,7 @@ __all__ = ["atomic_file", "atomic_write_text", "check_file_target", "check_folde
 
 def check_file_target(path: str | os.PathLike, what: str = "a file") -> Path:
     """``path`` as a ``Path`` where a file may be written: raises ``ValueError`` if it is an existing folder
-    (a rename would fail, or replace a folder of someone's files).
+    (a rename would fail, or replace a folder of someone's files), or if a folder above it is a file.
 
     Example:
         >>> import tempfile
@@ -32,7 +32,18 @@ def check_file_target(path: str | os.PathLike, what: str = "a file") -> Path:
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder; {what} is written as a file: pass a file path")
+    above = _file_in_the_way(path.parent)
+    if above is not None:
+        raise ValueError(f"{above} is a file, so {path} cannot be written (a folder above it must be a folder)")
     return path
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest of ``path`` and the folders above it that exists, if it is not a folder."""
+    for part in (path, *path.parents):
+        if part.exists():
+            return None if part.is_dir() else part
+    return None
 
 
 def check_folder_target(path: str | os.PathLike, what: str = "it") -> Path:
@@ -48,13 +59,11 @@ def check_folder_target(path: str | os.PathLike, what: str = "it") -> Path:
         ValueError: /tmp/... is a file; a tuned lens is saved as a folder: pass a folder path (nothing was written)
     """
     path = Path(path)
-    for part in (path, *path.parents):
-        if part.exists() and not part.is_dir():
-            where = "" if part == path else f" (in {path})"
-            raise ValueError(f"{part} is a file{where}; {what} is saved as a folder: pass a folder path "
-                             "(nothing was written)")
-        if part.is_dir():
-            break
+    part = _file_in_the_way(path)
+    if part is not None:
+        where = "" if part == path else f" (in {path})"
+        raise ValueError(f"{part} is a file{where}; {what} is saved as a folder: pass a folder path "
+                         "(nothing was written)")
     return path
 
 

@@ -494,6 +494,10 @@ def test_writing_a_result_onto_a_folder_names_the_folder(tmp_path, native_bridge
     (tmp_path / "out").mkdir()
     with pytest.raises(ValueError, match="out is a folder; a file is written as a file"):
         res.save(tmp_path / "out")
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(ValueError, match="plain is a file, so .*plain/pga.json cannot be written"):
+        res.save(tmp_path / "plain" / "pga.json")
+    assert (tmp_path / "plain").read_text() == "x"
 
 
 def test_halves_are_saved_and_a_lens_without_halves_does_not_inherit_old_ones(tmp_path, native_bridge):
