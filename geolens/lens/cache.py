@@ -132,6 +132,7 @@ def cached_tuned_lens(
         else:
             lens = fit_tuned_lens(adapter, train_texts, seq_len=seq_len, seed=seed, halves=halves, progress=progress,
                                   **budget)
+        lens.check_finite("the trained tuned lens")  # a diverged fit is reported, not cached
         lens.save(folder)
     lens.cache_dir = str(folder)
     return lens
