@@ -628,7 +628,7 @@ def _fake_converted(folder):
     (lambda f: (f / "model.safetensors").write_bytes(b"abc"), "model.safetensors is cut short"),
     (lambda f: (f / "config.json").write_text('{"model_type": "lla'), "config.json is not valid JSON"),
     (lambda f: (f / "tokenizer.json").write_text((f / "tokenizer.json").read_text()[:-40]), "tokenizer.json is cut short"),
-    (lambda f: (f / "model.safetensors").unlink(), "safetensors weights are missing"),
+    (lambda f: (f / "config.json").unlink(), "config.json is missing"),
 ])
 def test_a_damaged_model_cache_is_detected_and_converted_again(tmp_path, monkeypatch, damage, message):
     from geolens.data import models

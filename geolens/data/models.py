@@ -151,7 +151,7 @@ def _model_is_complete(folder: Path) -> bool:
 
 def _damage(folder: Path) -> str | None:
     """Why a finished converted folder cannot be booted (a JSON file that does not parse, weights
-    missing or cut short), or ``None``. Reads the small JSON files, the end of large ones (the
+    cut short, no config.json), or ``None``. Reads the small JSON files, the end of large ones (the
     tokenizer's, parsed in full on boot) and each safetensors header only."""
     for path in sorted(folder.glob("*.json")):
         try:
@@ -166,10 +166,7 @@ def _damage(folder: Path) -> str | None:
             return f"{path.name} is not valid JSON ({err})"
     if not (folder / "config.json").is_file():
         return "config.json is missing"
-    weights = sorted(folder.glob("*.safetensors"))
-    if not weights:
-        return "the *.safetensors weights are missing"
-    for path in weights:
+    for path in sorted(folder.glob("*.safetensors")):
         problem = _safetensors_damage(path)
         if problem:
             return f"{path.name} {problem}"
