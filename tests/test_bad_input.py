@@ -665,6 +665,10 @@ def test_ablation_effect_counts_negative_layers_from_the_end(native_bridge):
         assert block.params["layer"] == N_LAYERS - 1
         with pytest.raises(ValueError, match="layer -4 is not valid for site 'resid_post'"):
             geolens.ablation_effect(native_bridge, tokens, layer=-4, **common)
+        from geolens.interventions import reference_pcs
+
+        last_pcs, _ = reference_pcs(native_bridge, -1, 1, tokens, n_tokens=8)
+        assert torch.equal(last_pcs, reference_pcs(native_bridge, N_LAYERS, 1, tokens, n_tokens=8)[0])
 
 
 def test_phases_refuses_a_lens_holding_nan(native_bridge):
