@@ -11,12 +11,18 @@ __all__ = ["cache_root"]
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """The geolens cache folder: argument, else ``$GEOLENS_CACHE``, else ``~/.cache/geolens``.
 
+    Raises ``ValueError`` naming where the path came from if it is an existing file.
+
     Example:
         >>> cache_root("/tmp/x").as_posix()
         '/tmp/x'
     """
     if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    if os.environ.get("GEOLENS_CACHE"):
-        return Path(os.environ["GEOLENS_CACHE"]).expanduser()
-    return Path.home() / ".cache" / "geolens"
+        root, source = Path(cache_dir).expanduser(), "cache_dir"
+    elif os.environ.get("GEOLENS_CACHE"):
+        root, source = Path(os.environ["GEOLENS_CACHE"]).expanduser(), "$GEOLENS_CACHE"
+    else:
+        root, source = Path.home() / ".cache" / "geolens", "the default cache folder"
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"{source} = {root} is a file; the geolens cache must be a folder")
+    return root

@@ -1,4 +1,4 @@
-"""Writes that a killed process cannot leave half done: the old file (or folder), or the new one, or none.
+"""Writes that a killed process cannot leave half done: the old file, or the new one, or none.
 
 Example:
     >>> import tempfile, pathlib
@@ -11,17 +11,65 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_directory", "atomic_file", "atomic_write_text"]
+__all__ = ["atomic_file", "atomic_write_text", "check_file_target", "check_folder_target"]
+
+
+def check_file_target(path: str | os.PathLike, what: str = "a file") -> Path:
+    """``path`` as a ``Path`` where a file may be written: raises ``ValueError`` if it is an existing folder
+    (a rename would fail, or replace a folder of someone's files), or if a folder above it is a file.
+
+    Example:
+        >>> import tempfile
+        >>> check_file_target(tempfile.mkdtemp(), "a result")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: /tmp/... is a folder; a result is written as a file: pass a file path
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; {what} is written as a file: pass a file path")
+    above = _file_in_the_way(path.parent)
+    if above is not None:
+        raise ValueError(f"{above} is a file, so {path} cannot be written (a folder above it must be a folder)")
+    return path
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest of ``path`` and the folders above it that exists, if it is not a folder."""
+    for part in (path, *path.parents):
+        if part.exists():
+            return None if part.is_dir() else part
+    return None
+
+
+def check_folder_target(path: str | os.PathLike, what: str = "it") -> Path:
+    """``path`` as a ``Path`` where a folder may be (or is) made: raises ``ValueError`` if it, or a folder
+    above it, is an existing file (nothing is replaced by a folder).
+
+    Example:
+        >>> import tempfile
+        >>> file = tempfile.mkstemp()[1]
+        >>> check_folder_target(file, "a tuned lens")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: /tmp/... is a file; a tuned lens is saved as a folder: pass a folder path (nothing was written)
+    """
+    path = Path(path)
+    part = _file_in_the_way(path)
+    if part is not None:
+        where = "" if part == path else f" (in {path})"
+        raise ValueError(f"{part} is a file{where}; {what} is saved as a folder: pass a folder path "
+                         "(nothing was written)")
+    return path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to a temporary file beside ``path``, then rename it into place (one ``os.replace``)."""
-    path = Path(path)
+    path = check_file_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -48,7 +96,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         >>> target.read_bytes()
         b'ok'
     """
-    path = Path(path)
+    path = check_file_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -61,28 +109,3 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty staging folder beside ``path``; when the block ends without error it becomes ``path``.
-
-    An existing ``path`` is moved aside, the staging folder renamed into place and
-    the old one removed: at every moment ``path`` is the old folder, the new one,
-    or absent. On an error the staging folder is removed and ``path`` is untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    old = None
-    if path.exists():
-        old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
-        os.replace(path, old / "x")
-    os.replace(staging, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -79,6 +79,14 @@ class DegenerateError(ValueError):
     """The input has no geometry to measure (numerically constant states, a null without spread, ...)."""
 
 
+class DamagedFileError(ValueError):
+    """A file geolens reads (a saved lens, a cached model) is unreadable or inconsistent.
+
+    The message names the file and what to do (save again, delete the cache entry);
+    caches catch it to rebuild the entry.
+    """
+
+
 class UpperBound(int):
     """A default sample size that is an upper bound: with less input, what there is is used (and said).
 

@@ -52,7 +52,7 @@ from geolens.capture import capture
 from geolens.metrics.grassmann import orthonormal_basis
 from geolens.metrics.preprocess import center, principal_directions
 from geolens.model import ModelAdapter, as_adapter
-from geolens.sites import BLOCK_SITES, RESIDUAL_SITE, check_site, hook_name
+from geolens.sites import BLOCK_SITES, RESIDUAL_SITE, check_layer, check_site, hook_name
 
 __all__ = [
     "ABLATION_MODES",
@@ -277,6 +277,7 @@ def reference_pcs(
     """
     adapter = as_adapter(model)
     edit_hook_name(adapter, site, layer)  # validates site and layer
+    layer = check_layer(site, layer, n_layers=adapter.n_layers)  # -1 = the last layer
     m = check_int(m, "m", low=0, high=adapter.d_model)
     states = capture(adapter, reference_tokens, sites=(site,), layers=[layer], n_tokens=n_tokens, seed=seed,
                      progress=progress, attention_mask=attention_mask).layer(site, layer)

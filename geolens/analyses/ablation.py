@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from geolens._validation import UpperBound, check_int
 from geolens.analyses.pga import _score_states, default_k
 from geolens.capture import TokenBatch, capture, prepare_tokens
-from geolens.sites import FINAL_SITE, RESIDUAL_SITE
+from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_layer
 from geolens.interventions import ABLATION_MODES, ablation_hooks, edit_hook_name, reference_pcs
 from geolens.metrics.readout import readout_basis
 from geolens.model import ModelAdapter, as_adapter
@@ -117,7 +117,8 @@ def ablation_effect(
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge``.
         tokens: evaluation text(s) or ``[B, T]`` ids.
-        layer: the ablated layer (geolens convention: ``resid_post`` 0..L, block sites 1..L).
+        layer: the ablated layer (geolens convention: ``resid_post`` 0..L, block sites 1..L; negative
+            counts from the end, ``-1`` = ``L``).
         m: number of principal directions (of the centred reference states) to ablate.
         reference_tokens: where the directions (and, for ``mode="mean"``, the mean) come from;
             default ``tokens`` themselves.
@@ -149,6 +150,7 @@ def ablation_effect(
     if mode not in ABLATION_MODES:
         raise ValueError(f"mode must be one of {ABLATION_MODES}, got {mode!r}")
     edit_hook_name(adapter, site, layer)  # validates site and layer
+    layer = check_layer(site, layer, n_layers=adapter.n_layers)  # -1 = the last layer, as everywhere in geolens
     m = check_int(m, "m", low=1)
     k = default_k(adapter.d_model) if k is None else check_int(k, "k", low=1)
     n_null = check_int(n_null, "n_null", low=2)

@@ -75,8 +75,12 @@ def word_end_offsets(text: str, token_ends: Sequence[int]) -> dict[int, int]:
     return out
 
 
-def _token_rows(adapter: ModelAdapter, text: str, max_length: int | None) -> tuple[list[int], list[int]]:
-    """Token ids as the model's ``to_tokens`` makes them, and the character end of each (BOS: -1)."""
+def _token_rows(adapter: ModelAdapter, text: str, max_length: int | None, index: int = 0) -> tuple[list[int], list[int]]:
+    """Token ids as the model's ``to_tokens`` makes them, and the character end of each (BOS: -1).
+
+    ``max_length`` is clipped to the model's context (``n_ctx``); a text longer than the
+    context without ``max_length`` raises ``ValueError`` naming the text, the model and its limit.
+    """
     tokenizer = adapter.tokenizer
     if tokenizer is None or not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"{adapter.name!r} needs a fast Hugging Face tokenizer (character offsets) for alignment")
@@ -84,16 +88,23 @@ def _token_rows(adapter: ModelAdapter, text: str, max_length: int | None) -> tup
     ids, ends = list(enc["input_ids"]), [int(end) for _, end in enc["offset_mapping"]]
     if adapter.prepends_bos and adapter.bos_token_id is not None:
         ids, ends = [adapter.bos_token_id] + ids, [-1] + ends
-    reference, mask = adapter.tokenize([text])
+    reference, mask = adapter.tokenize([text])  # to_tokens: cut at the model's context (n_ctx)
     reference = reference[0, : int(mask[0].sum())].tolist()
-    if ids != reference:
+    context = len(reference)
+    if ids[:context] != reference:
         raise ValueError(
             f"{adapter.name!r}: the tokenizer with offsets does not reproduce the model's own tokenisation; "
             "cannot align positions on character spans"
         )
-    if max_length is not None:
-        ids, ends = ids[:max_length], ends[:max_length]
-    return ids, ends
+    limit = max_length
+    if len(ids) > context:  # the same tokens, cut where the model's context ends
+        if max_length is None:
+            raise ValueError(
+                f"text {index} is {len(ids)} tokens for {adapter.name!r}, which takes at most {context} (n_ctx); "
+                f"pass max_length (it is clipped to each model's n_ctx) or shorter texts"
+            )
+        limit = min(max_length, context)
+    return ids[:limit], ends[:limit]
 
 
 def aligned_positions(
@@ -112,7 +123,7 @@ def aligned_positions(
     for t, text in enumerate(texts):
         maps = []
         for m, adapter in enumerate(adapters):
-            ids, ends = _token_rows(adapter, text, max_length)
+            ids, ends = _token_rows(adapter, text, max_length, t)
             per_model_ids[m].append(ids)
             word_ends = word_end_offsets(text, ends)
             maps.append({end: index for end, index in word_ends.items() if index > 0})
@@ -251,6 +262,9 @@ def convergence(
         n_positions: aligned positions sampled (seeded); ``None`` = all. The default is at most
             1024: with fewer aligned positions all are used (a warning says how many; the number
             is in ``params["n_positions"]``). An explicit number larger than available raises.
+        max_length: tokens kept per text, clipped to each model's context (``n_ctx``): models of
+            different context lengths compare the positions both still see. Without it a text longer
+            than a model's context raises ``ValueError`` (naming the text, the model and its ``n_ctx``).
         attention_mask: must be ``None`` (texts carry no mask).
 
     Returns:
@@ -284,6 +298,8 @@ def convergence(
         raise TypeError(f"debiased must be a bool, got {type(debiased).__name__}")
     n_null = check_int(n_null, "n_null", low=0)
     knn_k = check_int(knn_k, "knn_k", low=1)
+    if max_length is not None:
+        max_length = check_int(max_length, "max_length", low=1)
     k = default_k(min(a.d_model, b.d_model)) if k is None else check_int(k, "k", low=1)
     if k >= min(a.d_model, b.d_model):
         raise ValueError(f"k must be < min(d_model) = {min(a.d_model, b.d_model)}, got {k}")

@@ -77,6 +77,10 @@ def phase_stability(
         >>> phase_stability(lens, lens)["stable"]   # two layers: no phases to agree on
         False
     """
+    for name, lz in (("lens_a", lens_a), ("lens_b", lens_b)):
+        if not isinstance(lz, TunedLens):
+            raise TypeError(f"{name} must be a TunedLens, got {type(lz).__name__}")
+        lz.check_finite(name)
     maps = [torch.stack([lz.linear_map(layer) for layer in range(lz.n_layers)]) for lz in (lens_a, lens_b)]
     sweeps = [resolution_sweep(m, list(fractions)) for m in maps]
     rows, reasons = [], []
@@ -183,8 +187,12 @@ def phases(
             halves = [cached_tuned_lens(adapter, train_texts[i::2], cache_dir=cache_dir, seed=seed,
                                         progress=progress, **budget) for i in (0, 1)]
             stability_report = phase_stability(*halves, smoothing=smoothing, sensitivity=sensitivity)
-    if getattr(lens, "n_layers", None) != adapter.n_layers or getattr(lens, "d_model", None) != adapter.d_model:
-        raise ValueError("the lens was made for a model of another shape")
+    if not isinstance(lens, TunedLens):
+        raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
+    if lens.n_layers != adapter.n_layers or lens.d_model != adapter.d_model:
+        raise ValueError(f"the lens was made for a model of another shape (n_layers {lens.n_layers}, d_model "
+                         f"{lens.d_model}; the model has {adapter.n_layers}, {adapter.d_model})")
+    lens.check_finite("lens")  # a NaN translator would surface as a LinAlgError deep in the sweep
     fractions = list(fractions) + ([k_fraction] if k_fraction is not None and k_fraction not in fractions else [])
     maps = torch.stack([lens.linear_map(layer) for layer in range(adapter.n_layers)])
     sweep = resolution_sweep(maps, fractions)

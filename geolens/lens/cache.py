@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 from geolens._cache import cache_root
+from geolens._io import check_folder_target
+from geolens._validation import DamagedFileError
 from geolens.lens.fit import DEFAULT_RIDGE, FAST_BUDGET, fit_tuned_lens
 from geolens.lens.train import DEFAULT_SEQ_LEN, dtype_name, resolve_matmul_dtype, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
@@ -82,7 +85,8 @@ def cached_tuned_lens(
         progress: show the training bar.
 
     Returns:
-        The lens; ``lens.cache_dir`` says where it is saved. A budget key of the other method raises
+        The lens; ``lens.cache_dir`` says where it is saved. A damaged cache entry (unreadable or
+        half-written files) is trained again and saved over, with a warning. A budget key of the other method raises
         ``TypeError``. The fast method's time limit makes a lens depend on the machine's speed where
         it stops on time rather than on a plateau (``lens.training_info["stopped"]`` says which).
     """
@@ -117,14 +121,18 @@ def cached_tuned_lens(
     if method == "reference":  # keeps the keys of lenses cached before the fast method existed
         plan.pop("method")
     folder = (Path(cache_dir) if cache_dir is not None else cache_root() / "tuned_lens") / _cache_key(adapter, plan)
+    check_folder_target(folder, "a cached tuned lens")  # before training, not after
     try:
         lens = TunedLens.load(folder, adapter)
-    except FileNotFoundError:
+    except (FileNotFoundError, DamagedFileError) as err:
+        if isinstance(err, DamagedFileError):  # a cache entry is rebuilt, not a reason to stop
+            warnings.warn(f"the cached tuned lens is damaged ({err}); training it again", UserWarning, stacklevel=2)
         if method == "reference":
             lens = train_tuned_lens(adapter, train_texts, seq_len=seq_len, progress=progress, **budget)
         else:
             lens = fit_tuned_lens(adapter, train_texts, seq_len=seq_len, seed=seed, halves=halves, progress=progress,
                                   **budget)
+        lens.check_finite("the trained tuned lens")  # a diverged fit is reported, not cached
         lens.save(folder)
     lens.cache_dir = str(folder)
     return lens

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import json
+import uuid
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from geolens._io import atomic_directory
+from geolens._io import atomic_file, atomic_write_text, check_folder_target
+from geolens._validation import DamagedFileError
 from geolens.lens import tuned_lens_format as tl_format
 from geolens.lens.logit_lens import LogitLens
 from geolens.model import as_adapter
@@ -135,21 +137,30 @@ class TunedLens(LogitLens):
 
     def save(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``translators.safetensors`` into ``directory`` (created if needed),
-        and the :attr:`halves`, if any, into its ``half-0`` and ``half-1`` folders."""
-        directory = Path(directory)
-        with atomic_directory(directory) as staging:  # a killed save leaves the old lens or none, never half of one
-            self._write(staging)
+        and the :attr:`halves`, if any, into its ``half-0`` and ``half-1`` folders.
+
+        Only the lens's own files are written, each atomically (a temporary file renamed into
+        place); anything else in ``directory`` is left alone. ``config.json`` is renamed last and
+        records the weights' save id, so a save killed between the two renames is reported by
+        :meth:`load` instead of loading a mix. Raises ``ValueError`` if ``directory`` is a file.
+        """
+        directory = check_folder_target(directory, "a tuned lens")
+        self._write(directory)
         return directory
 
-    def _write(self, folder: Path) -> None:
+    def _write(self, folder: Path) -> str:
         from safetensors.torch import save_file
 
+        check_folder_target(folder, "a tuned lens")
+        folder.mkdir(parents=True, exist_ok=True)
+        halves = [half._write(folder / f"half-{part}") for part, half in enumerate(self.halves or ())]
+        save_id = uuid.uuid4().hex
         tensors = {name: value.detach().cpu().contiguous() for name, value in self.translators.state_dict().items()}
-        save_file(tensors, str(folder / WEIGHTS_FILE))
-        (folder / CONFIG_FILE).write_text(json.dumps(self.config(), indent=1))
-        for part, half in enumerate(self.halves or ()):
-            (folder / f"half-{part}").mkdir()
-            half._write(folder / f"half-{part}")
+        with atomic_file(folder / WEIGHTS_FILE) as tmp:
+            save_file(tensors, str(tmp), metadata={"save_id": save_id})
+        config = {**self.config(), "save_id": save_id, "halves": halves}
+        atomic_write_text(folder / CONFIG_FILE, json.dumps(config, indent=1))  # last: it commits the save
+        return save_id
 
     @classmethod
     def load(cls, directory: str | Path, model: object) -> "TunedLens":
@@ -157,22 +168,30 @@ class TunedLens(LogitLens):
 
         Raises ``ValueError`` if the lens was made for another model shape
         (``n_layers``, ``d_model`` or ``d_vocab``) or the files are not a geolens
-        tuned lens; warns if only the model name differs.
+        tuned lens, :class:`~geolens._validation.DamagedFileError` (a ``ValueError``)
+        naming the file if a file is unreadable, a config field has the wrong type,
+        a weight is NaN or infinite, or the two files come from different saves;
+        warns if only the model name differs.
         """
-        from safetensors.torch import load_file
+        return cls._load(Path(directory), model, None)
 
-        directory = Path(directory)
+    @classmethod
+    def _load(cls, directory: Path, model: object, save_id: str | None) -> "TunedLens":
+        """:meth:`load`; ``save_id``: the id the parent lens recorded for this half (``None``: not checked)."""
         config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
         if not config_path.is_file() or not weights_path.is_file():
             raise FileNotFoundError(f"{directory} holds no tuned lens (need {CONFIG_FILE} and {WEIGHTS_FILE})")
+        remedy = f"save the lens again, or delete {directory} (a cached lens is then trained again)"
         try:
             config = json.loads(config_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{config_path} is not valid JSON ({err}); the lens folder is damaged") from None
+            raise DamagedFileError(f"{config_path} is not valid JSON ({err}); the lens folder is damaged: "
+                                   f"{remedy}") from None
         if not isinstance(config, dict) or config.get("format") != _FORMAT:
             found = config.get("format") if isinstance(config, dict) else type(config).__name__
             raise ValueError(f"{config_path} is not a geolens tuned lens (format {found!r})")
-        lens = cls(model, bias=bool(config.get("bias", True)))
+        _check_config(config, config_path, remedy)
+        lens = cls(model, bias=config.get("bias", True))
         mismatched = [f"{k}: lens {config.get(k)} vs model {getattr(lens, k)}" for k in _SHAPE_KEYS
                       if config.get(k) != getattr(lens, k)]
         if mismatched:
@@ -180,26 +199,55 @@ class TunedLens(LogitLens):
                 f"the tuned lens in {directory} was made for another model shape ({'; '.join(mismatched)}); "
                 f"it was trained for {config.get('model_name')!r}"
             )
+        if save_id is not None and config.get("save_id") != save_id:
+            raise DamagedFileError(f"{config_path} is not the save its parent lens recorded (an interrupted save); "
+                                   f"{remedy}")
         if config.get("model_name") != lens.model_name:
             warnings.warn(
                 f"tuned lens trained for {config.get('model_name')!r}, loaded into {lens.model_name!r} "
-                "(same shape, so it loads; the numbers may not mean much)", stacklevel=2,
+                "(same shape, so it loads; the numbers may not mean much)", stacklevel=3,
             )
-        try:
-            state = load_file(str(weights_path), device=str(lens.adapter.device))
-        except Exception as err:  # safetensors raises its own error types for damaged files
-            raise ValueError(f"{weights_path} is not a readable safetensors file ({err})") from None
+        state, metadata = _read_weights(weights_path, str(lens.adapter.device), remedy)
         expected = {name: tuple(value.shape) for name, value in lens.translators.state_dict().items()}
         found = {name: tuple(value.shape) for name, value in state.items()}
         if found != expected:
             wrong = sorted(set(found) ^ set(expected)) or [n for n in expected if found[n] != expected[n]]
             raise ValueError(f"{weights_path} does not fit {lens.model_name!r}: tensors {wrong[:4]} differ "
                              f"(the lens expects {len(expected)} tensors of shape {next(iter(expected.values()))})")
+        # Both files name their save; weights written by other means carry no id and are taken as they are.
+        if "save_id" in metadata and config.get("save_id") not in (None, metadata["save_id"]):
+            raise DamagedFileError(f"{weights_path} and {config_path} come from different saves (a save was "
+                                   f"interrupted between them); {remedy}")
+        bad = sorted(name for name, value in state.items() if not bool(torch.isfinite(value).all()))
+        if bad:
+            raise DamagedFileError(f"{weights_path}: {bad[:4]} hold NaN or infinite values; {remedy}")
         lens.translators.load_state_dict(state)
         lens.training_info = dict(config.get("training") or {})
-        if (directory / "half-0").is_dir():
-            lens.halves = tuple(cls.load(directory / f"half-{part}", model) for part in (0, 1))
+        halves = config.get("halves")
+        if halves is None and (directory / "half-0").is_dir():  # saved before configs listed their halves
+            halves = [None, None]
+        if halves:
+            lens.halves = tuple(cls._load(directory / f"half-{part}", model, half_id)
+                                for part, half_id in enumerate(halves))
         return lens
+
+    def check_finite(self, what: str = "the tuned lens") -> None:
+        """Raise ``ValueError`` naming the layers whose translator holds NaN or infinite parameters.
+
+        Example:
+            >>> lens = TunedLens(model)
+            >>> with torch.no_grad():
+            ...     _ = lens.translators[1].bias.fill_(float("nan"))
+            >>> lens.check_finite()
+            Traceback (most recent call last):
+            ...
+            ValueError: the tuned lens has NaN or infinite parameters in the translator of layer(s) [1]; retrain it or load another lens
+        """
+        bad = [layer for layer, translator in enumerate(self.translators)
+               if not all(bool(torch.isfinite(p).all()) for p in translator.parameters())]
+        if bad:
+            raise ValueError(f"{what} has NaN or infinite parameters in the translator of layer(s) {bad}; "
+                             "retrain it or load another lens")
 
     # ------------------------------------------------------------------ tuned-lens package format
     @classmethod
@@ -260,3 +308,35 @@ class TunedLens(LogitLens):
         trained = self.training_info.get("steps", 0)
         return (f"model={self.model_name!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
                 f"d_vocab={self.d_vocab}, trained_steps={trained}")
+
+
+def _check_config(config: dict, path: Path, remedy: str) -> None:
+    """Each field of a geolens lens ``config.json`` has its type, else ``DamagedFileError`` naming the field."""
+    def bad(key: str, expected: str) -> DamagedFileError:
+        got = repr(config[key]) if key in config else "nothing"
+        return DamagedFileError(f"{path}: {key} must be {expected}, got {got}; the lens folder is damaged: {remedy}")
+
+    for key in _SHAPE_KEYS:
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(key, "a positive int")
+    checks = {"bias": (bool, "true or false"), "model_name": (str, "a str"), "training": (dict, "a JSON object"),
+              "save_id": (str, "a str"), "halves": (list, "a list of 2 save ids")}
+    for key, (kind, expected) in checks.items():
+        if key in config and config[key] is not None and not isinstance(config[key], kind):
+            raise bad(key, expected)
+    halves = config.get("halves")
+    if halves and (len(halves) != 2 or not all(isinstance(h, str) for h in halves)):
+        raise bad("halves", "a list of 2 save ids")
+
+
+def _read_weights(path: Path, device: str, remedy: str) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors and the metadata of a safetensors file, or ``DamagedFileError`` naming it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device=device) as handle:
+            metadata = handle.metadata() or {}
+            return {name: handle.get_tensor(name) for name in handle.keys()}, metadata
+    except Exception as err:  # safetensors raises its own error types for damaged files
+        raise DamagedFileError(f"{path} is not a readable safetensors file ({err}); {remedy}") from None

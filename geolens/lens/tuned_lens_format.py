@@ -35,6 +35,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from geolens._io import atomic_file, atomic_write_text, check_folder_target
+from geolens._validation import DamagedFileError
+
 __all__ = [
     "LENS_TYPE",
     "TL_CONFIG_FILE",
@@ -79,13 +82,19 @@ def read_tuned_lens_dir(
     Raises:
         FileNotFoundError: ``config.json`` or ``params.pt`` is missing.
         ValueError: naming the file: not a linear tuned lens, another ``d_model`` or
-            layer count than the model's, missing/extra/misshapen/non-finite tensors.
+            layer count than the model's, missing/extra/misshapen/non-finite tensors;
+            :class:`~geolens._validation.DamagedFileError` where a file is unreadable
+            (not JSON, not a torch file, truncated).
     """
     directory = Path(directory)
     config_path, params_path = directory / TL_CONFIG_FILE, directory / TL_PARAMS_FILE
     if not config_path.is_file() or not params_path.is_file():
         raise FileNotFoundError(f"{directory} holds no tuned-lens lens (need {TL_CONFIG_FILE} and {TL_PARAMS_FILE})")
-    config = json.loads(config_path.read_text())
+    remedy = f"the lens in {directory} is damaged: download or save it again"
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DamagedFileError(f"{config_path} is not valid JSON ({err}); {remedy}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
     lens_type = config.get("lens_type", LENS_TYPE)
@@ -104,7 +113,15 @@ def read_tuned_lens_dir(
     bias = config.get("bias", True)
     if not isinstance(bias, bool):
         raise ValueError(f"{config_path}: bias must be true or false, got {bias!r}")
-    state = torch.load(params_path, map_location="cpu", weights_only=True)
+    for key in ("unembed_hash", "base_model_name_or_path", "base_model_revision"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise ValueError(f"{config_path}: {key} must be a str or null, got {config[key]!r}")
+    try:
+        state = torch.load(params_path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle, zip and OS errors of a truncated or foreign file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise DamagedFileError(f"{params_path} is not a readable torch state dict ({type(err).__name__}: "
+                               f"{first[:200]}); {remedy}") from None
     if not isinstance(state, dict):
         raise ValueError(f"{params_path} must hold a state dict, got {type(state).__name__}")
     state = {(k[len(_PREFIX):] if k.startswith(_PREFIX) else k): v for k, v in state.items()}
@@ -140,15 +157,17 @@ def write_tuned_lens_dir(
     """Write ``config.json`` and ``params.pt`` as tuned-lens's ``TunedLens.save`` does (float32).
 
     ``weights[i]`` ``[d, d]`` (``[out, in]``) and ``biases[i]`` ``[d]`` are layer ``i``'s
-    translator; ``bias`` is written as true.
+    translator; ``bias`` is written as true. Each file is written atomically and nothing else in
+    ``directory`` is touched; ``ValueError`` if ``directory`` is a file.
     """
-    directory = Path(directory)
+    directory = check_folder_target(directory, "a tuned-lens lens")
     directory.mkdir(parents=True, exist_ok=True)
     state: dict[str, Tensor] = {}
     for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
         state[f"{i}.weight"] = w.detach().to(device="cpu", dtype=torch.float32).contiguous()
         state[f"{i}.bias"] = b.detach().to(device="cpu", dtype=torch.float32).contiguous()
-    torch.save(state, directory / TL_PARAMS_FILE)
+    with atomic_file(directory / TL_PARAMS_FILE) as tmp:
+        torch.save(state, tmp)
     config = {
         "base_model_name_or_path": base_model_name_or_path,
         "d_model": int(d_model),
@@ -158,5 +177,5 @@ def write_tuned_lens_dir(
         "unembed_hash": unembed_hash_value,
         "lens_type": LENS_TYPE,
     }
-    (directory / TL_CONFIG_FILE).write_text(json.dumps(config, indent=1))
+    atomic_write_text(directory / TL_CONFIG_FILE, json.dumps(config, indent=1))
     return directory

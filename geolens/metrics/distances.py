@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from geolens._validation import check_float_matrix
 from geolens.metrics import _compiled
 from geolens.metrics._threads import in_worker, n_workers, rank_pool
+from geolens.metrics.preprocess import scaled_rows
 
 __all__ = [
     "PairSample",
@@ -405,13 +406,15 @@ def negated_cosine_upper(x: Float[torch.Tensor, "B N d"], *, out: torch.Tensor |
 
 def unit_rows(x: Float[torch.Tensor, "*batch N d"], *, in_place: bool = False) -> Float[torch.Tensor, "*batch N d"]:
     """Each row over its norm; raises on a zero row (no direction, so no cosine). ``in_place``: divide
-    ``x`` itself (the same values; no second tensor of its size to allocate and fault in).
+    ``x`` itself (the same values; no second tensor of its size to allocate and fault in). Rows whose
+    squares would overflow or underflow are divided by a power of two first
+    (:func:`geolens.metrics.preprocess.scaled_rows`): any finite row has its direction.
 
     Example:
         >>> unit_rows(torch.tensor([[3.0, 4.0]])).tolist()
         [[0.6000000238418579, 0.800000011920929]]
     """
-    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    x, norms = scaled_rows(x, in_place=in_place)
     floor = _NORM_FLOOR.get(x.dtype, 1e-30)
     if bool((norms <= floor).any()):
         raise ValueError(

@@ -22,10 +22,99 @@ from jaxtyping import Float
 
 from geolens._validation import DegenerateError, check_float_matrix, check_int
 
-__all__ = ["SPREAD_RTOL", "center", "check_ccr", "check_spread", "principal_directions", "remove_common_components"]
+__all__ = ["SPREAD_RTOL", "center", "check_ccr", "check_spread", "power_of_two_scale", "principal_directions",
+           "remove_common_components", "row_norms", "scaled_rows", "unit_scaled"]
 
 # Spread below this many units of the input dtype's resolution is rounding, not geometry.
 SPREAD_RTOL = 8.0
+
+
+# ----------------------------------------------------------------------------- scale before norms
+def power_of_two_scale(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The power of two ``2^e <= max |x| < 2^(e+1)`` (over ``dim``, kept as a size-1 axis; over all of ``x``
+    when ``dim`` is ``None``), ``0.5`` where ``x`` is all zeros.
+
+    ``x`` divided by it has its largest entry in ``[1, 2)``, so squares and sums of squares
+    of ``d`` entries neither overflow nor underflow, and the division is exact (a power of
+    two changes only the exponent): every cosine, ratio and rank of the divided numbers
+    is the one of ``x``. ``2^e`` is representable for every finite ``x``, subnormals included.
+
+    Example:
+        >>> torch.log2(power_of_two_scale(torch.tensor([[3.0, -1.0], [0.0, 0.0]]) * 2.0**100, dim=-1)).tolist()
+        [[101.0], [-1.0]]
+    """
+    largest = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
+    _, exponent = torch.frexp(largest)  # largest = m 2^exponent, m in [0.5, 1)
+    return torch.pow(torch.tensor(2.0, dtype=x.dtype, device=x.device), (exponent - 1).to(x.dtype))
+
+
+def _norms_are_safe(norms: torch.Tensor) -> bool:
+    """No sum of squares behind ``norms`` overflowed or lost digits to underflow.
+
+    A norm below ``sqrt(tiny) / eps`` may hold squares in the subnormal range (or rows
+    flushed to zero); an infinite one overflowed. Between the two, squares lost below
+    ``tiny`` weigh less than the dtype's resolution.
+    """
+    info = torch.finfo(norms.dtype)
+    low = info.tiny ** 0.5 / info.eps
+    return bool(((norms >= low) & (norms < float("inf"))).all())
+
+
+def scaled_rows(
+    x: Float[torch.Tensor, "*batch d"], *, in_place: bool = False
+) -> tuple[Float[torch.Tensor, "*batch d"], Float[torch.Tensor, "*batch 1"]]:
+    """``(rows, their norms)`` along the last axis, safe from overflow and underflow for any finite ``x``.
+
+    Usually ``rows`` is ``x`` itself. Where a row's sum of squares would overflow (huge
+    activations) or underflow, every row is first divided by its own
+    :func:`power_of_two_scale` (exactly: the directions are those of ``x``), so
+    ``rows / norms`` is the unit row of ``x`` in every case. ``in_place``: divide ``x``
+    itself. Norms are ``[..., 1]``; a zero row has norm 0.
+
+    Example:
+        >>> x = torch.tensor([[3.0, 4.0]])
+        >>> rows, norms = scaled_rows(x * 2.0**100)            # float32: its squares overflow
+        >>> torch.equal(rows / norms, x / 5.0), torch.linalg.vector_norm(x * 2.0**100).item()
+        (True, inf)
+    """
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    if _norms_are_safe(norms):
+        return x, norms
+    scale = power_of_two_scale(x, dim=-1)
+    x = x.div_(scale) if in_place else x / scale
+    return x, torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+
+
+def row_norms(x: Float[torch.Tensor, "*batch d"]) -> Float[torch.Tensor, "*batch"]:
+    """Euclidean norms of the rows (last axis) of ``x`` without overflow or underflow of their squares.
+
+    Rows whose squares leave the dtype's range are measured divided by a power of two
+    and scaled back, so a norm is ``inf`` only when the norm itself is beyond the dtype.
+
+    Example:
+        >>> x = torch.tensor([[3.0, 4.0], [3.0, 4.0]]) * torch.tensor([[2.0**100], [2.0**-100]])
+        >>> (row_norms(x) * torch.tensor([2.0**-100, 2.0**100])).tolist()    # float32
+        [5.0, 5.0]
+        >>> torch.linalg.vector_norm(x, dim=-1).tolist()                  # the squares overflow, underflow
+        [inf, 0.0]
+    """
+    norms = torch.linalg.vector_norm(x, dim=-1)
+    if _norms_are_safe(norms):
+        return norms
+    scale = power_of_two_scale(x, dim=-1)
+    return torch.linalg.vector_norm(x / scale, dim=-1) * scale.squeeze(-1)
+
+
+def unit_scaled(x: torch.Tensor) -> torch.Tensor:
+    """``x`` divided by its :func:`power_of_two_scale` (largest entry in ``[1, 2)``): exactly the same
+    numbers up to one power of two, for measures that are invariant to the scale of the whole cloud
+    (linear CKA, inner-product neighbours) and whose products would overflow or underflow.
+
+    Example:
+        >>> unit_scaled(torch.tensor([3.0, -1.0]) * 2.0**100).tolist()
+        [1.5, -0.5]
+    """
+    return x / power_of_two_scale(x)
 
 
 def check_ccr(m: object, n: int, d: int) -> int:
@@ -62,8 +151,13 @@ def check_spread(
         geolens._validation.DegenerateError: states are numerically constant: after centring their spread is 3.2e-08 ...
         >>> check_spread(x, center(x), dtype=torch.float64, what="states")  # the same numbers, read as float64
     """
-    scale = float(torch.linalg.matrix_norm(reference.double()))
-    size = float(torch.linalg.matrix_norm(spread.double()))
+    reference, spread = reference.double(), spread.double()
+    scale = torch.linalg.matrix_norm(reference)
+    if not _norms_are_safe(scale):  # float64 squares out of range: measure both divided by one power of two
+        unit = power_of_two_scale(reference)
+        reference, spread = reference / unit, spread / unit
+        scale = torch.linalg.matrix_norm(reference)
+    scale, size = float(scale), float(torch.linalg.matrix_norm(spread))
     limit = SPREAD_RTOL * torch.finfo(dtype).eps
     if scale == 0 or size <= limit * scale:
         relative = size / scale if scale else 0.0

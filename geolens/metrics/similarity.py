@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float
 
 from geolens._validation import check_float_matrix, check_int, working_dtype
+from geolens.metrics.preprocess import scaled_rows, unit_scaled
 
 __all__ = ["linear_cka", "mutual_knn", "KNN_METRICS"]
 
@@ -118,8 +119,10 @@ def linear_cka(
     if not isinstance(debiased, bool):
         raise TypeError(f"debiased must be a bool, got {type(debiased).__name__}")
     x, y = _paired(x, y, min_rows=4 if debiased else 2)
-    x = x.to(torch.float64)
-    y = y.to(device=x.device, dtype=torch.float64)
+    # CKA is invariant to the scale of either side: each divided by a power of two (exact), so the
+    # fourth powers in ||X^T X||_F^2 neither overflow nor underflow.
+    x = unit_scaled(x.to(torch.float64))
+    y = unit_scaled(y.to(device=x.device, dtype=torch.float64))
     x, y = x - x.mean(dim=0), y - y.mean(dim=0)
     for name, side in (("x", x), ("y", y)):
         if not bool(side.abs().amax() > 0):
@@ -148,8 +151,8 @@ def _neighbour_rows(z: torch.Tensor, rows: slice, k: int) -> torch.Tensor:
 def _prepare_knn(z: torch.Tensor, name: str, metric: str) -> torch.Tensor:
     z = z.to(working_dtype(z))
     if metric == "ip":
-        return z
-    norms = torch.linalg.vector_norm(z, dim=1, keepdim=True)
+        return unit_scaled(z)  # one power of two for the whole side: the same order of inner products, no overflow
+    z, norms = scaled_rows(z)  # rows whose squares overflow or underflow are divided by a power of two first
     zero = norms.squeeze(1) == 0
     if bool(zero.any()):
         raise ValueError(f"{name} has {int(zero.sum())} rows of zero norm: their cosine similarity is undefined "

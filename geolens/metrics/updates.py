@@ -29,6 +29,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from geolens._validation import check_finite, working_dtype
+from geolens.metrics.preprocess import row_norms, scaled_rows
 from geolens.metrics.spectral import effective_rank
 
 __all__ = ["update", "update_orthogonality", "update_norms", "norm_ratio", "UPDATE_SUMMARY_KEYS", "update_summary"]
@@ -52,7 +53,7 @@ def _check_pair(a: Tensor, b: Tensor, names: tuple[str, str]) -> None:
 
 
 def _norms(x: Tensor) -> Tensor:
-    return torch.linalg.vector_norm(x.to(working_dtype(x)), dim=-1)
+    return row_norms(x.to(working_dtype(x)))  # huge (or tiny) rows are scaled first: no overflow of their squares
 
 
 def _nonzero(norms: Tensor, name: str) -> None:
@@ -85,8 +86,11 @@ def update_orthogonality(prev: Float[Tensor, "... N d"], nxt: Float[Tensor, "...
         tensor([0., 1.])
     """
     delta = update(prev, nxt)
-    prev = prev.to(delta.dtype)
-    prev_norm, delta_norm = _norms(prev), _norms(delta)
+    # Rows whose squares would overflow (or underflow) come back divided by a power of two, so the
+    # product of the two directions is that of the states themselves.
+    prev, prev_norm = scaled_rows(prev.to(delta.dtype))
+    delta, delta_norm = scaled_rows(delta)
+    prev_norm, delta_norm = prev_norm.squeeze(-1), delta_norm.squeeze(-1)
     _nonzero(prev_norm, "prev")
     _nonzero(delta_norm, "the update nxt - prev")
     cos = (delta * prev).sum(-1) / (prev_norm * delta_norm)
