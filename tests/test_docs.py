@@ -1,7 +1,7 @@
 """The documentation site: built with warnings as errors, then opened from disk in headless Chromium.
 
 The notebooks are executed at small sizes into docs/tutorials/ (``docs/execute_notebooks.py``; a
-notebook this session's tests already executed is reused), mkdocs builds the site (``--strict``) into a
+notebook already executed in this test run is reused), mkdocs builds the site (``--strict``) into a
 temporary folder, and Chromium opens the home page, a concept page and a tutorial from ``file://``:
 no console errors, every plotly figure drawn, the offline search index present and answering.
 """
@@ -52,7 +52,7 @@ def site(tmp_path_factory, executed_notebooks) -> Path:
     for source in NOTEBOOKS:
         target = builder.OUT / source.name
         done = executed_notebooks.get(source.stem)
-        if done is not None:  # executed by tests/test_notebooks.py in this session: same sizes, same kernel
+        if done is not None:  # executed by tests/test_notebooks.py in this test run: same sizes, same kernel
             done.metadata["geolens_docs"] = {"source_key": builder._key(source), "small": True}
             target.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(done, target)
