@@ -160,8 +160,11 @@ def test_search_answers_from_disk(site, browser):
     from selenium.webdriver.common.by import By
 
     _open(browser, site / "index.html", "docs_search.png")
-    browser.execute_script("document.querySelector('label[for=__search]').click()")
+    browser.execute_script("const open = document.getElementById('__search'); open.checked = true;"
+                           "open.dispatchEvent(new Event('change'));")  # the search overlay
+    time.sleep(1)
     box = browser.find_element(By.CSS_SELECTOR, "input[data-md-component=search-query]")
+    box.click()
     box.send_keys("Kneedle")
     deadline, found = time.time() + 30, []
     while time.time() < deadline and not found:
