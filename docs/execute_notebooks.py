@@ -2,8 +2,8 @@
 
 The notebooks are stored without outputs. Each runs in a fresh kernel with ``GEOLENS_EXAMPLE_SMALL=1``
 (the sizes the test suite uses), from examples/ as its working folder; the executed copy is written to
-``docs/tutorials/<name>.ipynb`` (git-ignored) with the source's sha256 in its metadata, so a notebook
-whose source and geolens version have not changed is not run again (``--force`` runs every one).
+``docs/tutorials/<name>.ipynb`` (git-ignored) with a sha256 of its source and of geolens's code in its
+metadata, so a notebook is run again only when either changed (``--force`` runs every one).
 Prints the time each took and the total.
 
     HF_HUB_OFFLINE=1 .venv/bin/python docs/execute_notebooks.py
@@ -24,9 +24,11 @@ OUT = ROOT / "docs" / "tutorials"
 
 
 def _key(source: Path) -> str:
-    import geolens
-
-    return hashlib.sha256(source.read_bytes() + geolens.__version__.encode()).hexdigest()
+    """The notebook's bytes and every geolens source file: a change to either runs it again."""
+    digest = hashlib.sha256(source.read_bytes())
+    for path in sorted((ROOT / "geolens").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def execute(source: Path, target: Path, *, force: bool = False, timeout: int = 900) -> float | None:
