@@ -1,4 +1,4 @@
-"""One prepared GPU check (issue 17): run it once on a machine with a CUDA GPU; under 5 minutes on one GPU.
+"""One prepared GPU check: run it once on a machine with a CUDA GPU; under 5 minutes on one GPU.
 
 Checks, in order (each one timed; a failure is reported and the others still run):
   1. exact PGA on CUDA equals the CPU result to 1e-6 (every rho; N = 1024, d = 256, k = 32, R = 20,

@@ -1,8 +1,8 @@
-"""Benchmark: the fast tuned lens against the reference recipe (issue 15), training throughput and the cost
-of ``geolens.updates`` (issue 4).
+"""Benchmark: the fast tuned lens against the reference recipe, training throughput and the cost
+of ``geolens.updates``.
 
 On the default model (``geolens.load_default_model()``, ``geolens.default_texts``), all in one run:
-  - **fast vs reference** (issue 15): held-out KL (mean over layers 1..L-1, at 1024 positions
+  - **fast vs reference**: held-out KL (mean over layers 1..L-1, at 1024 positions
     of the first windows of 200 texts no lens trains on, the same for every lens) against wall
     time, and lens tokens/s, for ``fit_tuned_lens`` at its default budget (``FAST_BUDGET``), the
     same method trained 4 times longer on the same positions (4x steps and seconds) and with

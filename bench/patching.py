@@ -1,6 +1,6 @@
 """Benchmark: batched ``geolens.patch`` against a naive one-forward-per-cell loop.
 
-Setting (issue 6): the default model (SmolLM2-135M, 30 blocks), the 10-token prompt pair
+Setting: the default model (SmolLM2-135M, 30 blocks), the 10-token prompt pair
 "The Eiffel Tower is in the city of" / "The Colosseum is in the city of", metric
 logit(" Paris") - logit(" Rome"), one site (resid_pre), every layer x every position
 (300 cells). Prints, measured in the same run:

@@ -1,6 +1,6 @@
 """Benchmark: subspace PGA of one layer against a plain scipy implementation and the sort floor.
 
-Setting (issue 2): N = 1024 states, d = 512, k = 64, R = 100 null subspaces.
+Setting: N = 1024 states, d = 512, k = 64, R = 100 null subspaces.
 Prints, all measured in the same run:
   - geolens time (``geolens.metrics.subspace_pga``, CCR-1);
   - scipy-naive time: ``pdist`` + ``spearmanr`` per subspace (R + 1 of them) on the same
@@ -8,11 +8,11 @@ Prints, all measured in the same run:
   - their ratio and the max |delta rho| between the two;
   - floors of an exact Spearman (it needs at least one sort of each subspace's
     distances): R + 1 float32 ``torch.argsort``s of a vector of M = N (N - 1) / 2 values,
-    and (issue 17) R + 1 NumPy sorts of M int64 keys over the worker threads plus the
-    R + 1 Gram products (the issue's floor), and the same with geolens's own sort (a radix sort of
+    and R + 1 NumPy sorts of M int64 keys over the worker threads plus the
+    R + 1 Gram products (the NumPy-sort floor), and the same with geolens's own sort (a radix sort of
     the keys' high 32 bits, all the ranks need), the work the CPU kernel cannot avoid;
 then an N sweep (256..8192) with time and peak memory, each N in its own process, and
-the approximate block (issue 17): exact against ``n_pairs`` (default 500,000) at
+the approximate block: exact against ``n_pairs`` (default 500,000) at
 N = 4096 and 8192, with the speed-up, |delta z| against the tolerance
 0.3 + 0.05 |z| and the jackknife z_se, from the same processes as the sweep.
 
@@ -46,7 +46,7 @@ from geolens.metrics._threads import rank_pool  # noqa: E402
 DEFAULT_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 QUICK_SIZES = [256, 512, 1024, 2048]
 APPROX_SIZES = [4096, 8192]
-MEMORY_LIMIT_MIB = 4096  # issue 17: PGA at N = 8192 under 4 GiB
+MEMORY_LIMIT_MIB = 4096  # the target: PGA at N = 8192 under 4 GiB
 
 
 def _sync(device: str) -> None:
@@ -126,7 +126,7 @@ def _time_sorts(r, m, sort_row):
 def time_key_floor(h, q, r, device):
     """R + 1 int64 key sorts of M values over the rank kernel's worker threads, plus the R + 1 Gram products
     (on the CPU the upper triangle only, BLAS syrk, as geolens computes it). Two sorts: NumPy's sort of
-    the 64-bit keys (the issue's floor), and the radix sort of their high 32 bits that geolens runs
+    the 64-bit keys (the NumPy-sort floor), and the radix sort of their high 32 bits that geolens runs
     (the least this design's ranks need). Returns ``(numpy sorts, radix sorts, Gram)`` seconds."""
     n, k = h.shape[0], q.shape[1]
     m = n * (n - 1) // 2

@@ -1,6 +1,6 @@
 """Benchmark: ``geolens.spectrum`` on every layer of the default model, against one plain forward pass.
 
-Setting (issue 3): the default model (SmolLM2-135M bridge, 30 blocks -> 31 residual
+Setting: the default model (SmolLM2-135M bridge, 30 blocks -> 31 residual
 layers, d = 576), the default BBC texts truncated to ``--max-length`` tokens,
 ``n_tokens = 1024``. Prints, all measured in the same run on the same tokens:
   - the capture-free forward ``model(tokens, attention_mask=mask)`` (best of ``--repeat``);

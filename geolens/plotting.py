@@ -20,11 +20,11 @@ __all__ = ["figure_html", "ablation_figure", "checkpoint_figure", "compare_figur
            "phases_figure", "probe_figure", "study_correlation_figure", "study_depth_figure", "study_training_figure",
            "updates_figure", "zoo_depth_figure", "zoo_training_figure"]
 
-_PLOTLYJS_SENT = False  # plotly.js goes into the first figure a session shows, once
+_PLOTLYJS_SENT = False  # plotly.js goes into the first figure a Python process shows, once
 
 
 def figure_html(figure: go.Figure) -> str:
-    """A figure as an HTML fragment for a notebook; the first one of the session carries plotly.js (offline).
+    """A figure as an HTML fragment for a notebook; the first one a process shows carries plotly.js (offline).
 
     Example:
         >>> "<div" in figure_html(go.Figure(go.Scatter(y=[1, 2])))

@@ -35,6 +35,8 @@ RESIDUAL_SITE = "resid_post"
 BLOCK_SITES = ("resid_pre", "resid_mid", "attn_out", "mlp_out")
 FINAL_SITE = "final"
 SITES = (RESIDUAL_SITE, *BLOCK_SITES, FINAL_SITE)
+"""Every site name: ``resid_post`` (layers ``0..L``), the block sites ``resid_pre``, ``resid_mid``,
+``attn_out``, ``mlp_out`` (layers ``1..L``), and ``final`` (the post-``ln_final`` state, layer ``L``)."""
 
 
 def check_site(site: object, *, allowed: Sequence[str] = SITES, name: str = "site") -> str:

@@ -257,5 +257,5 @@ def any_model(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(scope="session")
 def executed_notebooks() -> dict:
-    """Notebooks executed once in a session (tests/test_notebooks.py), reused by the browser test."""
+    """Notebooks executed once per test run (tests/test_docs.py or tests/test_notebooks.py), reused by the others."""
     return {}

@@ -1,4 +1,4 @@
-"""One calling convention for everything ``geolens`` exports (DESIGN.md, issue 14).
+"""One calling convention for everything ``geolens`` exports (DESIGN.md).
 
 Every analysis is ``f(model, tokens, [second input], *, <options>, n_tokens, seed=0, batch_size,
 max_length=None, attention_mask=None, progress=True)``: the inputs are the only positional

@@ -1,4 +1,4 @@
-"""Metrics run where the states are (issue 17, part 4), checked on the CPU.
+"""Metrics run where the states are, checked on the CPU.
 
 The rank kernel is chosen by the states' device and dtype: the NumPy kernel for float32 on the
 CPU, the torch kernel everywhere else (CUDA, MPS, float64). The torch kernel is what CUDA runs;

@@ -1,4 +1,4 @@
-"""A model stored in bf16 or fp16 works everywhere, and agrees with the same model in fp32 (issue 17, part 3).
+"""A model stored in bf16 or fp16 works everywhere, and agrees with the same model in fp32.
 
 The half-precision model is the ``neox_bridge`` fixture's weights booted with ``dtype=`` (the same
 checkpoint folder). geolens keeps its own numbers in float32/float64: capture upcasts the sampled
@@ -14,7 +14,7 @@ within 1 %; PGA z within 0.3 (a z moves with the rhos' rounding over its null sp
 same (looser than needed) tolerances.
 
 Where CUDA is available the same tests also run the model on the GPU (fp32 and bf16) against the
-fp32 model on the CPU, with the same tolerances (issue 17, part 4: everything runs with the model
+fp32 model on the CPU, with the same tolerances (everything runs with the model
 on ``cuda``); without CUDA those variants are skipped. bench/gpu.py runs them on a GPU machine.
 """
 

@@ -187,6 +187,7 @@ def prob(target_token: Any) -> PatchMetric:
 
 #: Metric: ``KL(p_clean || p_patched)`` at the last position, in nats (0 = clean output restored).
 kl: PatchMetric = _KL()
+"""Metric: ``KL(p_clean || p_patched)`` at the last position, in nats (0 = clean output restored)."""
 
 
 def _resolve_metric(metric: Any, adapter: ModelAdapter, clean_logits: torch.Tensor) -> tuple[MetricFn, str]:

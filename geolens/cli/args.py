@@ -10,8 +10,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["device", "int_at_least", "int_list", "nonnegative_int_list", "looks_like_path", "model_arg", "out_dir", "positive_float", "positive_int",
+__all__ = ["HelpFormatter", "device", "int_at_least", "int_list", "nonnegative_int_list", "looks_like_path", "model_arg", "out_dir", "positive_float", "positive_int",
            "text_file"]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs kept as written (their examples stay one per line); option help wrapped.
+
+    The defaults are written into each option's help by hand, because the budget flags default to
+    ``None`` ("not given", so that ``--quick`` can fill them) while their effective default lives in
+    the settings objects.
+    """
 
 
 def int_list(text: str) -> list[int]:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from geolens.cli.args import device, int_at_least, model_arg, nonnegative_int_list, out_dir, positive_int, text_file
+from geolens.cli.args import HelpFormatter, device, int_at_least, model_arg, nonnegative_int_list, out_dir, positive_int, text_file
 from geolens.model import boot_bridge
 from geolens.report import QUICK, SECTIONS, ReportSettings, report
 
@@ -50,7 +50,7 @@ _BUDGET_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--convergence-positions": ("convergence_positions", int_at_least(3),
                                 "word-end positions of the convergence section"),
     "--lens-positions": ("lens_positions", int_at_least(3),
-                         "positions the lens section scores (a sample of --n-tokens')"),
+                         "positions the lens section scores (logit and tuned lens at every layer), sampled from the --n-tokens positions"),
     "--seed": ("seed", int_at_least(0), "seed of every sample"),
 }
 
@@ -59,25 +59,51 @@ def _shown(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
+_DESCRIPTION = """\
+Every analysis on one model (default: the offline SmolLM2-135M) and one text (default: BBC News),
+written as one self-contained HTML page (report.html) plus a CSV and a JSON file per section.
+
+sections: {sections}
+"""
+
+_EPILOG = """\
+examples:
+  geolens report --out out/report
+  geolens report --quick --out out/quick                # small budgets: about a minute on 2 CPU cores
+  geolens report --model EleutherAI/pythia-160m --sections pga,spectrum --ccr 0,1
+  geolens report --model ./my-model --text a.txt --text b.txt --device cuda
+
+A flag given explicitly always wins over --quick's value. Bad arguments stop with exit code 2
+before any model is loaded; a section that fails is shown with its error and the run exits 1.
+"""
+
+
 def add_report_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``report`` sub-command's arguments; defaults and ``--quick`` values come from :mod:`geolens.report`."""
     defaults = ReportSettings()
-    rep = sub.add_parser("report", help="geometry report of a model (default: the offline default model)")
-    rep.add_argument("--model", type=model_arg, default=None,
-                     help="a local HF model folder or hub name, booted as a TransformerBridge (default: SmolLM2-135M)")
-    rep.add_argument("--text", type=text_file, action="append", default=None,
-                     help="a text file (repeatable); default: BBC News")
-    rep.add_argument("--out", type=out_dir, default=Path("out/report"), help="output folder (default out/report)")
+    sections = ", ".join(_section_names())
+    rep = sub.add_parser("report", help="geometry report of a model (default: the offline default model)",
+                         description=_DESCRIPTION.format(sections=sections), epilog=_EPILOG,
+                         formatter_class=HelpFormatter)
+    rep.add_argument("--model", type=model_arg, default=None, metavar="PATH_OR_NAME",
+                     help="a local Hugging Face model folder (with config.json) or a hub name, booted as a "
+                          "TransformerBridge (default: the offline SmolLM2-135M)")
+    rep.add_argument("--text", type=text_file, action="append", default=None, metavar="FILE",
+                     help="a UTF-8 text file, one text per file (repeatable; default: the offline BBC News texts)")
+    rep.add_argument("--out", type=out_dir, default=Path("out/report"), metavar="DIR",
+                     help="output folder (default: out/report)")
     rep.add_argument("--quick", action="store_true",
                      help="small budgets for every section (about a minute for the default model on 2 CPU cores); "
                           "flags given explicitly still win")
     for flag, (name, kind, text) in _BUDGET_FLAGS.items():
-        default = _shown(getattr(defaults, name)) if getattr(defaults, name) is not None else "min(100, d - 1)"
+        default = _shown(getattr(defaults, name)) if getattr(defaults, name) is not None else "min(100, d_model - 1)"
         quick = f"; --quick: {_shown(QUICK[name])}" if name in QUICK else ""
-        rep.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} (default {default}{quick})")
-    rep.add_argument("--sections", type=_name_list, default=None,
-                     help="comma-separated sections (default all but lens, phases): " + ", ".join(_section_names()))
-    rep.add_argument("--device", type=device, default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
+        rep.add_argument(flag, dest=name, type=kind, default=None, metavar=name.upper(),
+                         help=f"{text} (default: {default}{quick})")
+    rep.add_argument("--sections", type=_name_list, default=None, metavar="A,B,...",
+                     help=f"comma-separated sections to run, among {sections} (default: all of them)")
+    rep.add_argument("--device", type=device, default=None,
+                     help="torch device: cpu, cuda, cuda:1, mps (default: cpu)")
     rep.add_argument("--no-progress", action="store_true", help="no progress bars")
     return rep
 

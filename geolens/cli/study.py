@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from geolens.cli.args import int_at_least, out_dir
+from geolens.cli.args import HelpFormatter, int_at_least, out_dir
 
 __all__ = ["add_study_parser", "run_study_command"]
 
@@ -53,24 +53,40 @@ def results_dir(text: str) -> Path:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+_STUDY_EPILOG = """\
+examples:
+  geolens study run examples/studies/pythia_suite.toml --out out/pythia
+  geolens study run examples/studies/pythia_suite.toml --out out/pythia --executor ray --address auto
+  geolens study report out/pythia            # writes out/pythia/report.html
+"""
+
+
 def add_study_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``study run`` and ``study report`` to the ``geolens`` command's sub-parsers."""
-    study = sub.add_parser("study", help="many models x checkpoints x analyses as one resumable run")
+    study = sub.add_parser("study", help="many models x checkpoints x analyses as one resumable run",
+                           description="Many models x checkpoints x analyses, declared in a TOML file, run as one\n"
+                                       "resumable run into a Parquet dataset (locally or on Ray).",
+                           epilog=_STUDY_EPILOG, formatter_class=HelpFormatter)
     actions = study.add_subparsers(dest="study_command", required=True)
-    run = actions.add_parser("run", help="compute every unfinished cell of a study file into a Parquet dataset")
+    run = actions.add_parser("run", help="compute every unfinished cell of a study file into a Parquet dataset",
+                             description="Compute every unfinished cell of a study file into a Parquet dataset;\n"
+                                         "a rerun skips the finished cells.", epilog=_STUDY_EPILOG,
+                             formatter_class=HelpFormatter)
     run.add_argument("spec", type=spec_file, metavar="SPEC.toml", help="the study file")
     run.add_argument("--out", type=out_dir, required=True, help="results folder (a rerun resumes it)")
     run.add_argument("--executor", choices=("local", "ray"), default="local",
-                     help="local: this process, cell after cell (default); ray: one Ray task per cell")
+                     help="local: this process, cell after cell; ray: one Ray task per cell (default: local)")
     run.add_argument("--address", default=None,
                      help="Ray cluster to join (auto, ray://host:10001); default: start a local one")
     run.add_argument("--max-retries", type=int_at_least(0), default=2,
-                     help="times Ray re-runs a cell whose worker died (default 2)")
+                     help="times Ray re-runs a cell whose worker died (default: 2)")
     run.add_argument("--report", action="store_true", help="write DIR/report.html at the end")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    report = actions.add_parser("report", help="the cross-model views of a study's results as one HTML page")
+    report = actions.add_parser("report", help="the cross-model views of a study's results as one HTML page",
+                                description="The cross-model views of a study's results as one HTML page.",
+                                formatter_class=HelpFormatter)
     report.add_argument("dir", type=results_dir, metavar="DIR", help="the study's results folder")
-    report.add_argument("--out", default=None, help="the page (default DIR/report.html)")
+    report.add_argument("--out", default=None, help="the page (default: DIR/report.html)")
 
 
 def run_study_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

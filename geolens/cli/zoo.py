@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from geolens.cli.args import int_list, out_dir, positive_float, positive_int
+from geolens.cli.args import HelpFormatter, int_list, out_dir, positive_float, positive_int
 
 __all__ = ["add_zoo_parser", "run_zoo"]
 
@@ -38,45 +38,88 @@ def _analyses(text: str) -> list[str]:
 
 
 def _family_parser() -> argparse.ArgumentParser:
+    from geolens.zoo.train import ZooConfig
+
+    c = ZooConfig()
     family = argparse.ArgumentParser(add_help=False)
-    group = family.add_argument_group("the family (default: widths 64,128,256,512, 6 layers, 400 steps)")
-    group.add_argument("--widths", type=int_list, default=None, help="d_model of each member, comma-separated")
-    group.add_argument("--layers", type=positive_int, default=None, help="blocks per model")
-    group.add_argument("--d-head", type=positive_int, default=None, help="head size (heads = width / d_head)")
-    group.add_argument("--vocab-size", type=positive_int, default=None, help="BPE vocabulary trained on the corpus")
-    group.add_argument("--seq-len", type=positive_int, default=None, help="tokens per training window")
-    group.add_argument("--batch-size", type=positive_int, default=None, help="windows per step")
-    group.add_argument("--steps", type=positive_int, default=None, help="training steps")
-    group.add_argument("--lr", type=positive_float, default=None, help="peak learning rate")
-    group.add_argument("--seed", type=int, default=None, help="initialisation and data order")
+    group = family.add_argument_group(
+        "the family",
+        "Flags left out keep these defaults, or the settings of the family found in --dir.")
+    group.add_argument("--widths", type=int_list, default=None,
+                       help=f"d_model of each member, comma-separated (default: {','.join(map(str, c.widths))})")
+    group.add_argument("--layers", type=positive_int, default=None, help=f"blocks per model (default: {c.n_layers})")
+    group.add_argument("--d-head", type=positive_int, default=None,
+                       help=f"head size; heads = width / d_head (default: {c.d_head})")
+    group.add_argument("--vocab-size", type=positive_int, default=None,
+                       help=f"BPE vocabulary trained on the corpus (default: {c.vocab_size})")
+    group.add_argument("--seq-len", type=positive_int, default=None,
+                       help=f"tokens per training window (default: {c.seq_len})")
+    group.add_argument("--batch-size", type=positive_int, default=None,
+                       help=f"windows per step (default: {c.batch_size})")
+    group.add_argument("--steps", type=positive_int, default=None, help=f"training steps (default: {c.steps})")
+    group.add_argument("--lr", type=positive_float, default=None, help=f"peak learning rate (default: {c.lr:g})")
+    group.add_argument("--seed", type=int, default=None,
+                       help=f"initialisation and data order (default: {c.seed})")
     group.add_argument("--checkpoints", type=int_list, default=None,
-                       help="steps to save (default 0, powers of two from 16, and the last)")
-    group.add_argument("--dir", default=None, help="the family's folder (default: <cache>/zoo/<family key>)")
+                       help="steps to save, comma-separated (default: 0, the powers of two from 16, and the last)")
+    group.add_argument("--dir", default=None,
+                       help="the family's folder (default: <geolens cache>/zoo/<family key>)")
     family.add_argument("--no-progress", action="store_true", help="no progress bars")
     return family
 
 
+_ZOO_EPILOG = """\
+examples:
+  geolens zoo train --widths 64,128,256,512 --layers 6 --steps 400
+  geolens zoo report --train --out out/zoo
+  geolens zoo report --quick --train --widths 32,64 --layers 4 --steps 100   # a small study end to end
+"""
+
+
 def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``zoo train`` and ``zoo report`` to the ``geolens`` command's sub-parsers."""
+    from geolens.zoo.report import ZOO_ANALYSES, ZooReportSettings
+
+    s, q = ZooReportSettings(), ZooReportSettings.quick()
+
+    def budget(name: str) -> str:
+        shown = lambda v: ",".join(map(str, v)) if isinstance(v, (tuple, list)) else f"{v:g}" if isinstance(v, float) else str(v)  # noqa: E731
+        return f"(default: {shown(getattr(s, name))}; --quick: {shown(getattr(q, name))})"
+
     family = _family_parser()
-    zoo = sub.add_parser("zoo", help="train and study a family of small GPT-NeoX models that differ only in width")
-    actions = zoo.add_subparsers(dest="zoo_command", required=True)
-    train = actions.add_parser("train", parents=[family], help="train (or resume) every member of the family")
-    train.add_argument("--stop-at", type=int, default=None, help="train only up to this step (resume later)")
+    zoo = sub.add_parser("zoo", help="train and study a family of small GPT-NeoX models that differ only in width",
+                         description="Train (cached, resumable) and study a family of small GPT-NeoX models that "
+                                     "differ only in width.", epilog=_ZOO_EPILOG, formatter_class=HelpFormatter)
+    actions = zoo.add_subparsers(dest="zoo_command", required=True, metavar="{train,report}")
+    train = actions.add_parser("train", parents=[family], help="train (or resume) every member of the family",
+                               description="Train (or resume) every member of the family; finished checkpoints\n"
+                                           "are kept, so a stopped run resumes where it stopped.",
+                               formatter_class=HelpFormatter)
+    train.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                       help="train only up to this step, to resume later (default: train to --steps)")
     report = actions.add_parser("report", parents=[family],
-                                help="PGA (CCR sweep), spectra and phases on every member and checkpoint")
-    report.add_argument("--out", type=out_dir, default=Path("out/zoo"), help="output folder (default out/zoo)")
+                                help="PGA (CCR sweep), spectra and phases on every member and checkpoint",
+                                description="PGA (CCR sweep), spectra and phases on every member and checkpoint\n"
+                                            "of the family; writes zoo.html, zoo.csv and zoo.json.",
+                                epilog=_ZOO_EPILOG, formatter_class=HelpFormatter)
+    report.add_argument("--out", type=out_dir, default=Path("out/zoo"), metavar="DIR",
+                        help="output folder (default: out/zoo)")
     report.add_argument("--train", action="store_true", help="train the members that are missing first")
     report.add_argument("--at", type=_at, default="all",
-                        help="checkpoints to analyse: all, final, or comma-separated steps")
-    report.add_argument("--analyses", type=_analyses, default=None, help="among pga,spectrum,phases (default all)")
-    report.add_argument("--quick", action="store_true", help="small budgets (seconds per checkpoint)")
-    report.add_argument("--n-texts", type=positive_int, default=None, help="held-out texts analysed")
-    report.add_argument("--n-tokens", type=positive_int, default=None, help="token positions sampled")
-    report.add_argument("--n-null", type=positive_int, default=None, help="random subspaces in the PGA null")
-    report.add_argument("--ccr", type=int_list, default=None, help="CCR values, comma-separated")
-    report.add_argument("--k-fraction", type=positive_float, default=None, help="readout k as a fraction of d")
-    report.add_argument("--lens-steps", type=positive_int, default=None, help="tuned-lens training steps")
+                        help="checkpoints to analyse: all, final, or comma-separated steps (default: all)")
+    report.add_argument("--analyses", type=_analyses, default=None, metavar="A,B,...",
+                        help=f"among {','.join(ZOO_ANALYSES)} (default: all of them)")
+    report.add_argument("--quick", action="store_true",
+                        help="small budgets (seconds per checkpoint); flags given explicitly still win")
+    report.add_argument("--n-texts", type=positive_int, default=None, help=f"held-out texts analysed {budget('n_texts')}")
+    report.add_argument("--n-tokens", type=positive_int, default=None, help=f"token positions sampled {budget('n_tokens')}")
+    report.add_argument("--n-null", type=positive_int, default=None,
+                        help=f"random subspaces in the PGA null {budget('n_null')}")
+    report.add_argument("--ccr", type=int_list, default=None, help=f"CCR values, comma-separated {budget('ccr')}")
+    report.add_argument("--k-fraction", type=positive_float, default=None,
+                        help=f"readout k as a fraction of d_model {budget('k_fraction')}")
+    report.add_argument("--lens-steps", type=positive_int, default=None,
+                        help=f"tuned-lens training steps per checkpoint {budget('lens_steps')}")
 
 
 def _zoo_of(args: argparse.Namespace, parser: argparse.ArgumentParser):

@@ -96,7 +96,7 @@ def test_approximate_pga_table_has_errors_next_to_the_numbers(native_bridge):
                                    "z_se", "p_value", "pc1_readout_energy", "random_energy"]
     assert approx.params["n_pairs"] == 2000 and approx.params["exact"] is False and "n_pairs" not in exact.params
     assert (table.z_se > 0).all() and (table.rho_se > 0).all()
-    # the same pairs for every layer: the error of each z is its own, the tolerance the issue's
+    # the same pairs for every layer: the error of each z is its own, the tolerance the target's
     assert ((table.z - ref.z).abs() <= 0.3 + 0.05 * ref.z.abs() + 4 * table.z_se).all()
     # n_pairs covering all 4950 pairs: the exact table, with zero errors
     full = geolens.pga(native_bridge, tokens, k=4, n_null=8, ccr=[0, 1], n_tokens=100, n_pairs=10_000,

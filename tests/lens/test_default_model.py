@@ -57,7 +57,7 @@ def test_updates_and_evaluate_on_default_model(default_model):
 
 
 def test_fast_lens_halves_agree_on_the_readout_trajectory(default_model):
-    """Issue 15: lenses fitted on disjoint halves of the text (every other text, from one capture) give RSS
+    """Lenses fitted on disjoint halves of the text (every other text, from one capture) give RSS
     curves correlated at 0.9 or more at k = 5, 10 and 15 % of d, and the same first breakpoint within one
     layer. The closed form alone, to keep the test under a minute. Measured here: Pearson 0.99-1.00, b1
     4/4, 4/3, 3/3; the second breakpoint is not stable on this model (25 vs 28 at k = 29: the RSS

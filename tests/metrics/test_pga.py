@@ -208,7 +208,7 @@ def test_linearised_jackknife_matches_deleting_each_block():
 def test_approximate_z_is_within_tolerance_and_its_error_estimate_is_honest():
     """Planted states (a known subspace, z >> 0): across pair samples, |z_approx - z_exact| <= 0.3 + 0.05 |z|,
     and the jackknife standard error describes the real error: most errors lie within 3 SE, and the
-    mean SE is within a factor of 2 of the errors' spread. Tolerances: the issue's target; the
+    mean SE is within a factor of 2 of the errors' spread. Tolerances: the documented target; the
     factor 2 allows for the 19 degrees of freedom of a 20-group jackknife and 24 samples."""
     states, inside, _, _ = _planted(n=400, seed=1)
     nulls = random_subspaces(32, 4, 30, seed=0, dtype=torch.float32)

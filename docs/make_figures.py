@@ -1,0 +1,79 @@
+"""The figures of the documentation's concept pages, computed on the offline default model.
+
+Runs the report's own sections (:data:`geolens.report.SECTIONS`) on SmolLM2-135M at modest budgets
+(16 BBC News texts, 512 positions, 50 null subspaces, CCR 1, 5 and 10; the quick report's tuned lens),
+plus :func:`geolens.ablation_effect` for the causal page, and writes each plotly figure as an HTML
+fragment (``docs/figures/<name>.html``, without plotly.js: the page loads it once) and the settings,
+versions and run times as ``docs/figures/figures.json``. The fragments are committed; rerun this
+script after a change that moves the numbers:
+
+    HF_HUB_OFFLINE=1 .venv/bin/python docs/make_figures.py          # a few minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "figures"
+
+# Sections in dependency order: spectrum reuses pga; phases reuse lens and updates.
+SECTIONS = ("pga", "spectrum", "updates", "lens", "phases", "convergence", "probes")
+
+
+def _write(figure, name: str, out: Path) -> Path:
+    figure.update_layout(height=420, margin=dict(l=60, r=20, t=60, b=50))
+    path = out / f"{name}.html"
+    path.write_text(figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
+                                   config={"responsive": True, "displaylogo": False}), encoding="utf-8")
+    return path
+
+
+def main(out: Path = OUT, sections: tuple[str, ...] = SECTIONS) -> dict:
+    import geolens
+    from geolens.model import as_adapter
+    from geolens.pages import versions
+    from geolens.report import SECTIONS as RUN, ReportSettings
+
+    out.mkdir(parents=True, exist_ok=True)
+    settings = ReportSettings.quick_preset(n_texts=16, n_tokens=512, n_null=50, ccr=(1, 5, 10), max_length=128,
+                                           convergence_model=None, progress=False)
+    started = time.perf_counter()
+    model = geolens.load_default_model(progress=False)
+    adapter = as_adapter(model)
+    texts = geolens.default_texts(n=settings.n_texts, seed=settings.seed)
+    timings, written = {}, {}
+    for name in sections:
+        start = time.perf_counter()
+        result, figures = RUN[name][1](adapter, texts, settings)
+        settings.results[name] = result
+        timings[name] = round(time.perf_counter() - start, 1)
+        for i, figure in enumerate(figures):
+            written[f"{name}_{i}"] = _write(figure, f"{name}_{i}", out).name
+        print(f"{name}: {timings[name]} s, {len(figures)} figure(s)", flush=True)
+
+    start = time.perf_counter()
+    ablation = geolens.ablation_effect(model, texts, layer=5, m=1, n_null=settings.n_null, n_tokens=256,
+                                       max_length=settings.max_length, progress=False)
+    timings["ablation"] = round(time.perf_counter() - start, 1)
+    written["ablation_0"] = _write(ablation.plot(), "ablation_0", out).name
+    print(f"ablation: {timings['ablation']} s", flush=True)
+
+    meta = {"model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model,
+            "texts": len(texts), "settings": settings.as_dict(), "ablation": {"layer": 5, "m": 1, "n_tokens": 256},
+            "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+            "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings,
+            "figures": written, "versions": versions()}
+    (out / "figures.json").write_text(json.dumps(meta, indent=1, default=str) + "\n", encoding="utf-8")
+    return meta
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="folder of the fragments (default: docs/figures)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="report sections to draw")
+    args = parser.parse_args()
+    main(args.out, tuple(s for s in args.sections.split(",") if s))
