@@ -59,7 +59,7 @@ STUDY_ANALYSES: dict[str, tuple[Callable[..., Any], bool]] = {
 }
 # Options every analysis that takes them gets from the study (an analysis's own table overrides them).
 SHARED_OPTIONS = ("n_tokens", "seed", "batch_size", "max_length")
-RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")  # resources: Ray custom ones, {name: amount}
 # Columns of the long table; metadata keys may not take these names.
 RESERVED_COLUMNS = ("model", "checkpoint", "step", "n_layers", "d_model", "analysis", "site", "ccr", "layer",
                     "relative_depth", "metric", "value")
@@ -162,6 +162,11 @@ def _check_resources(resources: Mapping[str, Any], where: str) -> dict[str, Any]
     for key, value in resources.items():
         if key == "memory":
             out[key] = _parse_memory(value)
+        elif key == "resources":
+            if not isinstance(value, Mapping) or not all(isinstance(v, numbers.Number) and not isinstance(v, bool)
+                                                         and v >= 0 for v in value.values()):
+                raise ValueError(f"{where}: resources must map custom resource names to amounts >= 0, got {value!r}")
+            out[key] = {str(name): amount for name, amount in value.items()}
         elif not isinstance(value, numbers.Number) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{where}: {key} must be a non-negative number, got {value!r}")
         else:
@@ -382,7 +387,8 @@ class Study:
             ``phases``; the options are the analysis's own keyword arguments.
         metadata: ``{label: {column: value}}``, free-form per model (width, depth, batch size,
             weight decay, learning-rate schedule, held-out loss, ...); merged over the model's own.
-        resources: per cell, for Ray: ``num_cpus``, ``num_gpus``, ``memory`` (bytes or ``"16GiB"``).
+        resources: per cell, for Ray: ``num_cpus``, ``num_gpus``, ``memory`` (bytes or ``"16GiB"``),
+            ``resources`` (Ray custom resources, ``{name: amount}``).
         n_tokens, seed, batch_size, max_length: shared by every analysis that takes them.
         dtype: weights of models booted from a path (``"float32"``, ``"bfloat16"``, ...).
         device: where models booted from a path go (``None``: TransformerLens's choice).
