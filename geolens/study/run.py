@@ -184,6 +184,7 @@ def _ray_loop(ray, cells: list[Cell], record: Callable[[Cell, dict], None], *, m
     nodes = {node["NodeID"]: node for node in ray.nodes()}
     seen_alive = {node_id for node_id, node in nodes.items() if node["Alive"]}
     failed_attempts: dict[str, list[dict[str, Any]]] = {}
+    retries: dict[str, int] = {}  # cell -> times submitted again
     where: dict[str, dict[str, Any]] = {}
     pending: dict[Any, Cell] = {}
     infeasible: dict[Any, tuple[float, str]] = {}  # ref -> (since when no alive node can hold it, why)
@@ -250,13 +251,14 @@ def _ray_loop(ray, cells: list[Cell], record: Callable[[Cell, dict], None], *, m
                     attempts.append({"error_type": type(err).__name__, "error": str(err)[:500],
                                      "node_id": found.group(1) if found else None})
                     if len(attempts) <= max_retries:
+                        retries[key] = retries.get(key, 0) + 1
                         submit(cell)
                         continue
                     outcome = _ray_failure(err)
                 except Exception as err:  # Ray could not run the task at all
                     outcome = _ray_failure(err)
                 attempts = failed_attempts.get(key, [])
-                info = {"name": "ray", **outcome.pop("where", {}), "attempt": len(attempts) + 1,
+                info = {"name": "ray", **outcome.pop("where", {}), "attempt": retries.get(key, 0) + 1,
                         "failed_attempts": attempts}
                 where[key] = info
                 if outcome["ok"]:
@@ -279,7 +281,7 @@ def _ray_loop(ray, cells: list[Cell], record: Callable[[Cell, dict], None], *, m
     for key, info in where.items():
         if info.get("node_id"):
             ran.setdefault(info["node_id"], []).append(key)
-    return {"cells": where, "retries": {key: len(a) for key, a in failed_attempts.items() if a},
+    return {"cells": where, "retries": retries,
             "nodes": {node_id: {"node_ip": nodes[node_id].get("NodeManagerAddress"), "alive": nodes[node_id]["Alive"],
                                 "resources": dict(nodes[node_id].get("Resources", {})), "cells": ran.get(node_id, [])}
                       for node_id in sorted(seen_alive)},

@@ -116,8 +116,8 @@ def cluster():
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
                                                           "object_store_memory": OBJECT_STORE})
     try:
-        cpu = nodes.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)
-        gpu = nodes.add_node(num_cpus=1, num_gpus=1, resources={"wide": 1}, object_store_memory=OBJECT_STORE)
+        cpu = nodes.add_node(wait=False, num_cpus=1, object_store_memory=OBJECT_STORE)
+        gpu = nodes.add_node(wait=False, num_cpus=1, num_gpus=1, resources={"wide": 1}, object_store_memory=OBJECT_STORE)
         nodes.wait_for_nodes()
         ray.init(address=nodes.address, log_to_driver=False)
         yield SimpleNamespace(nodes=nodes, address=nodes.address, head=nodes.head_node.node_id, cpu=cpu.node_id,
@@ -241,10 +241,10 @@ def test_cells_run_only_on_nodes_with_their_resources(family, tmp_path, cluster)
     for more than any node has fails at once, naming itself and the resource."""
     w = {label: str(path) for label, path in family.items()}
     models = {
-        "gpu1": ModelSpec(path=w["w16"], resources={"num_gpus": 1}),
-        "gpu2": ModelSpec(path=w["w24"], resources={"num_gpus": 1}),
-        "wide1": ModelSpec(path=w["w32"], resources={"resources": {"wide": 1}}),
-        "wide2": ModelSpec(path=w["w40"], resources={"resources": {"wide": 1}, "num_gpus": 1}),
+        "gpu": ModelSpec(path=w["w16"], resources={"num_gpus": 1}),
+        "wide1": ModelSpec(path=w["w24"], resources={"resources": {"wide": 1}}),
+        "wide2": ModelSpec(path=w["w32"], resources={"resources": {"wide": 1}}),
+        "wide3": ModelSpec(path=w["w40"], resources={"resources": {"wide": 1}}),
         "plain": w["w16"],
         "two_gpus": ModelSpec(path=w["w24"], resources={"num_gpus": 2}),
         "pod": ModelSpec(path=w["w32"], resources={"resources": {"tpu_pod": 1}}),
@@ -253,7 +253,7 @@ def test_cells_run_only_on_nodes_with_their_resources(family, tmp_path, cluster)
     with pytest.warns(UserWarning, match="2 of 7 cells failed"):
         result = run_study(spec, tmp_path / "out", executor="ray", progress=False)
     cells = result.params["ray"]["cells"]
-    for label in ("gpu1", "gpu2", "wide1", "wide2"):
+    for label in ("gpu", "wide1", "wide2", "wide3"):
         assert cells[f"{label}/main"]["node_id"] == cluster.gpu, label
     assert cells["plain/main"]["node_id"] in (cluster.cpu, cluster.gpu)
     failed = result.params["failed"]
@@ -264,7 +264,7 @@ def test_cells_run_only_on_nodes_with_their_resources(family, tmp_path, cluster)
     assert "waited" not in failed["pod/main"]  # known before submitting: no wait
     errors = load_errors(tmp_path / "out")
     assert set(errors["model"]) == {"two_gpus", "pod"} and set(errors["error_type"]) == {"ValueError"}
-    assert set(load_results(tmp_path / "out")["model"]) == {"gpu1", "gpu2", "wide1", "wide2", "plain"}
+    assert set(load_results(tmp_path / "out")["model"]) == {"gpu", "wide1", "wide2", "wide3", "plain"}
 
 
 def test_an_infeasible_cell_is_never_loaded_and_a_timeout_bounds_its_wait(family, tmp_path, cluster):
