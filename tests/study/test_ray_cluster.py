@@ -318,3 +318,37 @@ def test_cells_are_written_one_by_one_as_they_finish(family, tmp_path, cluster, 
     ended = {key.split("/")[0]: info["ended"] for key, info in result.params["ray"]["cells"].items()}
     assert written == sorted(labels, key=ended.get)  # in the order the cells finished
     assert list(dict.fromkeys(load_results(out)["model"])) == labels  # the table itself keeps the spec's order
+
+
+# ---------------------------------------------------------------- without a cluster
+def test_resources_of_a_study_file_reach_the_cells(tmp_path):
+    path = tmp_path / "study.toml"
+    path.write_text('texts = ["the cat sat"]\n[analyses.pga]\nk = 4\n[resources]\nnum_cpus = 2\nmemory = "1GiB"\n'
+                    '[models.small]\npath = "a"\n'
+                    '[models.big]\npath = "b"\nresources = { num_gpus = 1, resources = { a100 = 1 } }\n')
+    small, big = Study.from_toml(path).cells()
+    assert small.resources == {"num_cpus": 2, "memory": 2**30}
+    assert big.resources == {"num_cpus": 2, "memory": 2**30, "num_gpus": 1, "resources": {"a100": 1}}
+    assert small.spec_hash == Study.from_toml(path, resources={"num_cpus": 1}).cells()[0].spec_hash  # not hashed
+    for bad in ({"resources": 3}, {"resources": {"a100": -1}}, {"resources": {"a100": "one"}}):
+        with pytest.raises(ValueError, match="resources must map custom resource names to amounts"):
+            Study(models={"a": "a"}, texts=["x"], resources=bad).cells()
+
+
+def test_the_node_check_names_what_no_node_has():
+    from geolens.study.run import _demand, _shortfall
+
+    nodes = [{"Resources": {"CPU": 4.0, "GPU": 1.0, "memory": 8.0 * 2**30}},
+             {"Resources": {"CPU": 1.0, "wide": 2.0, "memory": 2.0 * 2**30}}]
+    assert _demand({}) == {"CPU": ("num_cpus", 1.0)}  # one CPU unless a cell says otherwise
+    assert _shortfall(_demand({"num_gpus": 1, "num_cpus": 4}), nodes) is None
+    assert _shortfall(_demand({"resources": {"wide": 2}}), nodes) is None
+    assert _shortfall(_demand({"num_cpus": 0, "num_gpus": 0}), []) is None  # asks for nothing: fits anywhere
+    assert _shortfall(_demand({"num_gpus": 2}), nodes) == (
+        "num_gpus = 2 (Ray resource 'GPU'), but the most any of the 2 alive nodes has is 1")
+    assert "memory = 16 GiB (Ray resource 'memory'), but the most any of the 2 alive nodes has is 8 GiB" == \
+        _shortfall(_demand({"memory": 16 * 2**30}), nodes)
+    assert "resources.tpu = 1" in _shortfall(_demand({"resources": {"tpu": 1}}), nodes)
+    both = _shortfall(_demand({"num_gpus": 1, "resources": {"wide": 1}}), nodes)  # each exists, never together
+    assert both == "num_cpus = 1, num_gpus = 1, resources.wide = 1 on one node, but no alive node has all of them"
+    assert "the most any of the 0 alive nodes has is 0" in _shortfall(_demand({}), [])
