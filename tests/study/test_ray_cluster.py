@@ -113,8 +113,11 @@ def cluster():
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if ray.is_initialized():
         ray.shutdown()
+    # Two idle workers per node may stay: a second driver's workers (the kill test) then do not end this
+    # driver's, which would cost a fresh worker process (its imports) in the next test.
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
-                                                          "object_store_memory": OBJECT_STORE})
+                                                          "object_store_memory": OBJECT_STORE,
+                                                          "_system_config": {"num_workers_soft_limit": 2}})
     try:
         cpu = nodes.add_node(wait=False, num_cpus=1, object_store_memory=OBJECT_STORE)
         gpu = nodes.add_node(wait=False, num_cpus=1, num_gpus=1, resources={"wide": 1}, object_store_memory=OBJECT_STORE)
