@@ -133,11 +133,11 @@ def _amount(name: str, value: float) -> str:
 
 def _shortfall(demand: dict[str, tuple[str, float]], nodes: list[dict[str, Any]]) -> str | None:
     """``None`` when one of ``nodes`` (Ray's alive node records) has all of ``demand``; else what none has."""
-    if not demand or any(all(node["Resources"].get(name, 0.0) >= amount for name, (_, amount) in demand.items())
-                         for node in nodes):
+    if not demand or any(all(node.get("Resources", {}).get(name, 0.0) >= amount
+                             for name, (_, amount) in demand.items()) for node in nodes):
         return None
     for name, (key, amount) in demand.items():
-        most = max((node["Resources"].get(name, 0.0) for node in nodes), default=0.0)
+        most = max((node.get("Resources", {}).get(name, 0.0) for node in nodes), default=0.0)
         if most < amount:
             return (f"{key} = {_amount(name, amount)} (Ray resource {name!r}), but the most any of the {len(nodes)} "
                     f"alive nodes has is {_amount(name, most)}")

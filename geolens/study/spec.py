@@ -164,8 +164,10 @@ def _check_resources(resources: Mapping[str, Any], where: str) -> dict[str, Any]
             out[key] = _parse_memory(value)
         elif key == "resources":
             if not isinstance(value, Mapping) or not all(isinstance(v, numbers.Number) and not isinstance(v, bool)
-                                                         and v >= 0 for v in value.values()):
-                raise ValueError(f"{where}: resources must map custom resource names to amounts >= 0, got {value!r}")
+                                                         and v >= 0 for v in value.values()) \
+                    or {"CPU", "GPU", "memory"} & set(value):  # Ray's own: num_cpus, num_gpus, memory
+                raise ValueError(f"{where}: resources must map custom resource names to amounts >= 0 (CPUs, GPUs "
+                                 f"and memory are num_cpus, num_gpus, memory), got {value!r}")
             out[key] = {str(name): amount for name, amount in value.items()}
         elif not isinstance(value, numbers.Number) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{where}: {key} must be a non-negative number, got {value!r}")

@@ -120,7 +120,8 @@ def cluster():
                                                           "_system_config": {"num_workers_soft_limit": 2}})
     try:
         cpu = nodes.add_node(wait=False, num_cpus=1, object_store_memory=OBJECT_STORE)
-        gpu = nodes.add_node(wait=False, num_cpus=1, num_gpus=1, resources={"wide": 1}, object_store_memory=OBJECT_STORE)
+        gpu = nodes.add_node(wait=False, num_cpus=1, num_gpus=1, resources={"wide": 1},
+                             object_store_memory=OBJECT_STORE)
         nodes.wait_for_nodes()
         ray.init(address=nodes.address, log_to_driver=False)
         yield SimpleNamespace(nodes=nodes, address=nodes.address, head=nodes.head_node.node_id, cpu=cpu.node_id,
@@ -333,7 +334,8 @@ def test_resources_of_a_study_file_reach_the_cells(tmp_path):
     assert small.resources == {"num_cpus": 2, "memory": 2**30}
     assert big.resources == {"num_cpus": 2, "memory": 2**30, "num_gpus": 1, "resources": {"a100": 1}}
     assert small.spec_hash == Study.from_toml(path, resources={"num_cpus": 1}).cells()[0].spec_hash  # not hashed
-    for bad in ({"resources": 3}, {"resources": {"a100": -1}}, {"resources": {"a100": "one"}}):
+    for bad in ({"resources": 3}, {"resources": {"a100": -1}}, {"resources": {"a100": "one"}},
+                {"resources": {"GPU": 1}}):
         with pytest.raises(ValueError, match="resources must map custom resource names to amounts"):
             Study(models={"a": "a"}, texts=["x"], resources=bad).cells()
 
