@@ -4,8 +4,8 @@ One cluster serves the module: a head with no CPU (it schedules, runs no cell), 
 ``cpu`` (1 CPU) and a worker node ``gpu`` (1 CPU, one faked GPU and a custom resource ``wide``).
 The tests plant what must happen — which node is lost while which cell runs, which cell is
 held when the driver is killed, which cell finishes last — and check the study's table and the
-run's record against it. Every load of a model is counted in a file (the nodes share this
-machine's disk), so a recomputed cell shows.
+run's record against it. Loaders that must tell a recomputed cell count each load in a file
+(the nodes share this machine's disk).
 """
 
 from __future__ import annotations
