@@ -82,7 +82,7 @@ def _run_local(cells: list[Cell], record: Callable[[Cell, dict], None]) -> None:
     host = socket.gethostname()
     for cell in cells:
         outcome = run_cell(cell)
-        if outcome["ok"]:
+        if "info" in outcome:  # the model loaded: the cell's files record where it ran
             outcome["info"]["executor"] = {"name": "local", "hostname": host, "pid": os.getpid()}
         record(cell, outcome)
         del outcome  # one outcome alive at a time
@@ -262,7 +262,7 @@ def _ray_loop(ray, cells: list[Cell], record: Callable[[Cell, dict], None], *, m
                 info = {"name": "ray", **outcome.pop("where", {}), "attempt": retries.get(key, 0) + 1,
                         "failed_attempts": attempts}
                 where[key] = info
-                if outcome["ok"]:
+                if "info" in outcome:  # the model loaded: the cell's files record where it ran
                     outcome["info"]["executor"] = info
                 record(cell, outcome)
                 del outcome  # written: the driver keeps no cell's rows
@@ -314,7 +314,14 @@ def run_study(
         executor: ``"local"`` (this process, one cell after another; no Ray import) or ``"ray"``
             (one task per cell with the spec's ``resources``; the results come back to this process,
             which writes them, so workers need no shared filesystem — but must import geolens and reach
-            the models).
+            the models). Cells are written one by one in the order they finish (the driver holds one
+            cell's rows at a time, whatever the study's size). ``params["ray"]`` of the result is the
+            run's record: ``cells`` (per cell: ``node_id``, ``node_ip``, ``hostname``, ``attempt`` — 1
+            unless retried — and ``failed_attempts``, each with the Ray error and the lost node's id
+            where Ray names it), ``retries`` (``{cell: n}`` of the retried cells), ``nodes`` (each node
+            seen alive: address, resources, the cells it finished) and ``lost_nodes`` (nodes that died
+            during the run, with Ray's reason). Each finished cell's file also records where it ran
+            (key ``executor`` of :func:`~geolens.study.cell_provenance`).
         address: Ray cluster to join (``"auto"``, ``"ray://host:10001"``); ``None`` joins the Ray
             instance already running in this process, else starts a local one on this machine's cores.
         max_retries: times a cell is submitted again after its Ray worker process or its node died, or
@@ -330,16 +337,7 @@ def run_study(
 
     Returns:
         :class:`~geolens.study.StudyResult` of the whole study (``params``: ``out_dir``, ``computed``,
-        ``skipped``, ``failed`` — ``{"model/checkpoint": error}`` — and ``seconds``). With Ray,
-        ``params["ray"]`` is the run's record: ``cells`` (per cell: ``node_id``, ``node_ip``,
-        ``hostname``, ``attempt`` — 1 unless retried — and ``failed_attempts``, each with the Ray error
-        and the lost node's id where Ray names it), ``retries`` (``{cell: n}`` of the retried cells),
-        ``nodes`` (each alive node: address, resources, the cells it finished) and ``lost_nodes``
-        (nodes that died during the run, with Ray's reason). Each finished cell's file also records
-        where it ran (:func:`~geolens.study.load_provenance`, key ``executor``).
-
-    Cells are written one by one as they finish, in the order they finish (the driver holds one
-    cell's rows at a time, whatever the study's size).
+        ``skipped``, ``failed`` — ``{"model/checkpoint": error}`` — and ``seconds``).
     """
     from geolens.study.results import StudyResult
 
