@@ -178,7 +178,8 @@ def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
 def load_provenance(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """``{"model/checkpoint": record}`` of the cells with a finished analysis: ``n_layers``, ``d_model``,
     ``params`` (what each analysis reported: the number of tokens used, the k used, phase breakpoints and
-    why none, ...), ``seconds`` (summed over the analyses), the latest ``finished`` time, and per analysis
+    why none, ...), ``seconds`` (summed over the analyses), ``executor`` (where it ran: node, attempt, failed
+    attempts on Ray), the latest ``finished`` time, and per analysis
     (``analyses``) its hash, finish time and seconds."""
     records: dict[str, dict[str, Any]] = {}
     for model, checkpoint, path, digest in _cell_files(check_study_dir(out_dir)):
@@ -189,7 +190,7 @@ def load_provenance(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
                                                               "params": {}, "analyses": {}, "seconds": 0.0})
         record["params"].update(found.get("params", {}))
         record["seconds"] = round(record["seconds"] + (found.get("seconds") or 0.0), 3)
-        for key in ("spec_hash", "n_layers", "d_model"):
+        for key in ("spec_hash", "n_layers", "d_model", "executor"):
             record[key] = found.get(key, record.get(key))
         record["finished"] = max(filter(None, [record.get("finished"), found.get("finished")]), default=None)
         if "analysis" in found:

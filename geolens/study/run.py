@@ -13,7 +13,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -80,11 +82,75 @@ def write_manifest(out_dir: Path, study: Study, cells: list[Cell]) -> None:
 
 
 def _run_local(cells: list[Cell], record: Callable[[Cell, dict], None]) -> None:
+    import socket
+
+    host = socket.gethostname()
     for cell in cells:
-        record(cell, run_cell(cell))
+        outcome = run_cell(cell)
+        if "info" in outcome:  # the model loaded: the cell's files record where it ran
+            outcome["info"]["executor"] = {"name": "local", "hostname": host, "pid": os.getpid()}
+        record(cell, outcome)
+        del outcome  # one outcome alive at a time
 
 
-def _ray_outcome_of_failure(err: BaseException) -> dict[str, Any]:
+# Ray failures of the machinery, not of the cell (which run_cell catches): the worker process or its
+# node died, or the returned object was lost with its node. The driver submits the cell again.
+_RETRIED = ("WorkerCrashedError", "NodeDiedError", "ObjectLostError", "OutOfMemoryError", "LocalRayletDiedError")
+# Ray's names of the resource options (the rest are custom resources, ``resources = {name = amount}``).
+_RAY_RESOURCE = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+_POLL_SECONDS = 1.0  # how often the driver looks at the cluster's nodes while it waits for cells
+_NODE_ID = re.compile(r"node ID: ([0-9a-f]{16,})")
+
+
+def _ray_cell(cell: Cell) -> dict[str, Any]:
+    """One cell as a Ray task: :func:`run_cell`'s outcome plus where and when it ran."""
+    import socket
+
+    import ray
+
+    started = time.time()
+    outcome = run_cell(cell)
+    outcome["where"] = {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                        "hostname": socket.gethostname(), "pid": os.getpid(), "started": round(started, 3),
+                        "ended": round(time.time(), 3)}
+    return outcome
+
+
+def _ray_options(resources: dict[str, Any]) -> dict[str, Any]:
+    """A cell's resources as Ray task options (one CPU unless it says otherwise)."""
+    return {"num_cpus": 1, **resources}
+
+
+def _demand(resources: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """``{Ray resource name: (the spec's name for it, amount)}`` of what a cell asks for (amounts > 0)."""
+    demand: dict[str, tuple[str, float]] = {}
+    for key, value in _ray_options(resources).items():
+        if key == "resources":
+            demand.update({str(name): (f"resources.{name}", float(amount)) for name, amount in value.items()})
+        else:
+            demand[_RAY_RESOURCE[key]] = (key, float(value))
+    return {name: need for name, need in demand.items() if need[1] > 0}
+
+
+def _amount(name: str, value: float) -> str:
+    return f"{value / 2**30:.3g} GiB" if name == "memory" else f"{value:g}"
+
+
+def _shortfall(demand: dict[str, tuple[str, float]], nodes: list[dict[str, Any]]) -> str | None:
+    """``None`` when one of ``nodes`` (Ray's alive node records) has all of ``demand``; else what none has."""
+    if not demand or any(all(node.get("Resources", {}).get(name, 0.0) >= amount
+                             for name, (_, amount) in demand.items()) for node in nodes):
+        return None
+    for name, (key, amount) in demand.items():
+        most = max((node.get("Resources", {}).get(name, 0.0) for node in nodes), default=0.0)
+        if most < amount:
+            return (f"{key} = {_amount(name, amount)} (Ray resource {name!r}), but the most any of the {len(nodes)} "
+                    f"alive nodes has is {_amount(name, most)}")
+    wanted = ", ".join(f"{key} = {_amount(name, amount)}" for name, (key, amount) in demand.items())
+    return f"{wanted} on one node, but no alive node has all of them"
+
+
+def _ray_failure(err: BaseException) -> dict[str, Any]:
     import traceback
 
     return {"ok": False, "error": f"{type(err).__name__}: {err}", "error_type": type(err).__name__,
@@ -92,8 +158,8 @@ def _ray_outcome_of_failure(err: BaseException) -> dict[str, Any]:
 
 
 def _run_ray(cells: list[Cell], record: Callable[[Cell, dict], None], *, address: str | None,
-             max_retries: int) -> None:
-    """Each cell a Ray task with its resources; a task whose worker died is retried ``max_retries`` times."""
+             max_retries: int, infeasible_timeout: float) -> dict[str, Any]:
+    """Each cell a Ray task with its resources, written as it completes; returns the run's record."""
     try:
         import ray
     except ImportError:
@@ -106,23 +172,126 @@ def _run_ray(cells: list[Cell], record: Callable[[Cell, dict], None], *, address
             ray.init(include_dashboard=False, log_to_driver=False)
         started_here = True
     try:
-        task = ray.remote(run_cell)
-        pending = {}
-        for cell in cells:
-            options = {"max_retries": max_retries, "retry_exceptions": False, "num_cpus": 1, **cell.resources}
-            pending[task.options(**options).remote(cell)] = cell
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                cell = pending.pop(ref)
-                try:
-                    outcome = ray.get(ref)
-                except Exception as err:  # the worker died more than max_retries times, or Ray failed the task
-                    outcome = _ray_outcome_of_failure(err)
-                record(cell, outcome)
+        return _ray_loop(ray, cells, record, max_retries=max_retries, infeasible_timeout=infeasible_timeout)
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _ray_loop(ray, cells: list[Cell], record: Callable[[Cell, dict], None], *, max_retries: int,
+              infeasible_timeout: float) -> dict[str, Any]:
+    """Submit every feasible cell; write each outcome as ``ray.wait`` hands it over (one in memory at a time).
+
+    A cell whose worker or node died is submitted again, at most ``max_retries`` times. A cell that no
+    alive node can hold (its resources exceed every node's) fails after ``infeasible_timeout`` seconds.
+    """
+    retried = tuple(getattr(ray.exceptions, name) for name in _RETRIED if hasattr(ray.exceptions, name))
+    task = ray.remote(_ray_cell)
+    nodes = {node["NodeID"]: node for node in ray.nodes()}
+    seen_alive = {node_id for node_id, node in nodes.items() if node["Alive"]}
+    failed_attempts: dict[str, list[dict[str, Any]]] = {}
+    retries: dict[str, int] = {}  # cell -> times submitted again
+    where: dict[str, dict[str, Any]] = {}
+    pending: dict[Any, Cell] = {}
+    infeasible: dict[Any, tuple[float, str]] = {}  # ref -> (since when no alive node can hold it, why)
+
+    def key_of(cell: Cell) -> str:
+        return f"{cell.model}/{cell.checkpoint}"
+
+    def submit(cell: Cell) -> Any:
+        ref = task.options(max_retries=0, retry_exceptions=False, name=f"geolens {key_of(cell)}",
+                           **_ray_options(dict(cell.resources))).remote(cell)
+        pending[ref] = cell
+        return ref
+
+    def alive_nodes() -> list[dict[str, Any]]:
+        for node in ray.nodes():
+            nodes[node["NodeID"]] = node
+            if node["Alive"]:
+                seen_alive.add(node["NodeID"])
+        return [node for node in nodes.values() if node["Alive"]]
+
+    def give_up(cell: Cell, why: str, waited: float) -> None:
+        message = (f"cell {key_of(cell)!r} asks for {why}; it cannot run on this Ray cluster"
+                   + (f" (waited {waited:.0f} s for a node that can)" if waited > 0 else "")
+                   + ". Lower the cell's resources, or start a node that has them (and give infeasible_timeout "
+                     "time for it to join)")
+        where[key_of(cell)] = {"name": "ray", "infeasible": why}
+        record(cell, {"ok": False, "error": f"ValueError: {message}", "error_type": "ValueError", "traceback": ""})
+
+    def check_feasible() -> None:
+        alive, now = alive_nodes(), time.monotonic()
+        for ref, cell in list(pending.items()):
+            why = _shortfall(_demand(dict(cell.resources)), alive)
+            if why is None:
+                infeasible.pop(ref, None)
+                continue
+            since, _ = infeasible.setdefault(ref, (now, why))
+            if now - since >= infeasible_timeout:
+                ray.cancel(ref, force=True)
+                del pending[ref], infeasible[ref]
+                give_up(cell, why, now - since)
+
+    try:
+        alive = alive_nodes()
+        for cell in cells:
+            why = _shortfall(_demand(dict(cell.resources)), alive)
+            if why is not None and infeasible_timeout == 0:
+                give_up(cell, why, 0.0)  # known before anything is submitted
+                continue
+            ref = submit(cell)
+            if why is not None:
+                infeasible[ref] = (time.monotonic(), why)
+        checked = time.monotonic()
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
+            for ref in done:
+                cell = pending.pop(ref)
+                key = key_of(cell)
+                infeasible.pop(ref, None)
+                try:
+                    outcome = ray.get(ref)
+                except retried as err:  # the cell's worker or node died: run it again elsewhere
+                    found = _NODE_ID.search(str(err))
+                    attempts = failed_attempts.setdefault(key, [])
+                    attempts.append({"error_type": type(err).__name__, "error": str(err)[:500],
+                                     "node_id": found.group(1) if found else None})
+                    if len(attempts) <= max_retries:
+                        retries[key] = retries.get(key, 0) + 1
+                        submit(cell)
+                        continue
+                    outcome = _ray_failure(err)
+                except Exception as err:  # Ray could not run the task at all
+                    outcome = _ray_failure(err)
+                attempts = failed_attempts.get(key, [])
+                info = {"name": "ray", **outcome.pop("where", {}), "attempt": retries.get(key, 0) + 1,
+                        "failed_attempts": attempts}
+                where[key] = info
+                if "info" in outcome:  # the model loaded: the cell's files record where it ran
+                    outcome["info"]["executor"] = info
+                record(cell, outcome)
+                del outcome  # written: the driver keeps no cell's rows
+            if pending and time.monotonic() - checked >= _POLL_SECONDS:
+                check_feasible()
+                checked = time.monotonic()
+    except BaseException:
+        for ref in pending:  # a driver stopped by an error stops its cells (a killed one: Ray stops them)
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        raise
+    alive_nodes()
+    lost = {node_id: {"node_ip": nodes[node_id].get("NodeManagerAddress"),
+                      "reason": nodes[node_id].get("DeathReasonMessage") or None}
+            for node_id in sorted(seen_alive) if not nodes[node_id]["Alive"]}
+    ran = {}
+    for key, info in where.items():
+        if info.get("node_id"):
+            ran.setdefault(info["node_id"], []).append(key)
+    return {"cells": where, "retries": retries,
+            "nodes": {node_id: {"node_ip": nodes[node_id].get("NodeManagerAddress"), "alive": nodes[node_id]["Alive"],
+                                "resources": dict(nodes[node_id].get("Resources", {})), "cells": ran.get(node_id, [])}
+                      for node_id in sorted(seen_alive)},
+            "lost_nodes": lost}
 
 
 def run_study(
@@ -132,6 +301,7 @@ def run_study(
     executor: str = "local",
     address: str | None = None,
     max_retries: int = 2,
+    infeasible_timeout: float = 0.0,
     progress: bool = True,
 ):
     """Compute every unfinished cell of ``spec`` and write its rows under ``out_dir``; return the whole table.
@@ -151,11 +321,25 @@ def run_study(
         executor: ``"local"`` (this process, one cell after another; no Ray import) or ``"ray"``
             (one task per cell with the spec's ``resources``; the results come back to this process,
             which writes them, so workers need no shared filesystem — but must import geolens and reach
-            the models).
+            the models). Cells are written one by one in the order they finish (the driver holds one
+            cell's rows at a time, whatever the study's size). ``params["ray"]`` of the result is the
+            run's record: ``cells`` (per cell: ``node_id``, ``node_ip``, ``hostname``, ``attempt`` — 1
+            unless retried — and ``failed_attempts``, each with the Ray error and the lost node's id
+            where Ray names it), ``retries`` (``{cell: n}`` of the retried cells), ``nodes`` (each node
+            seen alive: address, resources, the cells it finished) and ``lost_nodes`` (nodes that died
+            during the run, with Ray's reason). Each finished cell's file also records where it ran
+            (key ``executor`` of :func:`~geolens.study.cell_provenance`).
         address: Ray cluster to join (``"auto"``, ``"ray://host:10001"``); ``None`` joins the Ray
             instance already running in this process, else starts a local one on this machine's cores.
-        max_retries: times Ray re-runs a cell whose worker died (an exception in the cell is
-            recorded, not retried: it would fail again).
+        max_retries: times a cell is submitted again after its Ray worker process or its node died, or
+            its returned rows were lost with their node (an exception in the cell is recorded, not
+            retried: it would fail again). The retry runs wherever Ray finds room: on another node
+            when the first one is gone.
+        infeasible_timeout: seconds a Ray cell may wait for a node that has its ``resources`` (an
+            autoscaler adding one). A cell that no alive node can hold fails with an error naming the
+            cell and the resource: at once with the default ``0`` (checked against the cluster's nodes
+            before anything is submitted), else after this long; also when the only nodes that could
+            hold it are lost during the run.
         progress: a progress bar counting finished cells.
 
     Returns:
@@ -172,6 +356,9 @@ def run_study(
         raise ValueError("address= is for executor='ray'")
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
+    if isinstance(infeasible_timeout, bool) or not isinstance(infeasible_timeout, (int, float)) \
+            or not infeasible_timeout >= 0:
+        raise ValueError(f"infeasible_timeout must be a number of seconds >= 0, got {infeasible_timeout!r}")
     started = time.perf_counter()
     study = _as_study(spec)
     cells = study.cells()
@@ -197,14 +384,20 @@ def run_study(
         bar.set_postfix_str(key)
         bar.update()
 
+    ray_record = None
     try:
         if todo:
             if executor == "local":
                 _run_local(todo, record)
             else:
-                _run_ray(todo, record, address=address, max_retries=max_retries)
+                ray_record = _run_ray(todo, record, address=address, max_retries=max_retries,
+                                      infeasible_timeout=infeasible_timeout)
     finally:
         bar.close()
+    if ray_record is not None and ray_record["retries"]:
+        lost = ", ".join(node_id[:12] for node_id in ray_record["lost_nodes"]) or "none"
+        warnings.warn(f"{len(ray_record['retries'])} cells ran again after their Ray worker or node was lost "
+                      f"(nodes lost: {lost}); see params['ray']", stacklevel=2)
     if failed:
         first = next(iter(failed.items()))
         warnings.warn(f"{len(failed)} of {len(cells)} cells failed (errors in {out / CELLS_DIR}/*/*/_error*.json), "
@@ -212,5 +405,7 @@ def run_study(
     result = StudyResult.from_dir(out)
     result.params.update(computed=computed, skipped=[f"{c.model}/{c.checkpoint}" for c in done], failed=failed,
                          executor=executor, seconds=round(time.perf_counter() - started, 2))
+    if executor == "ray":
+        result.params["ray"] = ray_record or {"cells": {}, "retries": {}, "nodes": {}, "lost_nodes": {}}
     return result
 

@@ -63,7 +63,7 @@ STUDY_ANALYSES: dict[str, tuple[Callable[..., Any], bool]] = {
 # A sample size the user did not set goes out as an upper bound (geolens._validation.UpperBound), as the
 # analyses' own defaults are: with less text, the analysis uses what there is and records it.
 SHARED_OPTIONS = ("n_tokens", "seed", "batch_size", "max_length")
-RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")  # resources: Ray custom ones, {name: amount}
 # Columns of the long table and of metadata.parquet (``order``); metadata keys may not take these names.
 RESERVED_COLUMNS = ("model", "checkpoint", "step", "n_layers", "d_model", "analysis", "site", "ccr", "layer",
                     "relative_depth", "metric", "value", "order")
@@ -181,6 +181,13 @@ def _check_resources(resources: Mapping[str, Any], where: str) -> dict[str, Any]
     for key, value in resources.items():
         if key == "memory":
             out[key] = _parse_memory(value)
+        elif key == "resources":
+            if not isinstance(value, Mapping) or not all(isinstance(v, numbers.Number) and not isinstance(v, bool)
+                                                         and v >= 0 for v in value.values()) \
+                    or {"CPU", "GPU", "memory"} & set(value):  # Ray's own: num_cpus, num_gpus, memory
+                raise ValueError(f"{where}: resources must map custom resource names to amounts >= 0 (CPUs, GPUs "
+                                 f"and memory are num_cpus, num_gpus, memory), got {value!r}")
+            out[key] = {str(name): amount for name, amount in value.items()}
         elif not isinstance(value, numbers.Number) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{where}: {key} must be a non-negative number, got {value!r}")
         else:
@@ -452,7 +459,8 @@ class Study:
             ``phases``; the options are the analysis's own keyword arguments.
         metadata: ``{label: {column: value}}``, free-form per model (width, depth, batch size,
             weight decay, learning-rate schedule, held-out loss, ...); merged over the model's own.
-        resources: per cell, for Ray: ``num_cpus``, ``num_gpus``, ``memory`` (bytes or ``"16GiB"``).
+        resources: per cell, for Ray: ``num_cpus``, ``num_gpus``, ``memory`` (bytes or ``"16GiB"``),
+            ``resources`` (Ray custom resources, ``{name: amount}``).
         n_tokens, seed, batch_size, max_length: shared by every analysis that takes them. The default
             ``n_tokens`` (1024) is an upper bound, as each analysis's own default is: with fewer token
             positions in the texts, an analysis uses all there are (with a warning) and records the number

@@ -12,6 +12,7 @@ import pytest
 from geolens.study import ModelSpec, Study, load_results, run_study
 from tests.study.conftest import BUDGET, PGA, SPECTRUM, TEXTS
 from tests.study.loaders import crash_once_loader
+from tests.study.test_ray_cluster import executor_records
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # starting Ray and its workers takes 20-60 s on 2 cores
@@ -41,6 +42,10 @@ def test_ray_executor_gives_the_local_table(family, tmp_path, ray_cluster):
     # torch uses one thread in a 1-CPU Ray task and two here: sums may round differently
     assert theirs["value"].tolist() == pytest.approx(mine["value"].tolist(), abs=1e-6, nan_ok=True)
     assert local.params["executor"] == "local" and remote.params["executor"] == "ray"
+    (node,) = remote.params["ray"]["nodes"]  # the one local node ran both cells, each at its first attempt
+    assert sorted(remote.params["ray"]["nodes"][node]["cells"]) == ["w16/main", "w32/main"]
+    assert {cell["attempt"] for cell in remote.params["ray"]["cells"].values()} == {1}
+    assert {r["name"] for r in executor_records(tmp_path / "local", "w16")} == {"local"}
     again = run_study(spec, tmp_path / "ray", executor="ray", progress=False)  # resumes like the local one
     assert again.params["computed"] == [] and len(again.params["skipped"]) == 2
 
@@ -50,9 +55,18 @@ def test_a_dead_worker_is_retried_a_bounded_number_of_times(family, tmp_path, ra
         loader = functools.partial(crash_once_loader, str(family["w16"]), str(marker))
         return Study(models={"m": ModelSpec(loader=loader)}, texts=TEXTS, analyses={"pga": PGA}, **BUDGET)
 
-    retried = run_study(spec(tmp_path / "marker-a"), tmp_path / "a", executor="ray", max_retries=1, progress=False)
+    with pytest.warns(UserWarning, match="1 cells ran again after their Ray worker or node was lost"):
+        retried = run_study(spec(tmp_path / "marker-a"), tmp_path / "a", executor="ray", max_retries=1,
+                            progress=False)
     assert retried.params["computed"] == ["m/main"] and (tmp_path / "marker-a").exists()
+    record = retried.params["ray"]
+    assert record["retries"] == {"m/main": 1} and record["lost_nodes"] == {}  # a worker died, not its node
+    assert record["cells"]["m/main"]["attempt"] == 2
+    assert [a["error_type"] for a in record["cells"]["m/main"]["failed_attempts"]] == ["WorkerCrashedError"]
+    assert {r["attempt"] for r in executor_records(tmp_path / "a", "m")} == {2}
     with pytest.warns(UserWarning, match="1 of 1 cells failed"):
         failed = run_study(spec(tmp_path / "marker-b"), tmp_path / "b", executor="ray", max_retries=0, progress=False)
     assert list(failed.params["failed"]) == ["m/main"]
     assert "died" in failed.params["failed"]["m/main"].lower() or "crash" in failed.params["failed"]["m/main"].lower()
+    assert failed.params["ray"]["retries"] == {}  # max_retries=0: tried once
+    assert failed.params["ray"]["cells"]["m/main"]["attempt"] == 1
