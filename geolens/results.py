@@ -215,8 +215,8 @@ def _html_table(table: pd.DataFrame, max_rows: int = REPR_ROWS) -> str:
 
     Example:
         >>> text = _html_table(pd.DataFrame({"layer": range(50), "z": [0.5] * 50}), max_rows=4)
-        >>> text.count("<tr>"), "… 46 rows …" in text
-        (6, True)
+        >>> text.count("<tr>"), "… 46 rows …" in text  # two rows, the marker, two rows
+        (5, True)
     """
     if len(table) <= max_rows:
         return table.to_html(index=False, float_format=lambda x: f"{x:.4g}")
