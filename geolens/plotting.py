@@ -25,7 +25,7 @@ def figure_html(figure: go.Figure, *, include_plotlyjs: bool = True) -> str:
 
     Each fragment loads its own plotly.js, so a notebook output draws whatever happened to the outputs
     before it (cleared, re-run, or shown in a front-end that isolates each output). A page that loads
-    plotly.js once in its head (the report's pages) passes ``include_plotlyjs=False``.
+    plotly.js once in its head passes ``include_plotlyjs=False``.
 
     Example:
         >>> fig = go.Figure(go.Scatter(y=[1, 2]))
