@@ -88,6 +88,33 @@ def json_text(value: Any, indent: int | None = 1) -> str:
     return json.dumps(_jsonable(value), indent=indent, allow_nan=False)
 
 
+REPR_ROWS = 20  # rows a result's repr shows: the first and last half of them, with the count of all
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def _html_table(table: pd.DataFrame, max_rows: int = REPR_ROWS) -> str:
+    """``table`` as HTML, at most ``max_rows`` rows: the first and last ones around a "… N rows …" row.
+
+    Example:
+        >>> text = _html_table(pd.DataFrame({"layer": range(50), "z": [0.5] * 50}), max_rows=4)
+        >>> text.count("<tr>"), "… 46 rows …" in text  # two rows, the marker, two rows
+        (5, True)
+    """
+    if len(table) <= max_rows:
+        return table.to_html(index=False, float_format=lambda x: f"{x:.4g}")
+    half = max_rows // 2
+    shown = pd.concat([table.head(half), table.tail(max_rows - half)])
+    text = shown.astype(object).apply(lambda col: col.map(_cell_text))
+    marker = pd.DataFrame([["…"] * table.shape[1]], columns=table.columns)
+    marker.iloc[0, 0] = f"… {len(table) - max_rows} rows …"
+    text = pd.concat([text.iloc[:half], marker, text.iloc[half:]])
+    return text.to_html(index=False)
+
+
+def _cell_text(value: Any) -> str:
+    return f"{value:.4g}" if pd.api.types.is_float(value) else str(value)  # numpy floats of any width too
+
+
 @dataclass
 class Result:
     """A table (one dict per row) and the parameters used to compute it."""
@@ -204,33 +231,6 @@ class Result:
         if exclude:
             bundle = {k: v for k, v in bundle.items() if k not in exclude}
         return bundle
-
-
-REPR_ROWS = 20  # rows a result's repr shows: the first and last half of them, with the count of all
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-
-
-def _html_table(table: pd.DataFrame, max_rows: int = REPR_ROWS) -> str:
-    """``table`` as HTML, at most ``max_rows`` rows: the first and last ones around a "… N rows …" row.
-
-    Example:
-        >>> text = _html_table(pd.DataFrame({"layer": range(50), "z": [0.5] * 50}), max_rows=4)
-        >>> text.count("<tr>"), "… 46 rows …" in text  # two rows, the marker, two rows
-        (5, True)
-    """
-    if len(table) <= max_rows:
-        return table.to_html(index=False, float_format=lambda x: f"{x:.4g}")
-    half = max_rows // 2
-    shown = pd.concat([table.head(half), table.tail(max_rows - half)])
-    text = shown.astype(object).apply(lambda col: col.map(_cell_text))
-    marker = pd.DataFrame([["…"] * table.shape[1]], columns=table.columns)
-    marker.iloc[0, 0] = f"… {len(table) - max_rows} rows …"
-    text = pd.concat([text.iloc[:half], marker, text.iloc[half:]])
-    return text.to_html(index=False)
-
-
-def _cell_text(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 @dataclass(repr=False)
