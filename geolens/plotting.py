@@ -20,20 +20,19 @@ __all__ = ["figure_html", "ablation_figure", "checkpoint_figure", "compare_figur
            "phases_figure", "probe_figure", "study_correlation_figure", "study_depth_figure", "study_training_figure",
            "updates_figure", "zoo_depth_figure", "zoo_training_figure"]
 
-_PLOTLYJS_SENT = False  # plotly.js goes into the first figure a Python process shows, once
+def figure_html(figure: go.Figure, *, include_plotlyjs: bool = True) -> str:
+    """A figure as an HTML fragment that draws on its own: it carries plotly.js (offline) unless told not to.
 
-
-def figure_html(figure: go.Figure) -> str:
-    """A figure as an HTML fragment for a notebook; the first one a process shows carries plotly.js (offline).
+    Each fragment loads its own plotly.js, so a notebook output draws whatever happened to the outputs
+    before it (cleared, re-run, or shown in a front-end that isolates each output). A page that loads
+    plotly.js once in its head passes ``include_plotlyjs=False``.
 
     Example:
-        >>> "<div" in figure_html(go.Figure(go.Scatter(y=[1, 2])))
-        True
+        >>> fig = go.Figure(go.Scatter(y=[1, 2]))
+        >>> "<div" in figure_html(fig), len(figure_html(fig)) > len(figure_html(fig, include_plotlyjs=False))
+        (True, True)
     """
-    global _PLOTLYJS_SENT
-    fragment = figure.to_html(full_html=False, include_plotlyjs=not _PLOTLYJS_SENT)
-    _PLOTLYJS_SENT = True
-    return fragment
+    return figure.to_html(full_html=False, include_plotlyjs=bool(include_plotlyjs))
 
 
 _PHASE_COLOURS = ("rgba(99,110,250,0.12)", "rgba(0,204,150,0.12)", "rgba(239,85,59,0.12)")

@@ -88,6 +88,33 @@ def json_text(value: Any, indent: int | None = 1) -> str:
     return json.dumps(_jsonable(value), indent=indent, allow_nan=False)
 
 
+REPR_ROWS = 20  # rows a result's repr shows: the first and last half of them, with the count of all
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def _html_table(table: pd.DataFrame, max_rows: int = REPR_ROWS) -> str:
+    """``table`` as HTML, at most ``max_rows`` rows: the first and last ones around a "… N rows …" row.
+
+    Example:
+        >>> text = _html_table(pd.DataFrame({"layer": range(50), "z": [0.5] * 50}), max_rows=4)
+        >>> text.count("<tr>"), "… 46 rows …" in text  # two rows, the marker, two rows
+        (5, True)
+    """
+    if len(table) <= max_rows:
+        return table.to_html(index=False, float_format=lambda x: f"{x:.4g}")
+    half = max_rows // 2
+    shown = pd.concat([table.head(half), table.tail(max_rows - half)])
+    text = shown.astype(object).apply(lambda col: col.map(_cell_text))
+    marker = pd.DataFrame([["…"] * table.shape[1]], columns=table.columns)
+    marker.iloc[0, 0] = f"… {len(table) - max_rows} rows …"
+    text = pd.concat([text.iloc[:half], marker, text.iloc[half:]])
+    return text.to_html(index=False)
+
+
+def _cell_text(value: Any) -> str:
+    return f"{value:.4g}" if pd.api.types.is_float(value) else str(value)  # numpy floats of any width too
+
+
 @dataclass
 class Result:
     """A table (one dict per row) and the parameters used to compute it."""
@@ -155,22 +182,55 @@ class Result:
         return ", ".join(f"{k}={v}" for k, v in shown.items())
 
     def __repr__(self) -> str:
+        """The summary, then the table truncated like pandas: the first and last rows and the row count."""
         table = self.to_pandas()
-        with pd.option_context("display.max_rows", 60, "display.width", 120, "display.precision", 4):
-            body = table.to_string(index=False) if len(table) else "(empty)"
-        return f"{self.title}({self._summary()})\n{body}"
+        if not len(table):
+            return f"{self.title}({self._summary()})\n(empty)"
+        with pd.option_context("display.width", 120, "display.precision", 4):
+            body = table.to_string(index=False, max_rows=REPR_ROWS, min_rows=REPR_ROWS)
+        rows = f"[{len(table)} rows x {table.shape[1]} columns]"
+        return f"{self.title}({self._summary()})\n{body}\n{rows}"
 
-    def _repr_html_(self) -> str:
-        """In Jupyter: a one-line summary, the figure, then the table folded away (first 30 rows)."""
+    def _figure(self) -> tuple[Any, str]:
+        """The default figure, or None and why not (a result without a figure still shows its numbers)."""
+        try:
+            return self.plot(), ""
+        except Exception as err:
+            return None, f"{type(err).__name__}: {err}"
+
+    def _html(self, figure: Any, why_not: str = "") -> str:
+        """A one-line summary, the figure (carrying its own plotly.js), then the table folded away, head and tail."""
         table = self.to_pandas()
         head = (f"<p><b>{html.escape(self.title)}</b> <small>{html.escape(self._summary())}</small> "
                 f"<small>— {len(table)} rows; <code>.to_pandas()</code> for all of them</small></p>")
-        try:
-            figure = plotting.figure_html(self.plot())
-        except Exception as err:  # a result without a figure (or one it cannot draw) still shows its numbers
-            figure = f"<p><small>(no figure: {html.escape(type(err).__name__)}: {html.escape(str(err))})</small></p>"
-        shown = table.head(30).to_html(index=False, float_format=lambda x: f"{x:.4g}")
-        return f"{head}{figure}<details><summary>Table</summary>{shown}</details>"
+        if figure is not None:
+            shown_figure = plotting.figure_html(figure)
+        else:
+            shown_figure = f"<p><small>(no figure: {html.escape(why_not)})</small></p>"
+        label = "Table" if len(table) <= REPR_ROWS else f"Table (first and last {REPR_ROWS // 2} of {len(table)} rows)"
+        return (f"{head}{shown_figure}<details><summary>{label}</summary>"
+                f"{_html_table(table)}</details>")
+
+    def _repr_html_(self) -> str:
+        """In Jupyter: a one-line summary, the figure, then the table folded away (at most ``REPR_ROWS`` rows)."""
+        return self._html(*self._figure())
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """Jupyter's output: plotly's own figure JSON, the HTML (summary, figure, folded table) and the text repr.
+
+        Front-ends that render plotly's mime type draw the figure from its JSON; the others (Colab,
+        exported HTML) use the HTML, whose figure loads its own plotly.js, so every output draws on
+        its own, whatever happened to the outputs before it.
+        """
+        figure, why_not = self._figure()
+        bundle: dict[str, Any] = {"text/plain": repr(self), "text/html": self._html(figure, why_not)}
+        if figure is not None:
+            bundle[PLOTLY_MIME] = json.loads(figure.to_json())
+        if include:
+            bundle = {k: v for k, v in bundle.items() if k in include}
+        if exclude:
+            bundle = {k: v for k, v in bundle.items() if k not in exclude}
+        return bundle
 
 
 @dataclass(repr=False)
