@@ -31,6 +31,39 @@ def _key(source: Path) -> str:
     return digest.hexdigest()
 
 
+# Where the site serves plotly.js (docs/hooks.py writes it there), seen from a page under tutorials/.
+SITE_PLOTLY_JS = "../assets/javascripts/plotly.min.js"
+
+
+def share_plotlyjs(nb) -> int:
+    """Replace the copy of plotly.js each figure output carries by one script tag loading the site's copy.
+
+    A result's HTML output carries plotly.js so that it draws on its own in Jupyter; on the site that
+    would be one copy per figure. Returns the number of copies removed.
+
+    Example:
+        >>> import nbformat
+        >>> from plotly.offline import get_plotlyjs
+        >>> out = nbformat.v4.new_output("display_data", data={"text/html": f"<script>{get_plotlyjs()}</script><div>"})
+        >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[out, out])])
+        >>> share_plotlyjs(nb), nb.cells[0].outputs[1]["data"]["text/html"]
+        (2, '<div>')
+    """
+    from plotly.offline import get_plotlyjs
+
+    library, removed = get_plotlyjs(), 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            html = output.get("data", {}).get("text/html")
+            if not isinstance(html, str) or library not in html:
+                continue
+            loader = "" if removed else f'<script src="{SITE_PLOTLY_JS}"></script>'
+            output["data"]["text/html"] = html.replace(f"<script>{library}</script>", loader).replace(
+                library, "")
+            removed += 1
+    return removed
+
+
 def execute(source: Path, target: Path, *, force: bool = False, timeout: int = 900) -> float | None:
     """Run ``source`` at small sizes into ``target``; seconds taken, or None if ``target`` is current."""
     import nbformat
@@ -48,6 +81,7 @@ def execute(source: Path, target: Path, *, force: bool = False, timeout: int = 9
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(source.parent)}}).execute()
     seconds = time.perf_counter() - started
+    share_plotlyjs(nb)
     nb.metadata["geolens_docs"] = {"source_key": key, "small": True, "seconds": round(seconds, 1)}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".ipynb.tmp")
