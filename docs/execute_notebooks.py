@@ -44,10 +44,11 @@ def share_plotlyjs(nb) -> int:
     Example:
         >>> import nbformat
         >>> from plotly.offline import get_plotlyjs
-        >>> out = nbformat.v4.new_output("display_data", data={"text/html": f"<script>{get_plotlyjs()}</script><div>"})
-        >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[out, out])])
-        >>> share_plotlyjs(nb), nb.cells[0].outputs[1]["data"]["text/html"]
-        (2, '<div>')
+        >>> def output():
+        ...     return nbformat.v4.new_output("display_data", data={"text/html": f"<script>{get_plotlyjs()}</script><div>"})
+        >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[output(), output()])])
+        >>> share_plotlyjs(nb), [out["data"]["text/html"] for out in nb.cells[0].outputs]
+        (2, ['<script src="../assets/javascripts/plotly.min.js"></script><div>', '<div>'])
     """
     from plotly.offline import get_plotlyjs
 
