@@ -2,8 +2,9 @@
 
 Each section is one analysis (see :data:`SECTIONS`); a section that fails is
 shown in the page with its error while the others still run. Every number is
-also written as ``<section>.csv`` and ``<section>.json`` (strict JSON), and the
-run itself (settings, versions, times, errors) as ``meta.json``.
+also written as ``<section>.csv`` and ``<section>.json`` (strict JSON; a section
+of two tables, such as convergence with a second model, adds ``<section>_<table>.csv``),
+and the run itself (settings as they ran, versions, times, errors) as ``meta.json``.
 ``quick=True`` (``geolens report --quick``) runs every section on the small
 budgets of :data:`QUICK`.
 
