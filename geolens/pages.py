@@ -167,6 +167,8 @@ def _cell(value: Any) -> str:
     Example:
         >>> _cell([{"k": 6, "energy": 0.3426107181894149}])
         '<table><tr><th>k</th><th>energy</th></tr><tr><td>6</td><td>0.3426</td></tr></table>'
+        >>> _cell([True] * 29 + [False])
+        '30 values: 29 True, 1 False'
         >>> _cell([float(i) for i in range(30)])
         '30 values: min 0.0, median 14.5, max 29.0; 0.0, 1.0, 2.0, 3.0, 4.0, …'
     """
@@ -181,6 +183,8 @@ def _cell(value: Any) -> str:
             return _records_table(value)
         if len(value) > _LIST_SHOWN and all(_is_number(v) for v in value):
             return html.escape(_summary(value))
+        if len(value) > _LIST_SHOWN and all(isinstance(v, bool) for v in value):  # per-layer flags: the count
+            return html.escape(f"{len(value)} values: {sum(value)} True, {len(value) - sum(value)} False")
         if all(_is_number(v) or isinstance(v, (str, bool)) or v is None for v in value):
             return html.escape(", ".join(_scalar(v) for v in value))  # "pga, spectrum", not "['pga', 'spectrum']"
         return "<br>".join(_cell(v) for v in value)

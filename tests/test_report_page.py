@@ -74,6 +74,7 @@ def test_cell_rounds_floats_and_summarises_long_lists():
     assert _cell({"a": {"b": 1}}) == "<table><tr><th>a</th><td><table><tr><th>b</th><td>1</td></tr></table></td></tr></table>"
     nested = _cell([{"k": 6, "rows": [{"x": 1.0}]}, {"k": 7, "extra": "e"}])
     assert nested.startswith("<table><tr><th>k</th><th>rows</th><th>extra</th></tr>") and "<th>x</th>" in nested
+    assert _cell([True] * 28 + [False] * 2) == "30 values: 28 True, 2 False" and _cell([True, False]) == "True, False"
     with_nan = _cell([float("nan")] + list(range(10)))
     assert "1 NaN" in with_nan and "median 4.5" in with_nan
 
