@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-__all__ = ["FINDINGS", "Z_CHANCE", "findings", "layer_ranges", "pga_findings"]
+__all__ = ["FINDINGS", "Z_CHANCE", "findings", "layer_ranges", "pga_findings", "refinement_phrase"]
 
 Z_CHANCE = 1.96  # two-sided 95 % of the null
 
@@ -133,14 +133,47 @@ def lens_findings(result: Any) -> list[str]:
     means = inner.groupby("lens")["kl"].mean()
     lines = ["Mean KL to the final distribution over layers 1..L−1: "
              + ", ".join(f"{kind} lens {value:.2f} nats" for kind, value in means.items()) + "."]
-    training = result.params.get("lens_training") or {}
+    # evaluate() records the lens's fit as "training"; results saved before that as "lens_training".
+    training = result.params.get("training") or result.params.get("lens_training") or {}
     gain = training.get("data_gain")
     if isinstance(gain, list) and len(gain) > 1:
         inner_gain = sum(gain[1:]) / (len(gain) - 1)
-        lines.append(f"The tuned lens's refinement stopped on {training.get('stopped')} after {training.get('steps')} "
-                     f"steps; its held-out KL is {100 * inner_gain:.0f} % below that of lenses fitted on half its "
-                     f"text (mean over layers 1..L−1): what doubling the text gained.")
+        lines.append(f"{refinement_phrase(training.get('stopped'), training.get('steps'))}; its held-out KL is "
+                     f"{100 * inner_gain:.0f} % below that of lenses fitted on half its text (mean over layers "
+                     "1..L−1): what doubling the text gained.")
     return lines
+
+
+def _steps(n: Any) -> str:
+    if n is None:
+        return "an unrecorded number of steps"
+    return "1 step" if n == 1 else f"{n} steps"
+
+
+def refinement_phrase(stopped: str | None, steps: int | None) -> str:
+    """How the tuned lens's KL refinement ended, as a sentence (no full stop), from ``training_info``.
+
+    Example:
+        >>> for stopped, steps in (("plateau", 140), ("steps", 20), ("time", 7), ("closed form only", 0), (None, 3)):
+        ...     print(refinement_phrase(stopped, steps))
+        The tuned lens's refinement stopped on plateau after 140 steps (the held-out KL stopped improving)
+        The tuned lens's refinement ran its whole budget of 20 steps
+        The tuned lens's refinement stopped at its time limit after 7 steps
+        The tuned lens was fitted in closed form, with no refinement steps
+        The tuned lens's refinement ran 3 steps
+    """
+    if stopped == "plateau":
+        return (f"The tuned lens's refinement stopped on plateau after {_steps(steps)} "
+                "(the held-out KL stopped improving)")
+    if stopped == "steps":
+        return f"The tuned lens's refinement ran its whole budget of {_steps(steps)}"
+    if stopped == "time":
+        return f"The tuned lens's refinement stopped at its time limit after {_steps(steps)}"
+    if stopped == "closed form only" or steps == 0:
+        return "The tuned lens was fitted in closed form, with no refinement steps"
+    if stopped:
+        return f"The tuned lens's refinement stopped after {_steps(steps)} ({stopped})"
+    return f"The tuned lens's refinement ran {_steps(steps)}"
 
 
 def phases_findings(result: Any) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from geolens._io import atomic_write_text
 
-__all__ = ["Section", "versions", "write_html"]
+__all__ = ["Section", "result_tables", "versions", "write_html"]
 
 
 def versions() -> dict[str, str]:
@@ -42,6 +42,19 @@ class Section:
     error: str | None = None
     findings: Sequence[str] = ()
     seconds: float | None = None
+    note: str = ""  # a footnote under the section's tables (what a column means)
+
+
+def result_tables(result: Any) -> dict[str, Any]:
+    """A result's tables by name: ``result.tables()`` where it holds several, else ``{"": result.to_pandas()}``.
+
+    Example:
+        >>> from geolens.results import Result
+        >>> list(result_tables(Result(rows=[{"layer": 0}])))
+        ['']
+    """
+    tables = getattr(result, "tables", None)
+    return dict(tables()) if callable(tables) else {"": result.to_pandas()}
 
 
 _STYLE = """
@@ -117,10 +130,14 @@ def write_html(
             parts.append(f"<p class='caption'>{html.escape(section.caption)}</p>")
         for figure in section.figures:
             parts.append("<div class='figure'>" + figure.to_html(full_html=False, include_plotlyjs=False) + "</div>")
-        table = section.result.to_pandas()
         parts.append("<details><summary>Parameters</summary>" + _dict_table(section.result.params) + "</details>")
-        parts.append(f"<details><summary>Full table ({len(table)} rows)</summary>"
-                     + table.to_html(index=False, float_format=lambda x: f"{x:.4g}") + "</details>")
+        tables = result_tables(section.result)
+        for label, table in tables.items():
+            named = f": {label.replace('_', '-')}" if len(tables) > 1 else ""
+            parts.append(f"<details><summary>Full table{html.escape(named)} ({len(table)} rows)</summary>"
+                         + table.to_html(index=False, float_format=lambda x: f"{x:.4g}") + "</details>")
+        if section.note:
+            parts.append(f"<p class='caption note'>{html.escape(section.note)}</p>")
         parts.append("</section>")
     parts.append("<section id='run'><h2>The run</h2><details open><summary>Settings, versions, date and times"
                  "</summary>" + _dict_table(meta) + "</details></section>")
@@ -139,9 +156,75 @@ def _dict_table(values: dict) -> str:
     return f"<table>{rows}</table>"
 
 
+# Numeric lists longer than this are summarised (length, min/median/max, the first values) rather than listed.
+_LIST_SHOWN = 8
+
+
 def _cell(value: Any) -> str:
-    if isinstance(value, dict) and value:
-        return _dict_table(value)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
-        return html.escape(", ".join(map(str, value)))  # sections, ccr: "pga, spectrum", not "['pga', 'spectrum']"
-    return html.escape(str(value))
+    """One value for the page: dicts as nested tables, lists of dicts as tables, long numeric lists summarised,
+    floats rounded for display (the JSON files keep the full values).
+
+    Example:
+        >>> _cell([{"k": 6, "energy": 0.3426107181894149}])
+        '<table><tr><th>k</th><th>energy</th></tr><tr><td>6</td><td>0.3426</td></tr></table>'
+        >>> _cell([True] * 29 + [False])
+        '30 values: 29 True, 1 False'
+        >>> _cell([float(i) for i in range(30)])
+        '30 values: min 0.0, median 14.5, max 29.0; 0.0, 1.0, 2.0, 3.0, 4.0, …'
+    """
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # tensors, arrays, numpy scalars
+        value = value.tolist()
+    if isinstance(value, dict):
+        return _dict_table(value) if value else "—"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "—"
+        if all(isinstance(v, dict) for v in value):
+            return _records_table(value)
+        if len(value) > _LIST_SHOWN and all(_is_number(v) for v in value):
+            return html.escape(_summary(value))
+        if len(value) > _LIST_SHOWN and all(isinstance(v, bool) for v in value):  # per-layer flags: the count
+            return html.escape(f"{len(value)} values: {sum(value)} True, {len(value) - sum(value)} False")
+        if all(_is_number(v) or isinstance(v, (str, bool)) or v is None for v in value):
+            return html.escape(", ".join(_scalar(v) for v in value))  # "pga, spectrum", not "['pga', 'spectrum']"
+        return "<br>".join(_cell(v) for v in value)
+    return html.escape(_scalar(value))
+
+
+def _records_table(records: Sequence[dict]) -> str:
+    """A list of dicts as one table: a column per key (in order of first appearance), a row per dict."""
+    columns: dict[str, None] = {}
+    for record in records:
+        columns.update(dict.fromkeys(map(str, record)))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r[c]) if c in r else ''}</td>" for c in columns) + "</tr>"
+                   for r in ({str(k): v for k, v in record.items()} for record in records))
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _scalar(value: Any) -> str:
+    """A float with at most 4 significant digits (a short one, such as a time in seconds, as it is)."""
+    if isinstance(value, float) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):
+            return str(value)
+        text = repr(value)
+        return text if len(text) <= 7 else f"{value:.4g}"
+    return str(value)
+
+
+def _summary(values: Sequence[float]) -> str:
+    n = len(values)
+    finite = sorted(v for v in values if v == v)  # NaN first out: it does not sort
+    if finite:
+        m = len(finite)
+        median = finite[m // 2] if m % 2 else (finite[m // 2 - 1] + finite[m // 2]) / 2
+        spread = (f"min {_scalar(finite[0])}, median {_scalar(median)}, max {_scalar(finite[-1])}"
+                  + (f", {n - m} NaN" if m < n else ""))
+    else:
+        spread = "all NaN"
+    first = ", ".join(_scalar(v) for v in list(values)[:5])
+    return f"{n} values: {spread}; {first}, …"

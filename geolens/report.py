@@ -2,8 +2,9 @@
 
 Each section is one analysis (see :data:`SECTIONS`); a section that fails is
 shown in the page with its error while the others still run. Every number is
-also written as ``<section>.csv`` and ``<section>.json`` (strict JSON), and the
-run itself (settings, versions, times, errors) as ``meta.json``.
+also written as ``<section>.csv`` and ``<section>.json`` (strict JSON; a section
+of two tables, such as convergence with a second model, adds ``<section>_<table>.csv``),
+and the run itself (settings as they ran, versions, times, errors) as ``meta.json``.
 ``quick=True`` (``geolens report --quick``) runs every section on the small
 budgets of :data:`QUICK`.
 
@@ -51,7 +52,7 @@ from geolens.lens import TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
 from geolens.findings import findings
-from geolens.pages import Section, versions, write_html
+from geolens.pages import Section, result_tables, versions, write_html
 from geolens.results import Result, json_text
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 
@@ -227,8 +228,8 @@ def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     lens = _report_lens(adapter, texts, s)
     result = evaluate(adapter, texts, lens=lens, n_tokens=min(s.lens_positions, s.n_tokens), seed=s.seed,
                       progress=s.progress, max_length=s.max_length, states=_states(adapter, texts, s))
-    result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"],
-                         lens_training={k: v for k, v in lens.training_info.items() if k not in ("history", "losses")})
+    # evaluate() records how the lens was fitted (params["training"]); the report adds where it is and its budget.
+    result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
     return result, [result.plot(), lens.plot_history()]
 
 
@@ -267,7 +268,8 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
     common = dict(k=s.k, ccr=1, n_positions=s.convergence_positions, max_length=s.max_length, seed=s.seed,
                   progress=s.progress)
     own = convergence(adapter, texts, grid=True, **common)
-    rows = [{"comparison": "self", **row} for row in own.rows]
+    # Two tables, each with its own columns: the grid has no null, the cross-family pairs have one.
+    rows, cross_rows = list(own.rows), []
     figures = [own.plot("rho_full"), own.plot("rho_readout"), own.plot("cka_full"), own.plot("mknn_full")]
     params = {"comparison": "the model with itself, every layer against every layer; then, by relative depth, "
                             "against a model of another family",
@@ -280,13 +282,13 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
         layers_a, layers_b = depth_pairs(adapter.n_layers, other.n_layers)
         cross = convergence(adapter, texts, other, layer_a=layers_a, layer_b=layers_b, n_null=s.convergence_null,
                             **common)
-        rows += [{"comparison": "cross-family", **row} for row in cross.rows]
+        cross_rows = list(cross.rows)
         figures += [cross.plot("rho_full"), cross.plot("cka_full"), cross.plot("mknn_full")]
         params["cross_family"] = {"model_b": cross.params["model_b"], "n_layers_b": cross.params["n_layers_b"],
                                   "pairs": "every layer of the shallower model with the nearest relative depth",
                                   "n_positions": cross.params["n_positions"], "n_null": s.convergence_null,
                                   "time_s": round(time.perf_counter() - started, 1)}
-    return ConvergenceResult(rows=rows, params=params), figures
+    return ConvergenceResult(rows=rows, params=params, cross_rows=cross_rows), figures
 
 
 def _cross_family_model(adapter: ModelAdapter, s: ReportSettings) -> tuple[ModelAdapter | None, str]:
@@ -344,6 +346,39 @@ CAPTIONS: dict[str, str] = {
     "phases": "Similarity of consecutive layers' readout subspaces (from the tuned lens), one curve per subspace "
               "size; the shaded bands are the three phases found by a two-stage Kneedle on the chosen curve.",
 }
+
+# Footnotes under a section's tables: what a column means where its caption has no room.
+NOTES: dict[str, str] = {
+    "pga": "p_value is the one-sided empirical p-value of rho_readout against the R = n_null random subspaces: "
+           "(1 + #{null rho >= rho_readout}) / (R + 1). It can be no smaller than 1 / (R + 1) (0.048 at R = 20, "
+           "0.0099 at R = 100) however large z is; z measures how far beyond the null the readout lies.",
+}
+
+
+def _effective_settings(s: ReportSettings) -> dict[str, Any]:
+    """The settings that ran: :meth:`ReportSettings.as_dict` with defaults left as ``None`` resolved.
+
+    ``k`` is the readout size PGA (else the convergence section) used; ``alpha_fit_range`` the
+    default range of the spectra (each spectrum's params record the range cut to its rank).
+    A ``None`` no section resolved stays ``None``.
+
+    Example:
+        >>> s = ReportSettings()
+        >>> s.results["pga"] = Result(rows=[], params={"k": 100})
+        >>> _effective_settings(s)["k"], _effective_settings(s)["alpha_fit_range"]   # no spectra ran
+        (100, None)
+        >>> s.results["spectrum"] = Result(rows=[])
+        >>> _effective_settings(s)["alpha_fit_range"]
+        (5, 100)
+    """
+    out = s.as_dict()
+    if out["k"] is None:
+        used = [s.results[name].params.get("k") for name in ("pga", "convergence") if name in s.results]
+        out["k"] = next((k for k in used if k is not None), None)
+    if out["alpha_fit_range"] is None and ({"spectrum", "weights"} & set(s.results)):
+        out["alpha_fit_range"] = ALPHA_FIT_RANGE
+    return out
+
 
 # Every section: the fast tuned lens (lens, phases) fits in about a minute the first time, then loads.
 DEFAULT_SECTIONS = tuple(SECTIONS)
@@ -414,17 +449,18 @@ def report(
         finally:
             timings[name] = round(time.perf_counter() - section_start, 1)
         settings.results[name] = result
-        paths[f"{name}.csv"] = out_dir / f"{name}.csv"
-        atomic_write_text(paths[f"{name}.csv"], result.to_pandas().to_csv(index=False))
+        for i, (label, table) in enumerate(result_tables(result).items()):  # the first is <name>.csv
+            csv = f"{name}.csv" if i == 0 else f"{name}_{label}.csv"
+            paths[csv] = atomic_write_text(out_dir / csv, table.to_csv(index=False))
         paths[f"{name}.json"] = result.save(out_dir / f"{name}.json")
         rendered.append(Section(name, heading, CAPTIONS.get(name, ""), result, figures,
-                                findings=findings(name, result), seconds=timings[name]))
+                                findings=findings(name, result), seconds=timings[name], note=NOTES.get(name, "")))
 
     meta = {
         "model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model, "texts": len(texts),
         "sections": chosen, "quick": settings.quick, "date": date,
         "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings, "errors": errors,
-        "settings": settings.as_dict(), "versions": versions(),
+        "settings": _effective_settings(settings), "versions": versions(),
         # the positions the shared capture used (n_tokens is an upper bound unless set by hand)
         "n_tokens_used": None if settings.states is None else settings.states.n_tokens,
     }

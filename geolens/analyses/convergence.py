@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import warnings
 
-from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -153,9 +153,30 @@ class ConvergenceResult(Result):
     and, per measure, its value in full space, in the readout subspaces and, without ``grid``,
     the random-subspace null: ``rho_full, rho_readout, rho_random_mean, rho_random_std,
     z_readout`` (Spearman), ``cka_*`` and ``cka_z_readout`` (linear CKA), ``mknn_*`` and
-    ``mknn_z_readout`` (mutual k-NN)."""
+    ``mknn_z_readout`` (mutual k-NN).
 
+    ``cross_rows`` holds a second table of the same columns where one result carries two
+    comparisons (the report's: the model with itself on a grid in ``rows``, then against a
+    model of another family by relative depth in ``cross_rows``); :meth:`tables` gives both,
+    each with only its own columns.
+
+    Example:
+        >>> res = ConvergenceResult(rows=[{"layer_a": 0, "layer_b": 0, "rho_full": 1.0}],
+        ...                         cross_rows=[{"layer_a": 0, "layer_b": 0, "rho_full": 0.4, "z_readout": 3.0}])
+        >>> {name: list(table) for name, table in res.tables().items()}
+        {'self': ['layer_a', 'layer_b', 'rho_full'], 'cross_family': ['layer_a', 'layer_b', 'rho_full', 'z_readout']}
+    """
+
+    cross_rows: list[dict[str, Any]] = field(default_factory=list)
     title: ClassVar[str] = "ConvergenceResult"
+
+    def tables(self):
+        """``{"self": rows, "cross_family": cross_rows}`` as data frames, or just ``{"": rows}`` without ``cross_rows``."""
+        import pandas as pd
+
+        if not self.cross_rows:
+            return {"": self.to_pandas()}
+        return {"self": self.to_pandas(), "cross_family": pd.DataFrame(self.cross_rows)}
 
     def plot(self, value: str = "rho_full"):
         """Heatmap of ``value`` over (layer_a, layer_b) for a grid; otherwise full/readout/random of

@@ -95,6 +95,9 @@ def pga(
         z, p_value, pc1_readout_energy, random_energy`` (with ``n_pairs``:
         ``rho_se`` after ``rho_readout`` and ``z_se`` after ``z``);
         ``params["n_pairs"]`` is the number of pairs used (``None``: all).
+        ``p_value`` is the one-sided empirical p-value
+        ``(1 + #{null rho >= rho_readout}) / (n_null + 1)``, never below its floor
+        ``1 / (n_null + 1)`` however large ``z`` is (0.048 at ``n_null=20``).
 
     Example:
         >>> res = pga(model, texts, k=8, n_null=10, ccr=[0, 1], n_tokens=24, progress=False)

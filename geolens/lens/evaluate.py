@@ -212,7 +212,8 @@ def evaluate(
     params = {"model": adapter.name, "n_tokens": n, "n_tokens_with_next": n_valid, "seed": seed, "ks": ks,
               "lenses": [lz.kind for lz in lenses], "n_layers": adapter.n_layers}
     if lens is not None:
-        params["training"] = {k: v for k, v in lens.training_info.items() if k != "losses"}
+        # How the lens was fitted; its loss curve and refinement history stay with the lens (its figure, its folder).
+        params["training"] = {k: v for k, v in lens.training_info.items() if k not in ("losses", "history")}
     return LensResult(rows=result_rows, params=params)
 
 
