@@ -1,0 +1,272 @@
+"""Large models in bounded memory: the Pythia-shaped builder, the W_U readout from its Gram matrix,
+the bridge's q, k, v sharing the fused weight, and one study cell within the memory bound.
+
+The bound is the one ``bench/scale.py`` checks: peak RSS <= 1.2 x the weights' bytes + 2 GiB.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from geolens.metrics.readout import gram_matrix, readout_basis, readout_spectrum
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def scale():
+    return _load("scale")
+
+
+TINY = dict(name="tiny", hidden=64, layers=2, heads=4, intermediate=256, vocab=3000)
+
+
+# --------------------------------------------------------------------------- the builder
+def test_pythia_160m_shape_has_the_published_parameter_count(scale):
+    """162,322,944 parameters (85,056,000 outside the embeddings): the Pythia paper's count for 160M."""
+    model = scale.build_neox("160m", device="meta")
+    n = sum(p.numel() for p in model.parameters())
+    assert n == scale.SHAPES["160m"].n_params() == 162_322_944
+    embeddings = model.gpt_neox.embed_in.weight.numel() + model.get_output_embeddings().weight.numel()
+    assert n - embeddings == 85_056_000
+
+
+@pytest.mark.parametrize("size", ["70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b"])
+def test_every_shape_builds_its_configuration(scale, size):
+    shape = scale.SHAPES[size]
+    model = scale.build_neox(size, device="meta")   # no storage: the 6.9B shape costs nothing here
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size) == (
+        shape.hidden, shape.layers, shape.heads, shape.intermediate)
+    assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.use_parallel_residual) == (50304, 2048, True)
+    assert cfg.rope_parameters.get("partial_rotary_factor", getattr(cfg, "rotary_pct", None)) == 0.25
+    assert not cfg.tie_word_embeddings
+    assert sum(p.numel() for p in model.parameters()) == shape.n_params()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.get_output_embeddings().weight.shape == (50304, shape.hidden)
+    assert len(model.gpt_neox.layers) == shape.layers
+
+
+def test_built_model_is_bf16_initialised_and_runs(scale):
+    from transformers import GPTNeoXForCausalLM
+
+    shape = scale.Shape(**TINY)
+    model = scale.build_neox(shape, seed=3)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert scale.weight_bytes(model) == 2 * shape.n_params()
+    ref = GPTNeoXForCausalLM(scale.neox_config(shape))   # the reference's rotary tables, float32 as HF keeps them
+    for (name, buf), (ref_name, ref_buf) in zip(model.named_buffers(), ref.named_buffers()):
+        assert name == ref_name and buf.dtype == ref_buf.dtype and torch.equal(buf, ref_buf), name
+    w = model.gpt_neox.layers[0].mlp.dense_h_to_4h.weight.detach().float()
+    assert abs(float(w.std()) - 0.02) < 0.002 and abs(float(w.mean())) < 0.002     # N(0, 0.02)
+    assert torch.equal(model.gpt_neox.final_layer_norm.weight, torch.ones(shape.hidden, dtype=torch.bfloat16))
+    assert not torch.equal(scale.build_neox(shape, seed=4).gpt_neox.embed_in.weight, model.gpt_neox.embed_in.weight)
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert logits.shape == (1, 4, TINY["vocab"]) and bool(torch.isfinite(logits).all())
+
+
+# --------------------------------------------------------------------------- the readout from the Gram matrix
+def _planted(d: int, v: int, singular: torch.Tensor, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    w, _ = torch.linalg.qr(torch.randn(v, d, generator=g, dtype=torch.float64))
+    return u, (u * singular) @ w.T   # W_U = U diag(s) W^T: left singular vectors U, values s
+
+
+def _projector(basis: torch.Tensor) -> torch.Tensor:
+    b = basis.double()
+    return b @ b.T
+
+
+def test_readout_basis_recovers_planted_singular_directions():
+    d, v, k = 24, 700, 5
+    singular = torch.linspace(10.0, 1.0, d, dtype=torch.float64)
+    u, w_u = _planted(d, v, singular)
+    values, vectors = readout_spectrum(w_u)
+    torch.testing.assert_close(values, singular, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(_projector(readout_basis(w_u, k)), _projector(u[:, :k]), rtol=0, atol=1e-10)
+    # each direction itself, up to sign
+    torch.testing.assert_close((vectors[:, :k] * u[:, :k]).sum(0).abs(), torch.ones(k, dtype=torch.float64),
+                               rtol=0, atol=1e-10)
+
+
+def test_readout_from_the_gram_equals_torch_svd_and_the_float64_copy_path():
+    g = torch.Generator().manual_seed(1)
+    w_u = torch.randn(48, 1000, generator=g) * torch.linspace(3, 0.1, 48).unsqueeze(1)
+    k = 10
+    left, s, _ = torch.linalg.svd(w_u.double(), full_matrices=False)            # reference 1: the SVD
+    values, _ = readout_spectrum(w_u)
+    torch.testing.assert_close(values, s, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(_projector(readout_basis(w_u, k)), _projector(left[:, :k]), rtol=0, atol=1e-6)
+    w64 = w_u.double()                                                         # reference 2: the whole float64 copy
+    eigvals, eigvecs = torch.linalg.eigh(w64 @ w64.T)
+    top = eigvecs[:, torch.argsort(eigvals, descending=True)[:k]]
+    torch.testing.assert_close(_projector(readout_basis(w_u, k)), _projector(top), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("block", [1, 7, 256, 5000])
+def test_gram_matrix_blocks_agree_and_take_half_precision(block):
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 999, generator=g)
+    full = w.double() @ w.double().T
+    torch.testing.assert_close(gram_matrix(w, block=block), full, rtol=1e-12, atol=1e-10)
+    bf = w.to(torch.bfloat16)
+    torch.testing.assert_close(gram_matrix(bf, block=block), bf.double() @ bf.double().T, rtol=1e-12, atol=1e-10)
+    assert gram_matrix(bf, block=block).dtype == torch.float64
+
+
+def test_gram_matrix_rejects_bad_input():
+    with pytest.raises(TypeError, match="W must be a torch.Tensor"):
+        gram_matrix([[1.0]])
+    with pytest.raises(ValueError, match="block"):
+        gram_matrix(torch.ones(2, 3), block=0)
+    with pytest.raises(ValueError, match="d_vocab >= d_model"):
+        readout_spectrum(torch.ones(5, 3))
+
+
+def test_readout_of_a_bf16_unembedding_matches_its_float64_value():
+    g = torch.Generator().manual_seed(3)
+    w_u = (torch.randn(32, 800, generator=g) * torch.linspace(2, 0.2, 32).unsqueeze(1)).to(torch.bfloat16)
+    left = torch.linalg.svd(w_u.double(), full_matrices=False)[0]
+    basis = readout_basis(w_u, 6)
+    assert basis.dtype == torch.float32
+    torch.testing.assert_close(_projector(basis), _projector(left[:, :6]), rtol=0, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- booting without copies
+@pytest.fixture(scope="module")
+def tokenizer(scale, tmp_path_factory):
+    return scale.make_tokenizer(["the cat sat on the mat", "a dog ran in the park"], tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def tiny_hf(scale, tokenizer):
+    """A fresh model each time: booting wraps the model's modules, so one model boots one bridge."""
+    return scale.build_neox(scale.Shape(**TINY), seed=5), tokenizer
+
+
+def _boot(model, tokenizer, **kwargs):
+    from geolens.model import boot_bridge
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return boot_bridge(model, tokenizer=tokenizer, **kwargs).eval()
+
+
+def test_boot_bridge_wraps_a_loaded_model_without_copying_it(tiny_hf):
+    model, tokenizer = tiny_hf
+    ptrs = {p.data_ptr() for p in model.parameters()}
+    bridge = _boot(model, tokenizer)
+    assert {p.data_ptr() for p in bridge.parameters()} == ptrs     # the same storage, nothing added
+    assert bridge.cfg.dtype == torch.bfloat16 and next(bridge.parameters()).dtype == torch.bfloat16
+    attn = bridge.blocks[0].attn
+    assert type(attn.q.original_component).__name__ == "_FusedQKVPart"
+
+
+def test_shared_qkv_gives_the_same_forward_weights_and_state_dict(scale, tiny_hf):
+    model, tokenizer = tiny_hf
+    twin = scale.build_neox(scale.Shape(**TINY), seed=5)
+    shared, copied = _boot(model, tokenizer), _boot(twin, tokenizer, share_qkv=False)
+    tokens = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(shared(tokens), copied(tokens))
+    for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
+        assert torch.equal(getattr(shared, name), getattr(copied, name)), name
+    a, b = shared.state_dict(), copied.state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[key], b[key]) for key in a)
+    d, layers = TINY["hidden"], TINY["layers"]
+    saved = sum(p.numel() for p in copied.parameters()) - sum(p.numel() for p in shared.parameters())
+    assert saved == layers * (3 * d * d + 3 * d)                   # exactly the q, k, v copies
+
+
+def _jittered(scale):
+    model = scale.build_neox(scale.Shape(**TINY), dtype=torch.float32, seed=6)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():   # LayerNorms away from 1 and 0, so folding them changes q, k, v
+        for layer in model.gpt_neox.layers:
+            layer.input_layernorm.weight.uniform_(0.5, 1.5, generator=g)
+            layer.input_layernorm.bias.uniform_(-0.1, 0.1, generator=g)
+    return model
+
+
+def test_shared_qkv_survives_weight_processing(scale, tokenizer):
+    """enable_compatibility_mode reads q, k, v from the state dict and writes processed ones back."""
+    shared, copied = _boot(_jittered(scale), tokenizer), _boot(_jittered(scale), tokenizer, share_qkv=False)
+    for bridge in (shared, copied):
+        bridge.enable_compatibility_mode(disable_warnings=True)
+    tokens = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(shared(tokens), copied(tokens), rtol=0, atol=1e-6)
+    torch.testing.assert_close(shared.W_Q, copied.W_Q, rtol=0, atol=1e-7)
+
+
+def test_boot_bridge_rejects_mismatched_dtype_device_and_meta(scale, tiny_hf):
+    from geolens.model import boot_bridge
+
+    model, tokenizer = tiny_hf
+    with pytest.raises(ValueError, match="dtype=torch.float32 but the model's weights are torch.bfloat16"):
+        boot_bridge(model, dtype=torch.float32, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="revision"):
+        boot_bridge(model, revision="step1", tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="meta device"):
+        boot_bridge(scale.build_neox(scale.Shape(**TINY), device="meta"), tokenizer=tokenizer)
+    with pytest.raises(TypeError, match="name_or_path"):
+        boot_bridge(3)
+    with pytest.raises(TypeError, match="share_qkv"):
+        boot_bridge(model, share_qkv="yes")
+
+
+# --------------------------------------------------------------------------- the study cell
+def test_scale_cell_runs_on_a_tiny_shape(scale):
+    """The bench's cell in this process: every layer, finite values, each stage timed and measured."""
+    result = scale.run_size(scale.Shape(**TINY), n_tokens=120, k=6, n_null=8, n_texts=3)
+    assert result["rows_ok"] == "ok"
+    assert set(result["stages"]) == {"build", "capture", "metrics"}
+    assert all(s["seconds"] > 0 and s["peak"] > 0 for s in result["stages"].values())
+    assert result["weights_bytes"] == 2 * scale.Shape(**TINY).n_params()
+    assert result["within_bound"] == (result["peak_bytes"] <= 1.2 * result["weights_bytes"] + 2 * 1024**3)
+    row = scale.flat_row(result)
+    assert row["bound"] in ("pass", "FAIL") and "| tiny |" in scale.markdown_table([row])
+
+
+def test_check_rows_names_what_is_missing(scale):
+    rows = [{"analysis": "pga", "site": "resid_post", "layer": i, "ccr": 1, "metric": "pga.z", "value": 1.0}
+            for i in range(3)]
+    rows += [{"analysis": "spectrum", "site": "resid_post", "layer": i, "ccr": None,
+              "metric": "spectrum.effective_rank", "value": 2.0} for i in range(3)]
+    assert scale.check_rows(rows, 2, [1]) == "ok"
+    assert "ccr 5" in scale.check_rows(rows, 2, [1, 5])
+    rows[0]["value"] = float("nan")
+    assert "non-finite" in scale.check_rows(rows, 2, [1])
+
+
+@pytest.mark.slow
+def test_pythia_1b_shape_cell_stays_within_the_memory_bound(tmp_path):
+    """The 1B shape's cell (N = 1,024, k = 100, R = 100, CCR 1 and 5, spectra) in a subprocess:
+    peak RSS <= 1.2 x weights + 2 GiB, every layer, finite values."""
+    out = tmp_path / "1b.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--child", "1b", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["rows_ok"] == "ok", result["rows_ok"]
+    assert result["layers"] == 16 and result["weights_bytes"] == 2 * 1_011_781_632
+    bound = 1.2 * result["weights_bytes"] + 2 * 1024**3
+    assert result["peak_bytes"] <= bound, (result["peak_bytes"] / 1024**3, bound / 1024**3, result["stages"])
