@@ -224,11 +224,14 @@ class PeakRSS:
 # ---------------------------------------------------------------- one size (child process)
 def scale_study(loader, *, label: str = "model", ccr=(1, 5), n_tokens: int = 1024, k: int = 100, n_null: int = 100,
                 n_texts: int | None = None, max_length: int | None = None):
-    """The Pythia preset's study with one model (``loader``) and PGA at ``ccr``; its single cell's spec."""
+    """The Pythia preset's study with one model (``loader``) and PGA at ``ccr`` (``None``: the preset's CCRs)."""
     from geolens.study import Study
 
     preset = Study.from_toml(PRESET)
-    analyses = {"pga": {**preset.analyses["pga"], "k": k, "n_null": n_null, "ccr": list(ccr)},
+    pga = {**preset.analyses["pga"], "k": k, "n_null": n_null}
+    if ccr is not None:  # None: the preset's own CCRs
+        pga["ccr"] = list(ccr)
+    analyses = {"pga": pga,
                 "spectrum": dict(preset.analyses.get("spectrum", {}))}
     texts = {"default": n_texts} if n_texts is not None else preset.texts
     return Study.from_toml(PRESET, models={label: loader}, metadata={}, analyses=analyses, texts=texts,
@@ -243,42 +246,55 @@ def run_size(shape: Shape, *, ccr=(1, 5), n_tokens: int = 1024, k: int = 100, n_
     from geolens.model import boot_bridge
 
     meter = PeakRSS()
+    cuda = torch.device(device).type == "cuda"
     stages: dict[str, dict] = {}
     record: dict = {}
     tmp = tempfile.TemporaryDirectory(prefix="geolens-scale-")
 
-    def loader():
+    def begin() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
         meter.start()
-        start = time.perf_counter()
+        record["start"] = time.perf_counter()
+
+    def end(stage: str) -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+        stages[stage] = {"seconds": time.perf_counter() - record["start"], "peak": meter.peak()}
+        if cuda:
+            stages[stage]["gpu_peak"] = torch.cuda.max_memory_allocated(device)
+
+    def loader():
+        begin()
         hf_model = build_neox(shape, dtype=dtype, device=device)
         record["weights"] = weight_bytes(hf_model)
         record["params"] = sum(p.numel() for p in hf_model.parameters())
         tokenizer = make_tokenizer(cell.texts, Path(tmp.name))
         bridge = boot_bridge(hf_model, tokenizer=tokenizer, share_qkv=share_qkv).eval()
-        stages["build"] = {"seconds": time.perf_counter() - start, "peak": meter.peak()}
+        end("build")
         return bridge
 
     plain_capture = cells.capture
 
     def timed_capture(*args, **kwargs):
-        meter.start()
-        start = time.perf_counter()
+        begin()
         out = plain_capture(*args, **kwargs)
-        stages["capture"] = {"seconds": time.perf_counter() - start, "peak": meter.peak()}
-        meter.start()
-        record["metrics_start"] = time.perf_counter()
+        end("capture")
+        begin()
         return out
 
     study = scale_study(loader, label=f"pythia-{shape.name}-shape", ccr=ccr, n_tokens=n_tokens, k=k, n_null=n_null,
                         n_texts=n_texts, max_length=max_length)
     (cell,) = study.cells()
+    ccr = list(cell.analyses["pga"]["ccr"])
     baseline = current_rss()
     cells.capture = timed_capture
     try:
         rows, info = cells.compute_cell(cell)
     finally:
         cells.capture = plain_capture
-    stages["metrics"] = {"seconds": time.perf_counter() - record["metrics_start"], "peak": meter.peak()}
+    end("metrics")
     meter.close()
     tmp.cleanup()
     n_layers = info["n_layers"]

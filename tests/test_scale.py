@@ -270,3 +270,39 @@ def test_pythia_1b_shape_cell_stays_within_the_memory_bound(tmp_path):
     assert result["layers"] == 16 and result["weights_bytes"] == 2 * 1_011_781_632
     bound = 1.2 * result["weights_bytes"] + 2 * 1024**3
     assert result["peak_bytes"] <= bound, (result["peak_bytes"] / 1024**3, bound / 1024**3, result["stages"])
+
+
+# --------------------------------------------------------------------------- bench/gpu.py's scale checks, on the CPU
+@pytest.fixture(scope="module")
+def gpu_bench():
+    return _load("gpu")
+
+
+def test_estimate_suite_schedules_cells_on_the_first_free_gpu(gpu_bench):
+    est = gpu_bench.estimate_suite
+    cells = {"a": 10.0, "b": 30.0}
+    assert est(cells, checkpoints=2) == 80.0                      # one GPU: the sum
+    assert est(cells, checkpoints=2, gpus=2) == 40.0              # a a | b b -> 10+30, 10+30
+    assert est(cells, checkpoints=2, gpus=4) == 30.0              # never below the longest cell
+    # a a a b b b on two GPUs: [10, 10] -> [20, 10] -> [20, 45] -> [55, 45] -> [55, 80]
+    assert est(cells, checkpoints=3, gpus=2, load_seconds={"b": 5.0}) == 80.0
+    total = est({"x": 7.0, "y": 3.0, "z": 11.0}, checkpoints=20, gpus=3)
+    assert 20 * 21 / 3 <= total <= 20 * 21 / 3 + 11.0             # between the average load and it plus one cell
+    with pytest.raises(ValueError, match="gpus"):
+        est(cells, gpus=0)
+    with pytest.raises(ValueError, match="cell_seconds"):
+        est({"a": float("nan")})
+
+
+def test_gpu_script_starts_cleanly_and_plans_the_6_9b_cell():
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--dry-run", "--device", "cuda"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "scale cell at 6.9b" in done.stdout and "1.4b" in done.stdout and "20 checkpoints" in done.stdout
+
+
+def test_gpu_scale_cell_runs_on_the_cpu(gpu_bench):
+    result = gpu_bench.scale_cell("smoke-a", "cpu", gpu_bench.SCALE_SMOKE, ccr=None)
+    assert result["rows_ok"] == "ok" and result["ccr"] == [0, 1, 5, 10]   # the preset's CCRs
+    assert result["device"] == "cpu" and result["dtype"] == "bfloat16"
+    assert "gpu_peak" not in result["stages"]["metrics"]
