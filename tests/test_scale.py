@@ -309,3 +309,12 @@ def test_gpu_scale_cell_runs_on_the_cpu(gpu_bench):
     assert result["rows_ok"] == "ok" and result["ccr"] == [0, 1, 5, 10]   # the preset's CCRs
     assert result["device"] == "cpu" and result["dtype"] == "bfloat16"
     assert "gpu_peak" not in result["stages"]["metrics"]
+
+
+def test_non_finite_unembedding_is_named_and_counted_block_by_block():
+    w = torch.randn(8, 50)
+    w[0, 3], w[2, 40], w[5, 41] = float("nan"), float("inf"), -float("inf")
+    with pytest.raises(ValueError, match="W_U contains 1 NaN and 2 infinite values"):
+        readout_basis(w, 3)
+    with pytest.raises(ValueError, match="W contains 1 NaN and 2 infinite values"):
+        gram_matrix(w, block=7)

@@ -29,7 +29,7 @@ _GRAM_BLOCK = 4096
 
 
 def _check_w_u(w_u: object) -> torch.Tensor:
-    w_u = check_float_matrix(w_u, "W_U")
+    w_u = check_float_matrix(w_u, "W_U", finite=False)  # checked block by block in gram_matrix
     d, v = w_u.shape
     if v < d:
         raise ValueError(
@@ -44,7 +44,8 @@ def gram_matrix(w: Float[torch.Tensor, "d V"], *, block: int = _GRAM_BLOCK) -> F
 
     Only one ``[d, block]`` float64 block exists at a time, so a bf16 ``[d, 50k]``
     unembedding never gets a float64 (or float32) copy of itself. Equal to
-    ``W.double() @ W.double().T`` up to the order of the float64 sums.
+    ``W.double() @ W.double().T`` up to the order of the float64 sums. NaN or
+    infinite entries raise ``ValueError`` (counted block by block, too).
 
     Example:
         >>> import torch
@@ -52,13 +53,24 @@ def gram_matrix(w: Float[torch.Tensor, "d V"], *, block: int = _GRAM_BLOCK) -> F
         >>> torch.allclose(gram_matrix(w, block=4), w @ w.T)
         True
     """
-    w = check_float_matrix(w, "W", finite=False)
-    block = check_int(block, "block", low=1)
+    return _gram(check_float_matrix(w, "W", finite=False), check_int(block, "block", low=1), "W")
+
+
+def _gram(w: torch.Tensor, block: int, name: str) -> torch.Tensor:
+    """The blockwise Gram matrix; NaN/inf entries, counted block by block, raise ``ValueError`` naming ``name``."""
     d = w.shape[0]
     gram = torch.zeros(d, d, dtype=torch.float64, device=w.device)
+    n_nan = n_inf = 0
     for start in range(0, w.shape[1], block):
         part = w[:, start : start + block].to(torch.float64)
+        finite = torch.isfinite(part)
+        if not bool(finite.all()):
+            nan = int(torch.isnan(part).sum())
+            n_nan, n_inf = n_nan + nan, n_inf + int((~finite).sum()) - nan
+            continue
         gram.addmm_(part, part.T)
+    if n_nan or n_inf:
+        raise ValueError(f"{name} contains {n_nan} NaN and {n_inf} infinite values; geometry is undefined")
     return gram
 
 
@@ -76,7 +88,7 @@ def readout_spectrum(
     See docs/methods.md §A.1.
     """
     w_u = _check_w_u(w_u)
-    eigvals, eigvecs = torch.linalg.eigh(gram_matrix(w_u))
+    eigvals, eigvecs = torch.linalg.eigh(_gram(w_u, _GRAM_BLOCK, "W_U"))
     order = torch.argsort(eigvals, descending=True)
     singular = eigvals[order].clamp_min(0).sqrt()
     return singular, eigvecs[:, order]
@@ -97,7 +109,7 @@ def readout_basis(w_u: Float[torch.Tensor, "d V"], k: int) -> Float[torch.Tensor
         >>> readout_basis(w_u, 2).abs().argmax(dim=0).tolist()
         [0, 1]
     """
-    w_u = check_float_matrix(w_u, "W_U")
+    w_u = check_float_matrix(w_u, "W_U", finite=False)  # NaN/inf raise in readout_spectrum, block by block
     d = w_u.shape[0]
     k = check_int(k, "k", low=1)
     if k >= d:
