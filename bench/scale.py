@@ -74,7 +74,7 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("1b", 2048, 16, 8, 8192),
     Shape("1.4b", 2048, 24, 16, 8192),
     Shape("2.8b", 2560, 32, 32, 10240),
-    Shape("6.9b", 4096, 32, 32, 16384),
+    Shape("6.9b", 4096, 32, 32, 16384, vocab=50432),   # its published config pads the vocabulary to 50432
 )}
 DEFAULT_SIZES = ("160m", "410m", "1b", "2.8b", "6.9b")
 

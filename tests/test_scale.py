@@ -47,6 +47,11 @@ def test_pythia_160m_shape_has_the_published_parameter_count(scale):
     assert n - embeddings == 85_056_000
 
 
+# The Pythia paper's parameter counts (embeddings included).
+PUBLISHED = {"70m": 70_426_624, "160m": 162_322_944, "410m": 405_334_016, "1b": 1_011_781_632,
+             "1.4b": 1_414_647_808, "2.8b": 2_775_208_960, "6.9b": 6_857_302_016}
+
+
 @pytest.mark.parametrize("size", ["70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b"])
 def test_every_shape_builds_its_configuration(scale, size):
     shape = scale.SHAPES[size]
@@ -54,12 +59,13 @@ def test_every_shape_builds_its_configuration(scale, size):
     cfg = model.config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size) == (
         shape.hidden, shape.layers, shape.heads, shape.intermediate)
-    assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.use_parallel_residual) == (50304, 2048, True)
+    assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.use_parallel_residual) == (shape.vocab, 2048, True)
+    assert shape.vocab == (50432 if size == "6.9b" else 50304)
     assert cfg.rope_parameters.get("partial_rotary_factor", getattr(cfg, "rotary_pct", None)) == 0.25
     assert not cfg.tie_word_embeddings
-    assert sum(p.numel() for p in model.parameters()) == shape.n_params()
+    assert sum(p.numel() for p in model.parameters()) == shape.n_params() == PUBLISHED[size]
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert model.get_output_embeddings().weight.shape == (50304, shape.hidden)
+    assert model.get_output_embeddings().weight.shape == (shape.vocab, shape.hidden)
     assert len(model.gpt_neox.layers) == shape.layers
 
 
