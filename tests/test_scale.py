@@ -324,3 +324,82 @@ def test_non_finite_unembedding_is_named_and_counted_block_by_block():
         readout_basis(w, 3)
     with pytest.raises(ValueError, match="W contains 1 NaN and 2 infinite values"):
         gram_matrix(w, block=7)
+
+
+# --------------------------------------------------------------------------- weight spectra of W_U, block by block
+from geolens.metrics.spectral import spectral_summary, spectral_summary_blocks  # noqa: E402
+
+KEYS = ("effective_rank", "rankme", "alpha_req", "alpha_req_r2", "isotropy", "log_isotropy", "mean_cosine",
+        "cosine_std", "condition_number", "numerical_rank")
+
+
+def _tall(n=3000, d=24, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64) * torch.linspace(2.0, 0.05, d, dtype=torch.float64)
+    return (x + 0.3 * torch.randn(d, generator=g, dtype=torch.float64)).to(dtype)   # an offset, as W_U rows have
+
+
+@pytest.mark.parametrize("centre", [False, True])
+@pytest.mark.parametrize("block", [1000, 7, 5000])
+def test_blockwise_summary_equals_the_svd_summary_in_float64(centre, block):
+    x = _tall()
+    before = x.clone()
+    a = spectral_summary_blocks(x, centre, alpha_fit_range=(2, 20), block=block)
+    assert torch.equal(x, before)   # the input is not touched
+    b = spectral_summary(x, centre, alpha_fit_range=(2, 20))
+    assert set(a) == set(b) == set(KEYS)
+    for key in KEYS:
+        assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), key
+
+
+def test_blockwise_summary_of_bf16_and_float32_matches_to_float32_rounding():
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _tall(dtype=dtype)
+        a = spectral_summary_blocks(x, False, alpha_fit_range=(2, 20), block=512)
+        b = spectral_summary(x, False, alpha_fit_range=(2, 20))
+        for key in KEYS:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (dtype, key)
+
+
+def test_blockwise_summary_planted_spectrum():
+    """Orthogonal columns scaled by known singular values: the values, ranks and alpha are known."""
+    n, d = 4000, 16
+    q, _ = torch.linalg.qr(torch.randn(n, d, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
+    s = torch.arange(1, d + 1, dtype=torch.float64) ** -1.0   # lambda_i = s_i^2 / N ~ i^-2: alpha = 2
+    out = spectral_summary_blocks(q * s, False, alpha_fit_range=(0, d), block=333)
+    assert out["alpha_req"] == pytest.approx(2.0, abs=1e-9) and out["alpha_req_r2"] == pytest.approx(1.0, abs=1e-9)
+    p = s / s.sum()
+    assert out["effective_rank"] == pytest.approx(float(torch.exp(-(p * p.log()).sum())), rel=1e-9)
+    assert out["condition_number"] == pytest.approx(float(d), rel=1e-9) and out["numerical_rank"] == d
+
+
+def test_blockwise_summary_rejects_bad_input():
+    with pytest.raises(ValueError, match="at least as many rows"):
+        spectral_summary_blocks(torch.randn(3, 5))
+    with pytest.raises(ValueError, match="numerically constant"):
+        spectral_summary_blocks(torch.ones(50, 3), True)
+    with pytest.raises(ValueError, match="zero norm"):
+        spectral_summary_blocks(torch.cat([torch.zeros(1, 3), torch.randn(40, 3)]), False, alpha_fit_range=(0, 3))
+    with pytest.raises(ValueError, match="NaN"):
+        spectral_summary_blocks(torch.full((10, 2), float("nan")))
+
+
+def test_weight_geometry_uses_the_blockwise_path_for_vocabulary_sized_matrices(scale, tokenizer, monkeypatch):
+    """A [V, d] unembedding of a real vocabulary goes block by block, with the SVD path's numbers."""
+    import importlib
+
+    spectrum_module = importlib.import_module("geolens.analyses.spectrum")   # the package exports a function too
+
+    bridge = _boot(scale.build_neox(scale.Shape("v", 64, 1, 4, 128, vocab=70_000), dtype=torch.float32, seed=8),
+                   tokenizer)
+    used = []
+    real = spectrum_module.spectral_summary_blocks
+    monkeypatch.setattr(spectrum_module, "spectral_summary_blocks", lambda *a, **k: used.append(1) or real(*a, **k))
+    res = spectrum_module.weight_geometry(bridge, alpha_fit_range=(5, 60), progress=False)
+    assert len(used) == 3
+    w_u = bridge.W_U.detach().T
+    ref = spectral_summary(w_u, False, alpha_fit_range=(5, 60))
+    row = res.rows[0]
+    assert row["matrix"] == "W_U raw"
+    for key in KEYS:
+        assert row[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from geolens._validation import DEFAULT_N_TOKENS
 from geolens.capture import States, capture
 from geolens.sites import RESIDUAL_SITE
-from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary
+from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary, spectral_summary_blocks
 from geolens.model import ModelAdapter, as_adapter
 from geolens import plotting
 from geolens.results import Result
@@ -208,6 +208,16 @@ def _spectrum_of_states(
 
 
 # ---------------------------------------------------------------- weights
+def _blockwise(matrix: torch.Tensor) -> bool:
+    """A vocabulary-sized ``[V, d]`` matrix is measured from its ``d x d`` Gram matrix, block by block.
+
+    Its SVD would hold a float32 copy, ``[V, d]`` singular vectors and float64 copies for the cosines:
+    several times the matrix, next to the model's weights. Small matrices keep the SVD.
+    """
+    rows, cols = matrix.shape
+    return rows >= 8 * cols and rows * cols >= 1 << 22
+
+
 def _weight_matrices(adapter: ModelAdapter) -> dict[str, torch.Tensor]:
     return {
         "W_U raw": adapter.unembed_matrix("raw").T,        # [V, d]: row v = the readout vector of token v
@@ -246,7 +256,8 @@ def weight_geometry(
     rows = []
     for name, matrix in tqdm(matrices.items(), desc="weights", disable=not progress, leave=False):
         try:
-            metrics = spectral_summary(matrix, centre=centre, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps)
+            summary = spectral_summary_blocks if _blockwise(matrix) else spectral_summary
+            metrics = summary(matrix, centre=centre, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps)
         except ValueError as err:
             raise ValueError(f"{name}: {err}") from err
         rows.append({"matrix": name, "rows": int(matrix.shape[0]), "cols": int(matrix.shape[1]), **metrics})
