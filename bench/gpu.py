@@ -1,4 +1,4 @@
-"""One prepared GPU check: run it once on a machine with a CUDA GPU; under 5 minutes on one GPU.
+"""One prepared GPU check: run it once on a machine with a CUDA GPU; under 10 minutes on one GPU.
 
 Checks, in order (each one timed; a failure is reported and the others still run):
   1. exact PGA on CUDA equals the CPU result to 1e-6 (every rho; N = 1024, d = 256, k = 32, R = 20,
@@ -13,7 +13,13 @@ Checks, in order (each one timed; a failure is reported and the others still run
      to another device (CUDA activation into a CPU buffer and back), values equal;
   5. one minute of tuned-lens training on the bf16 model (fp32 translators), with its lens tokens/s;
   6. the fast lens (``fit_tuned_lens``: closed form, then the KL refinement) on the bf16 model for 30 s,
-     with its refinement steps per second and held-out KL before and after.
+     with its refinement steps per second and held-out KL before and after;
+  7. the study cell of ``bench/scale.py`` on a GPT-NeoX of the Pythia-6.9B shape in bf16 (built on the GPU,
+     random weights; PGA at CCR 1 and 5 with N = 1024, k = 100, R = 100, and spectra of every layer): time and
+     peak GPU memory (``torch.cuda.max_memory_allocated``) per stage (build/boot, capture, metrics);
+  8. the Pythia preset's cell (``examples/studies/pythia_suite.toml``: CCR 0, 1, 5, 10) timed at each of its
+     seven shapes, and from those times the estimated wall time of the whole preset (7 sizes x 20 checkpoints)
+     on one GPU and on N GPUs with Ray (:func:`estimate_suite`).
 It ends with ONE line, ``GPU CHECK: pass ...`` or ``GPU CHECK: FAIL ...`` with the key numbers, and
 exits 1 if a check failed.
 
@@ -22,6 +28,8 @@ and the CUDA-only comparisons say that they were skipped; the test suite runs ``
 
 Run:  python bench/gpu.py            # on a GPU machine, after the README's set-up with a CUDA torch
       python bench/gpu.py --smoke    # CPU smoke test (seconds)
+      python bench/gpu.py --only scale   # checks 7 and 8 alone
+      python bench/gpu.py --dry-run  # print the plan and exit
 """
 
 from __future__ import annotations
@@ -48,6 +56,12 @@ from geolens.lens import fit_tuned_lens, train_tuned_lens  # noqa: E402
 from geolens.metrics import random_subspaces, readout_basis, subspace_pga  # noqa: E402
 from geolens.model import as_adapter, boot_bridge  # noqa: E402
 
+# Checks 7 and 8: the shapes the scale cell runs at (names of bench/scale.py's SHAPES, or tiny stand-ins).
+SCALE_FULL = dict(cell_shape="6.9b", suite_shapes=("70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b"), n_tokens=1024,
+                  k=100, n_null=100, n_texts=None)
+SCALE_SMOKE = dict(cell_shape="smoke-b", suite_shapes=("smoke-a", "smoke-b"), n_tokens=120, k=6, n_null=8, n_texts=3)
+SUITE_CHECKPOINTS = 20
+SUITE_GPUS = (1, 2, 4, 8, 16)
 FULL = dict(eq_n=1024, eq_d=256, eq_k=32, eq_r=20, pga_sizes=(4096, 8192), pga_d=1024, pga_k=100, pga_r=100,
             n_pairs=500_000, layers=24, d_model=1024, heads=16, vocab=50_304, n_tokens=4096, seq_len=128,
             batch_size=16, lens_seconds=60.0, lens_tokens_per_step=2048, fit_seconds=30.0)
@@ -248,6 +262,116 @@ def check_fit_lens(cfg, device, model, report):
                  f"{info['steps']} steps, KL {before} -> {after}")
 
 
+# ---------------------------------------------------------------- the scale cell and the suite estimate
+def _scale_module():
+    import importlib.util
+
+    name = "geolens_bench_scale"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "scale.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _scale_shape(name: str):
+    scale = _scale_module()
+    if name in scale.SHAPES:
+        return scale.SHAPES[name]
+    tiny = {"smoke-a": (32, 2, 4, 128), "smoke-b": (64, 3, 4, 256)}[name]
+    return scale.Shape(name, *tiny, vocab=3000)
+
+
+def scale_cell(shape_name: str, device, scfg, ccr=(1, 5)) -> dict:
+    """One study cell (bench/scale.py's ``run_size``) at ``shape_name`` on ``device`` in bf16: seconds and peaks per stage."""
+    import gc
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _scale_module().run_size(_scale_shape(shape_name), ccr=ccr, n_tokens=scfg["n_tokens"], k=scfg["k"],
+                                            n_null=scfg["n_null"], n_texts=scfg["n_texts"], device=str(device))
+    finally:  # one model on the GPU at a time, as a study worker holds it
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def estimate_suite(cell_seconds: dict, *, checkpoints: int = SUITE_CHECKPOINTS, gpus: int = 1,
+                   load_seconds: dict | None = None) -> float:
+    """Wall time of a suite of ``len(cell_seconds) x checkpoints`` cells on ``gpus`` GPUs, one cell per GPU at a time.
+
+    Cells are taken in the study's order (size by size, checkpoints in order) and each goes to the GPU
+    that frees first, as Ray dispatches the study's tasks (one GPU each) when a GPU frees. A cell takes
+    ``cell_seconds[size]`` plus ``load_seconds[size]`` (reading that checkpoint's weights; 0 if not given).
+
+    >>> estimate_suite({"a": 10.0, "b": 30.0}, checkpoints=2), estimate_suite({"a": 10.0, "b": 30.0}, checkpoints=2, gpus=2)
+    (80.0, 40.0)
+    """
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ValueError(f"gpus must be a positive int, got {gpus!r}")
+    if not isinstance(checkpoints, int) or isinstance(checkpoints, bool) or checkpoints < 1:
+        raise ValueError(f"checkpoints must be a positive int, got {checkpoints!r}")
+    load_seconds = load_seconds or {}
+    free = [0.0] * gpus
+    for size, seconds in cell_seconds.items():
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"cell_seconds[{size!r}] must be a finite number >= 0, got {seconds!r}")
+        for _ in range(checkpoints):
+            gpu = min(range(gpus), key=free.__getitem__)
+            free[gpu] += float(seconds) + float(load_seconds.get(size, 0.0))
+    return max(free)
+
+
+def _hms(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def check_scale_cell(scfg, device, report):
+    result = scale_cell(scfg["cell_shape"], device, scfg)
+    gib = 1024**3
+    parts = []
+    for stage in ("build", "capture", "metrics"):
+        st = result["stages"][stage]
+        gpu = f", GPU peak {st['gpu_peak'] / gib:.2f} GiB" if "gpu_peak" in st else ""
+        parts.append(f"{stage} {st['seconds']:.1f} s{gpu}")
+        report.number(f"{scfg['cell_shape']} {stage} s", f"{st['seconds']:.1f}")
+    gpu_peak = max(st.get("gpu_peak", 0) for st in result["stages"].values())
+    print(f"    {scfg['cell_shape']} shape, bf16 weights {result['weights_bytes'] / gib:.2f} GiB: " + ", ".join(parts)
+          + f"; host peak RSS {result['peak_bytes'] / gib:.2f} GiB")
+    if gpu_peak:
+        report.number(f"{scfg['cell_shape']} GPU peak GiB", f"{gpu_peak / gib:.2f}")
+    report.check(f"the {scfg['cell_shape']}-shaped cell: every layer, finite values", result["rows_ok"] == "ok",
+                 result["rows_ok"])
+
+
+def check_suite_estimate(scfg, device, report):
+    gib = 1024**3
+    seconds, weights = {}, {}
+    for name in scfg["suite_shapes"]:
+        result = scale_cell(name, device, scfg, ccr=None)   # the preset's CCRs
+        seconds[name] = result["stages"]["capture"]["seconds"] + result["stages"]["metrics"]["seconds"]
+        weights[name] = result["weights_bytes"]
+        print(f"    {name}: capture {result['stages']['capture']['seconds']:.1f} s + metrics "
+              f"{result['stages']['metrics']['seconds']:.1f} s (build {result['stages']['build']['seconds']:.1f} s, "
+              f"not counted), rows {result['rows_ok']}")
+        report.check(f"preset cell at the {name} shape", result["rows_ok"] == "ok", result["rows_ok"])
+    gbps = scfg.get("load_gbps", 1.0)
+    # A real cell also reads its checkpoint (float32 in the preset: twice the bf16 bytes) from local disk.
+    load = {name: 2 * weights[name] / (gbps * 1e9) for name in seconds}
+    print(f"    estimate: each of the {len(seconds)} sizes x {SUITE_CHECKPOINTS} checkpoints takes its measured capture "
+          f"+ metrics time, plus reading its float32 checkpoint at {gbps:g} GB/s (download not counted); cells "
+          f"dispatched in the study's order to the first free GPU (estimate_suite)")
+    for gpus in SUITE_GPUS:
+        total = estimate_suite(seconds, gpus=gpus, load_seconds=load)
+        print(f"    {gpus:>2} GPU{'s' if gpus > 1 else ' '}{' (Ray)' if gpus > 1 else '      '}: {_hms(total)}")
+        report.number(f"suite {gpus} GPU", _hms(total))
+    report.check("suite estimate is finite and falls with more GPUs",
+                 estimate_suite(seconds, gpus=1, load_seconds=load) >= estimate_suite(seconds, gpus=2, load_seconds=load)
+                 > 0, str(seconds))
+
+
 # ---------------------------------------------------------------- bookkeeping
 class Report:
     def __init__(self) -> None:
@@ -287,11 +411,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (seconds)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else the CPU smoke run")
+    parser.add_argument("--only", choices=("all", "checks", "scale"), default="all",
+                        help="checks 1-6, the scale checks 7-8, or all (default)")
+    parser.add_argument("--load-gbps", type=float, default=1.0,
+                        help="disk read rate the suite estimate assumes for loading a checkpoint (GB/s, default 1)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (device, sizes, checks) and exit")
     args = parser.parse_args()
     started = time.perf_counter()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
     smoke = args.smoke or device.type != "cuda"
     cfg = SMOKE if smoke else FULL
+    scfg = dict(SCALE_SMOKE if smoke else SCALE_FULL, load_gbps=args.load_gbps)
+    if args.dry_run:
+        print(f"plan: device {device}, {'smoke' if smoke else 'full'} sizes, checks {args.only}; scale cell at "
+              f"{scfg['cell_shape']}, suite estimate from {', '.join(scfg['suite_shapes'])} x {SUITE_CHECKPOINTS} "
+              f"checkpoints on {', '.join(map(str, SUITE_GPUS))} GPUs")
+        return 0
     torch.backends.cuda.matmul.allow_tf32 = False  # exact float32 products: the CUDA = CPU check needs them
     torch.set_float32_matmul_precision("highest")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -300,6 +435,17 @@ def main() -> int:
     if device.type != "cuda":
         print("no CUDA device in use: CUDA-only comparisons are skipped; every other check runs at smoke sizes")
     report = Report()
+    if args.only in ("all", "checks"):
+        run_checks(cfg, device, report)
+    if args.only in ("all", "scale"):
+        report.run(f"the study cell at the {scfg['cell_shape']} shape (bf16)", check_scale_cell, scfg, device, report)
+        report.run("the Pythia preset's time, estimated from its cell at each shape", check_suite_estimate, scfg,
+                   device, report)
+    return _verdict(report, name, smoke, started)
+
+
+def run_checks(cfg, device, report) -> None:
+    """Checks 1-6."""
     report.run("exact and approximate PGA: CUDA against the CPU", check_cuda_equals_cpu, cfg, device, report)
     report.run(f"PGA time per layer (d={cfg['pga_d']}, k={cfg['pga_k']}, R={cfg['pga_r']})", check_pga_times, cfg,
                device, report)
@@ -314,6 +460,9 @@ def main() -> int:
                        models["bf16"], report)
             report.run(f"fast lens (fit_tuned_lens) for {cfg['fit_seconds']:.0f} s (bf16 model)", check_fit_lens, cfg,
                        device, models["bf16"], report)
+
+
+def _verdict(report, name, smoke, started) -> int:
     seconds = time.perf_counter() - started
     numbers = " | ".join(f"{k} {v}" for k, v in report.numbers.items())
     skipped = f" | skipped: {', '.join(report.skipped)}" if report.skipped else ""

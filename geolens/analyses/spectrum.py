@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from geolens._validation import DEFAULT_N_TOKENS
 from geolens.capture import States, capture
 from geolens.sites import RESIDUAL_SITE
-from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary
+from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary, spectral_summary_blocks
 from geolens.model import ModelAdapter, as_adapter
 from geolens import plotting
 from geolens.results import Result
@@ -193,8 +193,9 @@ def _summaries(matrices: dict[Any, torch.Tensor], *, centre: bool, fit_range: tu
     out, cut = {}, []
     for key, matrix in tqdm(matrices.items(), desc=desc, disable=not progress, leave=False):
         try:
-            metrics = spectral_summary(matrix, centre=centre, alpha_fit_range=fit_range, rtol=rtol, eps=eps,
-                                       clip_fit_range=clip)
+            summary = spectral_summary_blocks if _blockwise(matrix) else spectral_summary
+            metrics = summary(matrix, centre=centre, alpha_fit_range=fit_range, rtol=rtol, eps=eps,
+                              clip_fit_range=clip)
         except ValueError as err:
             raise ValueError(f"{describe(key)}: {err}") from err
         if clip and (metrics["alpha_fit_start"], metrics["alpha_fit_stop"]) != tuple(fit_range):
@@ -236,6 +237,16 @@ def _spectrum_of_states(
 
 
 # ---------------------------------------------------------------- weights
+def _blockwise(matrix: torch.Tensor) -> bool:
+    """A vocabulary-sized ``[V, d]`` matrix is measured from its ``d x d`` Gram matrix, block by block.
+
+    Its SVD would hold a float32 copy, ``[V, d]`` singular vectors and float64 copies for the cosines:
+    several times the matrix, next to the model's weights. Small matrices keep the SVD.
+    """
+    rows, cols = matrix.shape
+    return rows >= 8 * cols and rows * cols >= 1 << 22
+
+
 def _weight_matrices(adapter: ModelAdapter) -> dict[str, torch.Tensor]:
     return {
         "W_U raw": adapter.unembed_matrix("raw").T,        # [V, d]: row v = the readout vector of token v

@@ -79,6 +79,7 @@ __all__ = [
     "numerical_rank",
     "rankme",
     "spectral_summary",
+    "spectral_summary_blocks",
     "spectrum_of",
 ]
 
@@ -456,6 +457,116 @@ def spectral_summary(
         "log_isotropy": log_iso,
         "mean_cosine": cos_mean,
         "cosine_std": cos_std,
+        "condition_number": _condition_number(sp, rtol),
+        "numerical_rank": _numerical_rank(sp, rtol),
+        **used,
+    }
+
+
+# Rows per float64 block of spectral_summary_blocks: block x d x 8 bytes at a time.
+_ROW_BLOCK = 4096
+
+
+def spectral_summary_blocks(
+    x: Float[torch.Tensor, "N d"],
+    centre: bool = True,
+    *,
+    alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,
+    rtol: float | None = None,
+    eps: float = RANKME_EPS,
+    block: int = _ROW_BLOCK,
+    clip_fit_range: bool = False,
+) -> dict[str, float]:
+    """:func:`spectral_summary` of a tall ``[N, d]`` matrix (``N >= d``) from its ``d x d`` Gram matrix, block by block.
+
+    For a weight matrix such as ``W_U.T`` (``[50k, 4k]``) the SVD path holds a
+    float32 copy, its ``[N, d]`` left singular vectors and float64 copies for the
+    cosines: several times the matrix. Here rows are read ``block`` at a time in
+    float64: the singular values are the square roots of the eigenvalues of
+    ``X^T X`` (``eigh``, float64), the isotropy's scores ``X v_j`` and the cosines'
+    sums are accumulated per block (two passes). Same keys and conventions as
+    :func:`spectral_summary` (``clip_fit_range`` too); the numerical rank's default tolerance uses the
+    input's working dtype, as there. Equal to it to the float32 SVD's rounding.
+
+    See docs/methods.md §B.1 and §B.8.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(3000, 16, generator=torch.Generator().manual_seed(0))
+        >>> a = spectral_summary_blocks(x, alpha_fit_range=(2, 12), block=500)
+        >>> b = spectral_summary(x, alpha_fit_range=(2, 12))
+        >>> abs(a["effective_rank"] - b["effective_rank"]) < 1e-4, abs(a["log_isotropy"] - b["log_isotropy"]) < 1e-4
+        (True, True)
+    """
+    from geolens._validation import check_int
+
+    x = check_float_matrix(x, "X", min_rows=2)
+    block = check_int(block, "block", low=1)
+    n, d = x.shape
+    if n < d:
+        raise ValueError(f"X must have at least as many rows as columns (N >= d), got shape {tuple(x.shape)}; "
+                         "use spectral_summary")
+    f64 = torch.float64
+    blocks = [(start, min(start + block, n)) for start in range(0, n, block)]
+    mean = torch.zeros(d, dtype=f64, device=x.device)
+    if centre:
+        for a, b in blocks:
+            mean += x[a:b].to(f64).sum(dim=0)
+        mean /= n
+    gram = torch.zeros(d, d, dtype=f64, device=x.device)
+    unit_sum = torch.zeros(d, dtype=f64, device=x.device)
+    unit_gram = torch.zeros(d, d, dtype=f64, device=x.device)
+    raw_sq = 0.0
+    n_zero = 0
+    for a, b in blocks:
+        rows = x[a:b].to(f64)
+        raw_sq += float(rows.square().sum())
+        rows = rows - mean  # not in place: for float64 input the block is a view of x
+        gram.addmm_(rows.T, rows)
+        norms = rows.norm(dim=1)
+        zero = norms <= torch.finfo(f64).tiny
+        n_zero += int(zero.sum())
+        unit = rows / norms.clamp_min(torch.finfo(f64).tiny).unsqueeze(1)
+        unit_sum += unit.sum(dim=0)
+        unit_gram.addmm_(unit.T, unit)
+    if centre:  # the spread check of _prepare, from the two Frobenius norms
+        check_spread(torch.tensor([[raw_sq ** 0.5]]), torch.tensor([[float(gram.trace().clamp_min(0)) ** 0.5]]),
+                     dtype=x.dtype, what="the rows of X")
+    eigvals, eigvecs = torch.linalg.eigh(gram)
+    order = torch.argsort(eigvals, descending=True)
+    s, right = eigvals[order].clamp_min(0).sqrt(), eigvecs[:, order]
+    if not bool(s[0] > 0):
+        raise ValueError(f"X is all zeros{' after centring (every row is the same)' if centre else ''}; "
+                         "its spectrum is undefined")
+    sp = Spectrum(s=s, u=None, n_rows=n, n_cols=d, dtype=working_dtype(x), centred=centre)
+    if clip_fit_range:
+        alpha, r2, fit_start, fit_stop = _alpha_req_within_rank(sp, alpha_fit_range, rtol)
+    else:
+        alpha, r2 = _alpha_req(sp, alpha_fit_range, rtol)
+    log_pos = torch.full((d,), -math.inf, dtype=f64, device=x.device)
+    log_neg = log_pos.clone()
+    for a, b in blocks:  # the isotropy's log Z(+-v_j) = logsumexp over rows of +-(x_i - mean) . v_j
+        scores = (x[a:b].to(f64) - mean) @ right
+        log_pos = torch.logaddexp(log_pos, torch.logsumexp(scores, dim=0))
+        log_neg = torch.logaddexp(log_neg, torch.logsumexp(-scores, dim=0))
+    log_z = torch.cat([log_pos, log_neg])
+    log_iso = float(log_z.min() - log_z.max())
+    if n_zero:
+        raise ValueError(f"{n_zero} rows have zero norm{' after centring' if centre else ''}; "
+                         "their cosine similarity is undefined")
+    pairs = n * (n - 1)
+    cos_mean = (unit_sum.square().sum() - n) / pairs
+    cos_var = ((unit_gram.square().sum() - n) / pairs - cos_mean.square()).clamp_min(0.0)
+    used = {"alpha_fit_start": fit_start, "alpha_fit_stop": fit_stop} if clip_fit_range else {}
+    return {
+        "effective_rank": _effective_rank(sp),
+        "rankme": _rankme(sp, eps),
+        "alpha_req": alpha,
+        "alpha_req_r2": r2,
+        "isotropy": math.exp(log_iso),
+        "log_isotropy": log_iso,
+        "mean_cosine": float(cos_mean),
+        "cosine_std": float(cos_var.sqrt()),
         "condition_number": _condition_number(sp, rtol),
         "numerical_rank": _numerical_rank(sp, rtol),
         **used,
