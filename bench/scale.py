@@ -291,13 +291,17 @@ def run_size(shape: Shape, *, ccr=(1, 5), n_tokens: int = 1024, k: int = 100, n_
     baseline = current_rss()
     cells.capture = timed_capture
     try:
-        rows, info = cells.compute_cell(cell)
+        info = cells.compute_cell(cell)
     finally:
         cells.capture = plain_capture
     end("metrics")
     meter.close()
     tmp.cleanup()
     n_layers = info["n_layers"]
+    failed = {name: o["error"] for name, o in info["analyses"].items() if not o["ok"]}
+    if failed:
+        raise RuntimeError(f"the scale cell's analyses failed: {failed}")
+    rows = [row for outcome in info["analyses"].values() for row in outcome["rows"]]
     check = check_rows(rows, n_layers, ccr)
     peak = max(s["peak"] for s in stages.values())
     return {"size": shape.name, "hidden": shape.hidden, "layers": n_layers, "params": record["params"],

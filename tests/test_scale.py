@@ -352,6 +352,18 @@ def test_blockwise_summary_equals_the_svd_summary_in_float64(centre, block):
         assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), key
 
 
+def test_blockwise_summary_cuts_the_fit_range_to_the_rank_as_the_svd_summary_does():
+    """A tall matrix of rank 6: the default-style range (2, 20) is cut to the rank on both paths alike."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3000, 6, generator=g, dtype=torch.float64) @ torch.randn(6, 24, generator=g, dtype=torch.float64)
+    a = spectral_summary_blocks(x, True, alpha_fit_range=(2, 20), block=700, clip_fit_range=True)
+    b = spectral_summary(x, True, alpha_fit_range=(2, 20), clip_fit_range=True)
+    assert (a["alpha_fit_start"], a["alpha_fit_stop"]) == (b["alpha_fit_start"], b["alpha_fit_stop"])
+    assert a["alpha_fit_stop"] <= 6
+    for key in KEYS:
+        assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9, nan_ok=True), key
+
+
 def test_blockwise_summary_of_bf16_and_float32_matches_to_float32_rounding():
     for dtype in (torch.float32, torch.bfloat16):
         x = _tall(dtype=dtype)

@@ -535,6 +535,9 @@ def spectral_summary_blocks(
     eigvals, eigvecs = torch.linalg.eigh(gram)
     order = torch.argsort(eigvals, descending=True)
     s, right = eigvals[order].clamp_min(0).sqrt(), eigvecs[:, order]
+    # The Gram squares the spectrum, so float64 resolves singular values only down to about
+    # s_max * sqrt(d * eps); below that an eigenvalue is rounding, and its singular value is taken as 0.
+    s = torch.where(s > s[0] * math.sqrt(d * torch.finfo(f64).eps), s, torch.zeros_like(s))
     if not bool(s[0] > 0):
         raise ValueError(f"X is all zeros{' after centring (every row is the same)' if centre else ''}; "
                          "its spectrum is undefined")
