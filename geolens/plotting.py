@@ -24,7 +24,7 @@ __all__ = ["figure_html", "ablation_figure", "axis_title", "ccr_colour", "checkp
            "convergence_figure", "label", "lens_figure", "lens_history_figure", "metric_grid", "metric_key",
            "patch_figure", "pga_figure", "phase_width_figure", "phases_figure", "probe_figure", "series_colour",
            "site_label", "study_correlation_figure", "study_depth_figure", "study_training_figure", "updates_figure",
-           "weight_geometry_figure", "write_figures", "zoo_depth_figure", "zoo_training_figure", "CCR_COLOURS",
+           "weight_geometry_figure", "write_figures", "browser_path", "NO_BROWSER", "zoo_depth_figure", "zoo_training_figure", "CCR_COLOURS",
            "METRICS", "PALETTE", "SERIES_COLOURS", "SITES", "STATIC_FORMATS", "WIDTH", "HEIGHT"]
 
 _PLOTLYJS_SENT = False  # plotly.js goes into the first figure a Python process shows, once
@@ -94,10 +94,10 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "orthogonality": ("update orthogonality |cos(Δ_l, h_{l-1})|", "|cos| (0 = orthogonal)", ""),
     "update_norm": ("update norm ||Δ_l||", "||Δ_l|| (residual units)", ""),
     "relative_update_norm": ("relative update norm ||Δ_l|| / ||h_{l-1}||", "||Δ_l|| / ||h_{l-1}|| (ratio)", ""),
-    "ffn_mha_ratio": ("MLP / attention norm ratio", "norm ratio", "||mlp_out|| / ||attn_out||"),
+    "ffn_mha_ratio": ("MLP / attention norm ratio", "norm ratio", "||MLP out|| / ||attention out||"),
     "erank_states": ("effective rank of the states H_l", "effective rank (dimensions)", ""),
     "erank_updates": ("effective rank of the updates Δ_l", "effective rank (dimensions)", ""),
-    "kl": ("KL to the final distribution", "KL (nats)", "KL(p_final || p_l)"),
+    "kl": ("KL to the final distribution", "KL (nats)", "KL(p<sub>final</sub> ‖ p<sub>l</sub>)"),
     "ce": ("cross-entropy", "cross-entropy (nats)", ""),
     "accuracy_mean": ("probe accuracy", "held-out accuracy", ""),
     "p_value": ("p-value", "p-value", ""),
@@ -419,7 +419,7 @@ def convergence_figure(result, value: str = "rho_full") -> go.Figure:
                                  error_y=None if std is None else {"type": "data", "array": std, "color": colour}))
     _style(fig, _heading(f"Convergence by relative depth ({short})", None),
            f"{pair}; {measure}" + (f"; {details}" if details else "") + "; bars: ±1 sd of the random subspaces")
-    fig.update_xaxes(title_text=f"relative depth of {_short_model(model_a)} (layer / n_layers)")
+    fig.update_xaxes(title_text=f"relative depth of {_short_model(model_a)} (layer / number of layers)")
     fig.update_yaxes(title_text=measure)
     return fig
 
@@ -561,7 +561,7 @@ def zoo_depth_figure(result, metric: str = "pga.z", *, ccr: int | None = None, s
     when = "final step" if step is None else f"step {step}"
     _style(fig, _heading(f"{label(metric)} by relative depth"), f"one line per width; {when}{which}",
            legend_title="width")
-    fig.update_xaxes(title_text="relative depth (layer / n_layers)")
+    fig.update_xaxes(title_text="relative depth (layer / number of layers)")
     fig.update_yaxes(title_text=axis_title(metric))
     return fig
 
@@ -581,7 +581,7 @@ def study_depth_figure(part: pd.DataFrame, *, metric: str = "pga.z", checkpoint:
     when = "each model's last checkpoint" if checkpoint == "last" else f"checkpoint {checkpoint}"
     _style(fig, _heading(f"{label(metric)} by relative depth"), f"one line per model; {when}{which}",
            legend_title="model")
-    fig.update_xaxes(title_text="relative depth (layer / n_layers)")
+    fig.update_xaxes(title_text="relative depth (layer / number of layers)")
     fig.update_yaxes(title_text=axis_title(metric))
     return fig
 
@@ -610,7 +610,7 @@ def study_training_figure(curve: pd.DataFrame, *, metric: str = "pga.z") -> go.F
                                      marker_color=colours[str(model)], customdata=line[["checkpoint"]],
                                      hovertemplate="%{customdata[0]}<br>%{y:.3f}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(title_text="training step" if numeric else "checkpoint", row=1, col=col)
-        fig.update_yaxes(title_text=f"{axis_title(metric)}, band mean" if col == 1 else "", row=1, col=col)
+        fig.update_yaxes(title_text=f"{axis_title(metric)}, band mean", row=1, col=col)
     if metric == "pga.z":
         fig.add_hrect(y0=-_Z_BAND, y1=_Z_BAND, fillcolor="grey", opacity=0.15, line_width=0, row="all", col="all")
     _style(fig, _heading(f"{label(metric)} over training"), "one panel per band of relative depth, one line per model",
@@ -672,7 +672,7 @@ def phase_width_figure(widths: pd.DataFrame, slopes: pd.DataFrame) -> go.Figure:
     _style(fig, "Phase widths against depth",
            f"{found} of {widths['model'].nunique()} models with phases; dashed: least-squares line",
            legend_title="phase")
-    fig.update_xaxes(title_text="depth (n_layers)")
+    fig.update_xaxes(title_text="depth (number of layers)")
     fig.update_yaxes(title_text="phase width (layers)")
     return fig
 
@@ -712,7 +712,7 @@ def lens_figure(table, *, title: str = ""):
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Hit@k: final top-1 in the lens's top k",
-                                                        "KL(p_final || p_l)"), horizontal_spacing=0.12)
+                                                        "KL(p<sub>final</sub> ‖ p<sub>l</sub>)"), horizontal_spacing=0.12)
     hit_cols = [c for c in table.columns if c.startswith("hit@") and "/" not in c]
     dashes = ("solid", "dash", "dot", "dashdot")
     for kind, part in table.groupby("lens", sort=False):
@@ -758,7 +758,7 @@ _UPDATE_LABELS = {
     "orthogonality": "|cos(Δ_l, h_{l-1})|",
     "update_norm": "||Δ_l||",
     "relative_update_norm": "||Δ_l|| / ||h_{l-1}||",
-    "ffn_mha_ratio": "||mlp_out|| / ||attn_out||",
+    "ffn_mha_ratio": "||MLP out|| / ||attention out||",
     "erank_states": "effective rank of H_l",
     "erank_updates": "effective rank of Δ_l",
 }
@@ -801,6 +801,9 @@ def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str =
             fig.add_trace(trace, row=r, col=c)
         fig.update_xaxes(title_text=xaxis_title or label(x), row=r, col=c)
         fig.update_yaxes(title_text=axis_title(metric), row=r, col=c)
+    for index in range(len(metrics), rows * cols):  # empty cells of the last row: no axes drawn
+        fig.update_xaxes(visible=False, row=index // cols + 1, col=index % cols + 1)
+        fig.update_yaxes(visible=False, row=index // cols + 1, col=index % cols + 1)
     heading, params = _titled(title, "Metrics")
     _style(fig, heading, params, width=900 if cols == 3 else WIDTH, height=290 * rows + 80,
            legend=len(groups) > 1 and kind == "line")
@@ -818,9 +821,9 @@ def weight_geometry_figure(result, metrics: Sequence[str] | None = None) -> go.F
         ('effective rank (dimensions)', ['W_U raw', 'W_E'])
     """
     table = result.to_pandas()
-    if metrics is None:
-        from geolens.analyses.spectrum import PLOTTED
-        metrics = [m for m in PLOTTED if m in table.columns]
+    if metrics is None:  # the metrics of the paper, as SpectrumResult.plot shows them
+        metrics = [m for m in ("effective_rank", "rankme", "alpha_req", "log_isotropy", "mean_cosine", "cosine_std",
+                               "condition_number") if m in table.columns]
     params = result.params
     shown = " · ".join(f"{k} = {params[k]}" for k in ("centre", "alpha_fit_range") if k in params)
     fig = metric_grid(table, "matrix", list(metrics), xaxis_title="matrix (rows = token vectors)", kind="bar")
@@ -891,7 +894,7 @@ def lens_history_figure(history: pd.DataFrame, *, title: str = "") -> go.Figure:
     if history.empty:
         _style(fig, _heading("Tuned-lens training", model), "no training history recorded", legend=False)
         fig.update_xaxes(title_text="refinement step (0 = closed form)")
-        fig.update_yaxes(title_text="KL(p_final || p_l) (nats)")
+        fig.update_yaxes(title_text="KL(p<sub>final</sub> ‖ p<sub>l</sub>) (nats)")
         return fig
     steps = sorted(set(history["step"]))
     for split, dash in (("held_out", "solid"), ("train", "dot")):
@@ -914,16 +917,18 @@ def lens_history_figure(history: pd.DataFrame, *, title: str = "") -> go.Figure:
     _style(fig, _heading("Tuned-lens training", model), f"{measured}; thin lines: each layer", legend_title="split")
     fig.update_xaxes(title_text="refinement step (0 = closed form)",
                      **({"tickmode": "array", "tickvals": steps} if len(steps) <= 8 else {}))
-    fig.update_yaxes(title_text="KL(p_final || p_l) (nats)")
+    fig.update_yaxes(title_text="KL(p<sub>final</sub> ‖ p<sub>l</sub>) (nats)")
     return fig
 
 
 # ----------------------------------------------------------------------------- static files
 
 STATIC_FORMATS = ("png", "svg", "pdf")
+NO_BROWSER = ("writing static figures needs Chromium (apt-get install chromium) or BROWSER_PATH set to a "
+              "Chrome/Chromium binary")
 
 
-def _browser() -> str | None:
+def browser_path() -> str | None:
     """Chromium for kaleido: ``BROWSER_PATH`` if set, else a ``chromium``/``google-chrome`` on the PATH."""
     found = os.environ.get("BROWSER_PATH")
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
@@ -948,10 +953,9 @@ def write_figures(figures: Sequence[go.Figure], paths: Sequence[str | Path], *, 
         raise ValueError(f"paths must end in one of {['.' + f for f in STATIC_FORMATS]}; got {bad}")
     if not figures:
         return []
-    browser = _browser()
+    browser = browser_path()
     if browser is None:
-        raise RuntimeError("writing static figures needs Chromium (apt-get install chromium) or BROWSER_PATH set "
-                           "to a Chrome/Chromium binary")
+        raise RuntimeError(NO_BROWSER)
     os.environ.setdefault("BROWSER_PATH", browser)  # kaleido's choreographer reads it
     import plotly.io as pio
 
