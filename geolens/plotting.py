@@ -23,7 +23,7 @@ from geolens.sites import FINAL_SITE
 __all__ = ["figure_html", "ablation_figure", "axis_title", "ccr_colour", "checkpoint_figure", "compare_figure",
            "convergence_figure", "label", "lens_figure", "lens_history_figure", "metric_grid", "metric_key",
            "patch_figure", "pga_figure", "phase_width_figure", "phases_figure", "probe_figure", "series_colour",
-           "site_label", "study_correlation_figure", "study_depth_figure", "study_training_figure", "updates_figure",
+           "site_label", "unit", "study_correlation_figure", "study_depth_figure", "study_training_figure", "updates_figure",
            "weight_geometry_figure", "write_figures", "browser_path", "NO_BROWSER", "zoo_depth_figure", "zoo_training_figure", "CCR_COLOURS",
            "METRICS", "PALETTE", "SERIES_COLOURS", "SITES", "STATIC_FORMATS", "WIDTH", "HEIGHT"]
 
@@ -89,20 +89,35 @@ METRICS: dict[str, tuple[str, str, str]] = {
                      "direction dominates so strongly that I itself underflows to 0: a highly anisotropic cloud"),
     "mean_cosine": ("mean pairwise cosine", "mean cosine", "average cosine between two vectors; 0 = no common direction"),
     "cosine_std": ("s.d. of pairwise cosines", "s.d. of cosines", "spread of the pairwise cosines"),
-    "condition_number": ("condition number", "condition number σ_max / σ_min", "within the numerical rank; large = ill-conditioned"),
+    "condition_number": ("condition number", "condition number σ<sub>max</sub> / σ<sub>min</sub>", "within the numerical rank; large = ill-conditioned"),
     "numerical_rank": ("numerical rank", "numerical rank (dimensions)", "singular values above the tolerance"),
-    "orthogonality": ("update orthogonality |cos(Δ_l, h_{l-1})|", "|cos| (0 = orthogonal)", ""),
-    "update_norm": ("update norm ||Δ_l||", "||Δ_l|| (residual units)", ""),
-    "relative_update_norm": ("relative update norm ||Δ_l|| / ||h_{l-1}||", "||Δ_l|| / ||h_{l-1}|| (ratio)", ""),
+    "orthogonality": ("update orthogonality |cos(Δ<sub>l</sub>, h<sub>l−1</sub>)|", "|cos| (0 = orthogonal)", ""),
+    "update_norm": ("update norm ||Δ<sub>l</sub>||", "||Δ<sub>l</sub>|| (residual units)", ""),
+    "relative_update_norm": ("relative update norm ||Δ<sub>l</sub>|| / ||h<sub>l−1</sub>||", "||Δ<sub>l</sub>|| / ||h<sub>l−1</sub>|| (ratio)", ""),
     "ffn_mha_ratio": ("MLP / attention norm ratio", "norm ratio", "||MLP out|| / ||attention out||"),
-    "erank_states": ("effective rank of the states H_l", "effective rank (dimensions)", ""),
-    "erank_updates": ("effective rank of the updates Δ_l", "effective rank (dimensions)", ""),
+    "erank_states": ("effective rank of the states H<sub>l</sub>", "effective rank (dimensions)", ""),
+    "erank_updates": ("effective rank of the updates Δ<sub>l</sub>", "effective rank (dimensions)", ""),
     "kl": ("KL to the final distribution", "KL (nats)", "KL(p<sub>final</sub> ‖ p<sub>l</sub>)"),
     "ce": ("cross-entropy", "cross-entropy (nats)", ""),
     "accuracy_mean": ("probe accuracy", "held-out accuracy", ""),
     "p_value": ("p-value", "p-value", ""),
     "pc1_readout_energy": ("PC1 energy in the readout subspace", "fraction of PC1 energy", ""),
 }
+
+# The unit alone: the y axis of a panel whose title already names the metric.
+UNITS: dict[str, str] = {
+    "effective_rank": "dimensions", "rankme": "dimensions", "numerical_rank": "dimensions", "alpha_req": "exponent α",
+    "alpha_req_r2": "R²", "isotropy": "I (1 = isotropic)", "log_isotropy": "ln I (0 = isotropic)",
+    "mean_cosine": "cosine", "cosine_std": "cosine s.d.", "condition_number": "σ<sub>max</sub> / σ<sub>min</sub>",
+    "orthogonality": "|cos| (0 = orthogonal)", "update_norm": "norm", "relative_update_norm": "ratio",
+    "ffn_mha_ratio": "ratio", "erank_states": "dimensions", "erank_updates": "dimensions",
+}
+
+
+def unit(name: str) -> str:
+    """The unit of a metric column (its axis title where a panel title names the metric)."""
+    return UNITS.get(_key(name), axis_title(name))
+
 
 # Sites of the residual stream and block outputs.
 SITES: dict[str, str] = {"resid_pre": "residual stream (block input)", "resid_post": "residual stream",
@@ -143,7 +158,7 @@ def axis_title(name: str) -> str:
 
     Example:
         >>> axis_title("condition_number")
-        'condition number σ_max / σ_min'
+        'condition number σ<sub>max</sub> / σ<sub>min</sub>'
     """
     key = _key(name)
     return METRICS[key][1] if key in METRICS else label(name)
@@ -223,13 +238,15 @@ def _params_of(text: str) -> tuple[str | None, str]:
 
 
 def _wrap(text: str, width: int = _SUBTITLE_WRAP) -> list[str]:
+    """Lines of at most ``width`` characters, broken between parts (``" · "``, ``"; "``), else between words."""
+    pieces = re.split(r"(?<=;) |(?<= ·) ", text)
     lines, line = [], ""
-    for word in text.split(" "):
-        if line and len(line) + 1 + len(word) > width:
+    for piece in pieces:
+        if line and len(line) + 1 + len(piece) > width:
             lines.append(line)
-            line = word
+            line = piece
         else:
-            line = f"{line} {word}" if line else word
+            line = f"{line} {piece}" if line else piece
     return lines + ([line] if line else [])
 
 
@@ -242,15 +259,19 @@ def _heading(what: str, model: object = None) -> str:
 def _style(fig: go.Figure, title: str, subtitle: str = "", *, width: int = WIDTH, height: int = HEIGHT,
            legend: bool = True, legend_title: str = "") -> go.Figure:
     """Apply the house style: a short title, the parameters on a smaller second line, page size, white template."""
-    lines = _wrap(subtitle) if subtitle else []
-    text = title + "".join(f"<br><span style='font-size:11px;color:#555'>{line}</span>" for line in lines)
+    lines = _wrap(subtitle, int(width / 5.6)) if subtitle else []
+    panels = getattr(fig, "_grid_ref", None) is not None and len(fig.layout.annotations) > 0  # subplot titles
     fig.update_layout(
-        title={"text": text, "x": 0.01, "xanchor": "left", "y": 0.98, "yanchor": "top", "font": {"size": 16}},
+        title={"text": title, "x": 0.01, "xanchor": "left", "xref": "container", "y": 1 - 12 / height,
+               "yanchor": "top", "yref": "container", "font": {"size": 16},
+               "subtitle": {"text": "<br>".join(lines), "font": {"size": 11, "color": "#555555"}}},
         template="plotly_white", font=_FONT, width=width, height=height, showlegend=legend,
-        margin={"l": 72, "r": 24, "t": 56 + 15 * len(lines), "b": 56},
+        margin={"l": 72, "r": 24, "t": 48 + 14 * len(lines) + (24 if panels else 0), "b": 56},
         legend={"title": {"text": legend_title}, "font": {"size": 12}, "bgcolor": "rgba(255,255,255,0.7)"},
         hoverlabel={"font_size": 12},
     )
+    fig.update_xaxes(title_font_size=13, tickfont_size=11)
+    fig.update_yaxes(title_font_size=13, tickfont_size=11)
     fig.update_annotations(font_size=12)
     return fig
 
@@ -317,10 +338,12 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
                                  customdata=part[["p_value", "pc1_readout_energy"]],
                                  hovertemplate=f"{name}<br>layer %{{x}}<br>%{{y:.3f}}<br>p=%{{customdata[0]:.3g}}"
                                                "<br>PC1 readout energy %{customdata[1]:.3f}<extra></extra>"))
-    for ccr, part in final.groupby("ccr", sort=True):
+    finals = list(final.groupby("ccr", sort=True))
+    for i, (ccr, part) in enumerate(finals):
         y = part["z"] if kind == "z" else part["rho_readout"]
         name, colour = f"CCR-{ccr}", ccr_colour(ccr)
-        fig.add_trace(go.Scatter(x=[final_x] * len(part), y=y, mode="markers", name=f"{name}, final state",
+        spread = (i - (len(finals) - 1) / 2) * 0.12  # side by side, so equal values do not hide each other
+        fig.add_trace(go.Scatter(x=[final_x + spread] * len(part), y=y, mode="markers", name=f"{name}, final state",
                                  legendgroup=name, showlegend=False,
                                  marker={"symbol": "star", "size": 14, "color": colour,
                                          "line": {"width": 1, "color": "white"}},
@@ -748,19 +771,19 @@ def updates_figure(table, *, title: str = ""):
                                  hovertemplate=f"{label(key)}<br>layer %{{x}}<br>%{{y:.4g}}<extra></extra>"),
                       row=r, col=c)
         fig.update_xaxes(title_text="layer", row=r, col=c)
-        fig.update_yaxes(title_text=axis_title(key), row=r, col=c)
+        fig.update_yaxes(title_text=unit(key), row=r, col=c)
     heading, params = _titled(title, "Update geometry by layer")
     _style(fig, heading, params, width=900, height=300 * rows + 60, legend=False)
     return fig
 
 
 _UPDATE_LABELS = {
-    "orthogonality": "|cos(Δ_l, h_{l-1})|",
-    "update_norm": "||Δ_l||",
-    "relative_update_norm": "||Δ_l|| / ||h_{l-1}||",
+    "orthogonality": "|cos(Δ<sub>l</sub>, h<sub>l−1</sub>)|",
+    "update_norm": "||Δ<sub>l</sub>||",
+    "relative_update_norm": "||Δ<sub>l</sub>|| / ||h<sub>l−1</sub>||",
     "ffn_mha_ratio": "||MLP out|| / ||attention out||",
-    "erank_states": "effective rank of H_l",
-    "erank_updates": "effective rank of Δ_l",
+    "erank_states": "effective rank of H<sub>l</sub>",
+    "erank_updates": "effective rank of Δ<sub>l</sub>",
 }
 
 
@@ -800,12 +823,12 @@ def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str =
                                    line_color=colour, marker={"color": colour, "size": 5}, hovertemplate=hover)
             fig.add_trace(trace, row=r, col=c)
         fig.update_xaxes(title_text=xaxis_title or label(x), row=r, col=c)
-        fig.update_yaxes(title_text=axis_title(metric), row=r, col=c)
+        fig.update_yaxes(title_text=unit(metric), row=r, col=c)
     for index in range(len(metrics), rows * cols):  # empty cells of the last row: no axes drawn
         fig.update_xaxes(visible=False, row=index // cols + 1, col=index % cols + 1)
         fig.update_yaxes(visible=False, row=index // cols + 1, col=index % cols + 1)
     heading, params = _titled(title, "Metrics")
-    _style(fig, heading, params, width=900 if cols == 3 else WIDTH, height=290 * rows + 80,
+    _style(fig, heading, params, width=900 if cols == 3 else WIDTH, height=(230 if kind == "bar" else 270) * rows + 90,
            legend=len(groups) > 1 and kind == "line")
     return fig
 
@@ -826,9 +849,10 @@ def weight_geometry_figure(result, metrics: Sequence[str] | None = None) -> go.F
                                "condition_number") if m in table.columns]
     params = result.params
     shown = " · ".join(f"{k} = {params[k]}" for k in ("centre", "alpha_fit_range") if k in params)
-    fig = metric_grid(table, "matrix", list(metrics), xaxis_title="matrix (rows = token vectors)", kind="bar")
+    fig = metric_grid(table, "matrix", list(metrics), xaxis_title="matrix", kind="bar")
     _style(fig, _heading("Geometry of the unembedding and embedding", params.get("model")),
-           "W_U raw: W_Uᵀ; W_U folded: (diag(ln_final.w) W_U)ᵀ; W_E: embedding" + (f"; {shown}" if shown else ""),
+           "rows = token vectors; W_U raw: W_Uᵀ; W_U folded: (diag(ln_final.w) W_U)ᵀ; W_E: embedding"
+           + (f"; {shown}" if shown else ""),
            width=fig.layout.width, height=fig.layout.height, legend=False)
     return fig
 
