@@ -329,7 +329,7 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
             band_x = list(part["layer"]) + list(part["layer"])[::-1]
             upper = part["null_mean"] + 2 * part["null_std"]
             lower = part["null_mean"] - 2 * part["null_std"]
-            fig.add_trace(go.Scatter(x=band_x, y=list(upper) + list(lower)[::-1], fill="toself",
+            fig.add_trace(go.Scatter(x=band_x, y=list(upper) + list(lower)[::-1], mode="lines", fill="toself",
                                      fillcolor=_rgba(colour, 0.15), line_width=0, name=f"null ±2 sd, {name}",
                                      legendgroup=name, showlegend=False, hoverinfo="skip"))
         y = part["z"] if kind == "z" else part["rho_readout"]
@@ -505,7 +505,8 @@ def probe_figure(result, pga_result=None, ccr: int | None = None) -> go.Figure:
     colour = series_colour("probe accuracy")
     upper, lower = table.accuracy_mean + table.accuracy_std, table.accuracy_mean - table.accuracy_std
     fig.add_trace(go.Scatter(x=list(table.layer) + list(table.layer)[::-1], y=list(upper) + list(lower)[::-1],
-                             fill="toself", fillcolor=_rgba(colour, 0.2), line_width=0, name="±1 sd over folds",
+                             mode="lines", fill="toself", fillcolor=_rgba(colour, 0.2), line_width=0,
+                             name="±1 sd over folds",
                              hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=table.layer, y=table.accuracy_mean, mode="lines+markers", name="probe accuracy",
                              line_color=colour, marker_color=colour))
@@ -888,10 +889,10 @@ def checkpoint_figure(table: pd.DataFrame, *, metrics: Sequence[str] | None = No
         for key in keys
     ]
     heading, params = _titled(title, "Geometry over checkpoints")
-    _style(fig, heading if " — " not in title else heading, params)
+    _style(fig, heading, params)
+    fig.update_xaxes(title_text="checkpoint", type="category", categoryorder="array", categoryarray=labels)
+    fig.update_yaxes(title_text=_key_label(keys[0]))
     fig.update_layout(
-        xaxis=dict(title="checkpoint", type="category", categoryorder="array", categoryarray=labels),
-        yaxis_title=_key_label(keys[0]),
         updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.12, yanchor="bottom")],
     )
     return fig
