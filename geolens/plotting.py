@@ -659,7 +659,9 @@ def study_correlation_figure(values: pd.DataFrame, stats: pd.DataFrame, *, metri
                 first = partial.iloc[0]
                 text += f"; given {label(first['control'])}: {float(first['rho']):.2f}"
             titles.append(text)
-    fig = make_subplots(rows=len(metrics), cols=len(against), subplot_titles=titles, vertical_spacing=0.12)
+    height = max(HEIGHT, 300 * len(metrics))
+    fig = make_subplots(rows=len(metrics), cols=len(against), subplot_titles=titles,
+                        vertical_spacing=min(0.3, 110 / height) if len(metrics) > 1 else 0.1)
     for r, metric in enumerate(metrics, start=1):
         for c, column in enumerate(against, start=1):
             fig.add_trace(go.Scatter(x=values[column], y=values[metric], mode="markers+text",
@@ -671,7 +673,7 @@ def study_correlation_figure(values: pd.DataFrame, stats: pd.DataFrame, *, metri
             fig.update_xaxes(title_text=label(column), row=r, col=c)
             fig.update_yaxes(title_text=axis_title(metric), row=r, col=c)
     _style(fig, "Geometry across models", "panel titles: Spearman ρ, and partial ρ holding another column fixed",
-           width=max(WIDTH, 300 * len(against)), height=max(HEIGHT, 300 * len(metrics)), legend=False)
+           width=max(WIDTH, 300 * len(against)), height=height, legend=False)
     return fig
 
 
@@ -842,7 +844,7 @@ def weight_geometry_figure(result, metrics: Sequence[str] | None = None) -> go.F
         >>> rows = [{"matrix": m, "rows": 9, "cols": 4, "effective_rank": r} for m, r in (("W_U raw", 3.0), ("W_E", 3.5))]
         >>> fig = weight_geometry_figure(WeightGeometryResult(rows=rows, params={"model": "m"}), ["effective_rank"])
         >>> fig.layout.yaxis.title.text, list(fig.data[0].x)
-        ('effective rank (dimensions)', ['W_U raw', 'W_E'])
+        ('dimensions', ['W_U raw', 'W_E'])
     """
     table = result.to_pandas()
     if metrics is None:  # the metrics of the paper, as SpectrumResult.plot shows them
