@@ -356,7 +356,7 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
         note += "; ★ final state (after ln_final)"
     _style(fig, heading, f"{params}; {note}" if params else note, legend_title="CCR")
     fig.update_xaxes(title_text=_LAYER_AXIS)
-    fig.update_yaxes(title_text="PGA z-score (sd of the null)" if kind == "z" else "Spearman ρ, readout subspace")
+    fig.update_yaxes(title_text="PGA z-score" if kind == "z" else "Spearman ρ, readout subspace")
     return fig
 
 
@@ -886,7 +886,7 @@ def checkpoint_figure(table: pd.DataFrame, *, metrics: Sequence[str] | None = No
                                      marker_color=colours[name]))
             owner.append(key)
     buttons = [
-        dict(label=_key_label(key), method="update",
+        dict(label=key, method="update",  # the key, as metrics= takes it; the axis shows its human name
              args=[{"visible": [o == key for o in owner]}, {"yaxis": {"title": {"text": _key_label(key)}}}])
         for key in keys
     ]

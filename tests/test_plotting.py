@@ -363,6 +363,22 @@ def test_report_writes_every_figure_next_to_the_csv(neox_bridge, tmp_path):
     assert (tmp_path / "weights.csv").exists()
 
 
+def test_cli_report_figures_as_png_and_pdf(neox_dir, tmp_path, texts):
+    from geolens.cli import main
+
+    _require_chromium()
+    text_file = tmp_path / "t.txt"
+    text_file.write_text(" ".join(texts * 3))
+    out = tmp_path / "r"
+    code = main(["report", "--model", str(neox_dir), "--text", str(text_file), "--out", str(out), "--n-tokens", "20",
+                 "--k", "4", "--n-null", "4", "--ccr", "0,1", "--no-progress", "--sections", "pga",
+                 "--figures", "png,pdf"])
+    assert code == 0
+    assert (out / "pga-1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "pga-1.pdf").read_bytes()[:5] == b"%PDF-"
+    assert sorted(p.name for p in out.glob("pga-*")) == ["pga-1.pdf", "pga-1.png"]
+
+
 def test_cli_rejects_unknown_figure_formats(capsys):
     from geolens.cli import main
 
