@@ -219,6 +219,7 @@ def _rgba(colour: str, alpha: float) -> str:
 def _short_model(name: object) -> str:
     """A model's name as shown in a title: the last part of a path or hub name."""
     text = str(name).rstrip("/")
+    text = re.sub(r"\s*\(.*\)$", "", text)  # "Name (Q4_1 GGUF, ...)": the details go to the subtitle
     return text.rsplit("/", 1)[-1] if text else ""
 
 
@@ -282,6 +283,8 @@ def _titled(title: str, what: str) -> tuple[str, str]:
     model, params = _params_of(tail)
     if model is None and "=" not in tail:
         model, params = tail or None, ""
+    if model and "(" in str(model):  # a long display name: in full on the second line
+        params = f"model = {model}" + (f" · {params}" if params else "")
     return _heading(head or what, model), params
 
 
@@ -831,6 +834,8 @@ def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str =
         fig.update_xaxes(visible=False, row=index // cols + 1, col=index % cols + 1)
         fig.update_yaxes(visible=False, row=index // cols + 1, col=index % cols + 1)
     heading, params = _titled(title, "Metrics")
+    if "log_isotropy" in metrics and (table["log_isotropy"] < -100).any():
+        params += ("; " if params else "") + "log isotropy near −1000: I underflows to 0 (one dominant direction)"
     _style(fig, heading, params, width=900 if cols == 3 else WIDTH, height=(230 if kind == "bar" else 270) * rows + 90,
            legend=len(groups) > 1 and kind == "line")
     return fig

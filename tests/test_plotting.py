@@ -386,3 +386,16 @@ def test_cli_rejects_unknown_figure_formats(capsys):
         main(["report", "--figures", "png,tiff"])
     assert exit_info.value.code == 2
     assert "unknown figure formats ['tiff']" in capsys.readouterr().err
+
+
+def test_a_long_model_name_is_shortened_in_the_title_and_given_in_full_below():
+    result = pga_result()
+    result.params["model"] = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised to float32)"
+    title = result.plot().layout.title
+    assert title.text == "Subspace PGA by layer — SmolLM2-135M-Instruct"
+    assert "Q4_1 GGUF, dequantised to float32" in title.subtitle.text
+
+
+def test_extreme_log_isotropy_is_explained_in_the_printed_figure():
+    assert "underflows" in FIGURES["spectrum"].layout.title.subtitle.text
+    assert "underflows" not in weights_result().plot().layout.title.subtitle.text  # no extreme value: no note
