@@ -2,6 +2,13 @@
 
 The functions read a result's table (``result.to_pandas()``) and parameters
 (``result.params``), or a table directly; they know nothing of models.
+
+Every figure has one style (:func:`_style`): a short title (what, on which model) with the parameters
+on a smaller second line, axes titled with their quantity and unit, metrics by their human names
+(:data:`METRICS`, :func:`label`), one fixed colour per series in every figure (:func:`ccr_colour`,
+:func:`series_colour`; a final-state star takes its line's colour and sits right of the last block,
+marked "final"), a page size (:data:`WIDTH` x :data:`HEIGHT` for one panel) and a white template.
+:func:`write_figures` writes them as PNG, SVG or PDF (kaleido and Chromium).
 """
 
 from __future__ import annotations
