@@ -53,6 +53,7 @@ from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
 from geolens.findings import findings
 from geolens.pages import Section, result_tables, versions, write_html
+from geolens.plotting import NO_BROWSER, STATIC_FORMATS, browser_path, write_figures
 from geolens.results import Result, json_text
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 
@@ -250,7 +251,7 @@ def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
 
 def _weights_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     result = weight_geometry(adapter, progress=s.progress, alpha_fit_range=s.alpha_fit_range or ALPHA_FIT_RANGE)
-    return result, []
+    return result, [result.plot()]
 
 
 def _probe_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
@@ -289,6 +290,19 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
                                   "n_positions": cross.params["n_positions"], "n_null": s.convergence_null,
                                   "time_s": round(time.perf_counter() - started, 1)}
     return ConvergenceResult(rows=rows, params=params, cross_rows=cross_rows), figures
+
+
+def _figure_formats(figures: str | Sequence[str] | None) -> list[str]:
+    """``figures=`` as a list of static formats (``ValueError`` naming it for anything else)."""
+    if figures is None:
+        return []
+    names = [p.strip().lower() for p in figures.split(",")] if isinstance(figures, str) else [str(p).lower() for p in figures]
+    unknown = [n for n in names if n not in STATIC_FORMATS]
+    if unknown or not names:
+        raise ValueError(f"figures must name formats among {list(STATIC_FORMATS)}, got {figures!r}")
+    if browser_path() is None:  # before any section runs
+        raise RuntimeError(NO_BROWSER)
+    return list(dict.fromkeys(names))
 
 
 def _cross_family_model(adapter: ModelAdapter, s: ReportSettings) -> tuple[ModelAdapter | None, str]:
@@ -393,6 +407,7 @@ def report(
     device: str | None = None,
     quick: bool = False,
     settings: ReportSettings | None = None,
+    figures: str | Sequence[str] | None = None,
     **overrides: Any,
 ) -> dict[str, Path]:
     """Run the report's sections on ``model`` (default: the offline default model) and write them.
@@ -403,7 +418,8 @@ def report(
     returns their paths. ``quick=True`` starts from the small budgets of
     :data:`QUICK` instead of the defaults; ``overrides`` set fields of
     :class:`ReportSettings` on top (e.g. ``n_tokens=512, ccr=1``), so they win
-    over the preset.
+    over the preset. ``figures`` (e.g. ``("png", "svg", "pdf")`` or ``"png,svg"``) also writes every figure
+    of a section as ``<section>-<n>.<ext>`` next to its CSV (through kaleido and Chromium).
 
     Example:
         >>> report(sections=["pga"], n_tokens=512, ccr=[0, 1])   # the default model  # doctest: +SKIP
@@ -419,6 +435,7 @@ def report(
     if settings is None:
         settings = ReportSettings.quick_preset() if quick else ReportSettings()
     settings.update(**overrides)
+    formats = _figure_formats(figures)
     chosen = list(DEFAULT_SECTIONS) if sections is None else list(sections)
     unknown = [name for name in chosen if name not in SECTIONS]
     if unknown:
@@ -440,7 +457,7 @@ def report(
         heading, run = SECTIONS[name]
         section_start = time.perf_counter()
         try:
-            result, figures = run(adapter, texts, settings)
+            result, figures_made = run(adapter, texts, settings)
         except Exception as error:  # a failed section is reported, the others still run
             errors[name] = "".join(traceback.format_exception_only(type(error), error)).strip()
             rendered.append(Section(name, heading, error=errors[name],
@@ -453,7 +470,11 @@ def report(
             csv = f"{name}.csv" if i == 0 else f"{name}_{label}.csv"
             paths[csv] = atomic_write_text(out_dir / csv, table.to_csv(index=False))
         paths[f"{name}.json"] = result.save(out_dir / f"{name}.json")
-        rendered.append(Section(name, heading, CAPTIONS.get(name, ""), result, figures,
+        if formats:
+            files = [out_dir / f"{name}-{n}.{ext}" for n in range(1, len(figures_made) + 1) for ext in formats]
+            write_figures([f for f in figures_made for _ in formats], files)
+            paths.update({file.name: file for file in files})
+        rendered.append(Section(name, heading, CAPTIONS.get(name, ""), result, figures_made,
                                 findings=findings(name, result), seconds=timings[name], note=NOTES.get(name, "")))
 
     meta = {

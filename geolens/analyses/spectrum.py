@@ -65,7 +65,8 @@ class SpectrumResult(Result):
     def plot(self, metrics: Sequence[str] | None = None):
         """One subplot per metric (default: the paper's seven), each against the layer."""
         return plotting.metric_grid(self.to_pandas(), "layer", list(metrics or PLOTTED),
-                           title=f"Spectral geometry — {self._summary()}", xaxis_title="layer (0 = embeddings)")
+                                    title=f"Spectral geometry by layer — {self._summary()}",
+                                    xaxis_title="layer (0 = embeddings)")
 
 
 @dataclass(repr=False)
@@ -79,9 +80,8 @@ class WeightGeometryResult(Result):
         return ", ".join(f"{k}={self.params[k]}" for k in keys if k in self.params)
 
     def plot(self, metrics: Sequence[str] | None = None):
-        """One bar subplot per metric, one bar per matrix."""
-        return plotting.metric_grid(self.to_pandas(), "matrix", list(metrics or PLOTTED),
-                           title=f"Weight geometry — {self._summary()}", kind="bar")
+        """One bar subplot per metric, one bar per matrix (W_U raw, W_U folded, W_E), each in its fixed colour."""
+        return plotting.weight_geometry_figure(self, list(metrics or PLOTTED))
 
 
 

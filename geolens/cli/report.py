@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from geolens.cli.args import HelpFormatter, device, int_at_least, model_arg, nonnegative_int_list, out_dir, positive_int, text_file
 from geolens.model import boot_bridge
+from geolens.plotting import NO_BROWSER, STATIC_FORMATS, browser_path
 from geolens.report import QUICK, SECTIONS, ReportSettings, report
 
 __all__ = ["add_report_parser", "run_report"]
@@ -33,6 +34,14 @@ def _name_list(text: str) -> list[str]:
     unknown = [n for n in names if n not in _section_names()]
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"unknown sections {unknown or text!r}; choose from {_section_names()}")
+    return names
+
+
+def _format_list(text: str) -> list[str]:
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in STATIC_FORMATS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown figure formats {unknown or text!r}; choose from {list(STATIC_FORMATS)}")
     return names
 
 
@@ -72,6 +81,7 @@ examples:
   geolens report --quick --out out/quick                # small budgets: about a minute on 2 CPU cores
   geolens report --model EleutherAI/pythia-160m --sections pga,spectrum --ccr 0,1
   geolens report --model ./my-model --text a.txt --text b.txt --device cuda
+  geolens report --quick --figures png,svg,pdf --out out/quick   # also every figure as a static file
 
 A flag given explicitly always wins over --quick's value. Bad arguments stop with exit code 2
 before any model is loaded; a section that fails is shown with its error and the run exits 1.
@@ -104,6 +114,9 @@ def add_report_parser(sub: Any) -> argparse.ArgumentParser:
                      help=f"comma-separated sections to run, among {sections} (default: all of them)")
     rep.add_argument("--device", type=device, default=None,
                      help="torch device: cpu, cuda, cuda:1, mps (default: cpu)")
+    rep.add_argument("--figures", type=_format_list, default=None, metavar="FMT,...",
+                     help=f"also write every figure as <section>-<n>.<ext> next to the CSVs, in these formats "
+                          f"among {', '.join(STATIC_FORMATS)} (needs Chromium; default: none)")
     rep.add_argument("--no-progress", action="store_true", help="no progress bars")
     return rep
 
@@ -123,6 +136,8 @@ def _fail(message: str) -> NoReturn:
 def run_report(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    if args.figures and browser_path() is None:
+        _fail(f"--figures: {NO_BROWSER}")
     model = None
     if args.model is not None:
         try:
@@ -134,7 +149,7 @@ def run_report(args: argparse.Namespace) -> int:
     if args.text:
         texts = [path.read_text(encoding="utf-8", errors="replace") for path in args.text]
     paths = report(model, texts, args.out, sections=args.sections, device=args.device, quick=args.quick,
-                   **_settings_given(args))
+                   figures=args.figures, **_settings_given(args))
     if "pga.csv" in paths:
         table = pd.read_csv(paths["pga.csv"])
         with pd.option_context("display.max_rows", 200, "display.width", 160, "display.precision", 4):
