@@ -68,7 +68,7 @@ __all__ = ["PGAScore", "subspace_pga", "rank_alignment", "sampled_rank_alignment
 # Bytes of scratch memory a chunk of subspaces may use (Gram + sort buffers).
 _DEFAULT_CHUNK_BYTES = 512 * 2**20
 # Approximate PGA: groups of the delete-a-group jackknife, and the fewest pairs worth sampling.
-JACKKNIFE_BLOCKS = 20
+JACKKNIFE_BLOCKS = 32
 MIN_SAMPLED_PAIRS = 1000
 # Approximate PGA: the null's variance, less its pair-sampling noise, is kept at least this fraction of
 # the observed variance (below it the null's spread is mostly sampling noise: see docs/methods.md §A.4a).
@@ -484,7 +484,7 @@ def sampled_rank_alignment(
         >>> eye = torch.eye(6, dtype=torch.float64).unsqueeze(0)
         >>> rhos, deleted = sampled_rank_alignment(h, eye, sample_pairs(300, 5000, seed=0))
         >>> round(float(rhos[0]), 6), tuple(deleted.shape)
-        (1.0, (1, 20))
+        (1.0, (1, 32))
     """
     p = pairs.n_pairs
     n_blocks = min(n_blocks, p)
