@@ -197,9 +197,11 @@ def sweep_point(n: int, d: int, k: int, r: int, device: str, n_pairs: int | None
     if n_pairs is not None:  # first, so the exact run's buffers do not count in its peak
         seconds, peak, score = _measured(h, q, r, device, n_pairs=n_pairs)
         out.update(approx_seconds=seconds, approx_peak_MiB=peak, n_pairs=score.n_pairs, z_approx=score.z,
-                   z_se=score.z_se, rho_approx=score.rho_readout, rho_se=score.rho_se)
+                   z_se=score.z_se, rho_approx=score.rho_readout, rho_se=score.rho_se,
+                   null_std_approx=score.null_std, null_std_raw=score.null_std_raw,
+                   pair_noise_std=score.pair_noise_std)
     seconds, peak, score = _measured(h, q, r, device)
-    out.update(seconds=seconds, peak_MiB=peak, z=score.z, rho=score.rho_readout)
+    out.update(seconds=seconds, peak_MiB=peak, z=score.z, rho=score.rho_readout, null_std=score.null_std)
     return out
 
 
@@ -381,17 +383,19 @@ def main() -> None:
     if not approx_sizes:
         return
     print(f"approximate PGA (n_pairs = {args.n_pairs}) against exact, same processes as the sweep "
-          f"(approximate: the median of {APPROX_REPEATS} runs); tolerance |dz| <= 0.3 + 0.05 |z|")
+          f"(approximate: the median of {APPROX_REPEATS} runs); bounds |dz| <= 0.3 + 0.05 |z| and <= 3 z_se + 0.3, "
+          f"z_se <= 0.5 + 0.05 |z|; null std: exact, sampled as observed (raw), sampled less its pair noise")
     print(f"  {'N':>6} {'exact s':>8} {'approx s':>9} {'speed-up':>9} {'z exact':>8} {'z approx':>16} "
-          f"{'|dz|':>7} {'tol':>5} {'approx MiB':>10}")
+          f"{'|dz|':>7} {'tol':>5} {'approx MiB':>10} {'null std exact/raw/corrected':>30}")
     for n in approx_sizes:
         pt = points[n]
         dz = abs(pt["z_approx"] - pt["z"])
         tol = 0.3 + 0.05 * abs(pt["z"])
-        verdict = "ok" if dz <= tol else "OUT"
+        ok = dz <= tol and dz <= 3 * pt["z_se"] + 0.3 and pt["z_se"] <= 0.5 + 0.05 * abs(pt["z"])
         print(f"  {n:>6} {pt['seconds']:>8.2f} {pt['approx_seconds']:>9.2f} {pt['seconds'] / pt['approx_seconds']:>8.1f}x "
               f"{pt['z']:>8.3f} {pt['z_approx']:>9.3f}±{pt['z_se']:<6.3f} {dz:>7.3f} {tol:>5.2f} "
-              f"{pt['approx_peak_MiB']:>10.0f}  {verdict}")
+              f"{pt['approx_peak_MiB']:>10.0f} {pt['null_std']:>10.5f}/{pt['null_std_raw']:.5f}/"
+              f"{pt['null_std_approx']:.5f}  {'ok' if ok else 'OUT'}")
 
 
 if __name__ == "__main__":
