@@ -220,31 +220,64 @@ def _states_fingerprint(states) -> str:
     return digest.hexdigest()[:16]
 
 
+def _layer_chunks(states):
+    """The captured states one residual layer at a time (the final site with the last): each chunk is one
+    ``geolens.pga`` call, so a long exact run stores its finished cells as it goes."""
+    from dataclasses import replace
+
+    layers, names = states.layers["resid_post"], states.hook_names["resid_post"]
+    for i, layer in enumerate(layers):
+        tensors = {"resid_post": states["resid_post"][i : i + 1]}
+        chunk_layers, chunk_names = {"resid_post": (layer,)}, {"resid_post": (names[i],)}
+        if i == len(layers) - 1 and "final" in states.sites:
+            tensors["final"] = states["final"]
+            chunk_layers["final"], chunk_names["final"] = states.layers["final"], states.hook_names["final"]
+        yield replace(states, tensors=tensors, layers=chunk_layers, hook_names=chunk_names)
+
+
 def exact_reference(model, states, params: dict, kw: dict, path: str | None, recompute: bool = False):
     """The exact PGA table of the default-model check: read from ``path`` when it holds the same
-    ``params``, else computed (``geolens.pga``, exact) and written there. Returns ``(table, seconds or None)``."""
+    ``params``, else computed (``geolens.pga``, exact) and written there, layer by layer (a stopped run
+    keeps its finished layers and the next one goes on from them). Returns ``(table, seconds or None)``."""
     import pandas as pd
 
     import geolens
 
+    columns = ["layer", "site", "ccr", "z", "rho_readout", "null_mean", "null_std"]
+    stored = None
     if path is not None and os.path.exists(path) and not recompute:
         stored = pd.read_csv(path)
-        same = all(k in stored.columns and str(stored[k].iloc[0]) == str(v) for k, v in params.items())
-        if same:
-            print(f"exact reference: {path} (stored; same model, texts, seed and parameters)")
-            return stored, None
-        print(f"exact reference: {path} was made with other parameters; recomputing")
+        if not all(k in stored.columns and str(stored[k].iloc[0]) == str(v) for k, v in params.items()):
+            print(f"exact reference: {path} was made with other parameters; recomputing")
+            stored = None
+    expected = sum(len(states.layers[site]) for site in states.sites) * len(kw["ccr"])
+    if stored is not None and len(stored) == expected:
+        print(f"exact reference: {path} (stored; same model, texts, seed and parameters)")
+        return stored, None
+    parts = [] if stored is None else [stored]
+    done = set() if stored is None else set(zip(stored.site, stored.layer))
     t = time.perf_counter()
-    exact = geolens.pga(model, states, **kw).to_pandas()
-    seconds = time.perf_counter() - t
-    if path is not None:
-        table = exact[["layer", "site", "ccr", "z", "rho_readout", "null_mean", "null_std"]].copy()
+    # The readout basis once (an SVD of W_U), passed to every chunk: the same basis readout="raw" makes.
+    from geolens.model import as_adapter
+
+    basis = readout_basis(as_adapter(model).unembed_matrix("raw"), kw["k"])
+    chunk_kw = {key: value for key, value in kw.items() if key != "k"}
+    for chunk in _layer_chunks(states):
+        if all((site, layer) in done for site in chunk.sites for layer in chunk.layers[site]):
+            continue
+        part = geolens.pga(model, chunk, readout=basis, include_final="final" in chunk.sites,
+                           **chunk_kw).to_pandas()[columns].copy()
         for key, value in params.items():
-            table[key] = value
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        table.to_csv(path, index=False)
-        print(f"exact reference written to {path} ({seconds:.1f} s)")
-    return exact, seconds
+            part[key] = value
+        parts.append(part)
+        if path is not None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            pd.concat(parts, ignore_index=True).to_csv(path, index=False)
+    seconds = time.perf_counter() - t
+    table = pd.concat(parts, ignore_index=True)
+    if path is not None:
+        print(f"exact reference written to {path} ({seconds:.1f} s{', resumed' if stored is not None else ''})")
+    return table, (None if stored is not None else seconds)
 
 
 def default_model_check(n_tokens: int, n_pairs: int, n_null: int, reference: str | None = None,
