@@ -321,6 +321,8 @@ def default_model_check(n_tokens: int, n_pairs: int, n_null: int, reference: str
     print(f"  bounds: |dz| <= 0.3 + 0.05 |z|; |dz| <= 3 z_se + 0.3; z_se <= 0.5 + 0.05 |z|")
     for ccr in (1, 5, 10):
         rows = both.ccr == ccr
+        if not rows.any():
+            continue
         worst = int((dz[rows] - tol[rows]).idxmax())
         n = int(rows.sum())
         print(f"  CCR-{ccr:<2} max |dz| {dz[rows].max():.3f}; closest to its tolerance: |dz| {dz[worst]:.3f} "

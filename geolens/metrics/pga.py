@@ -63,7 +63,7 @@ from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
 
 __all__ = ["PGAScore", "subspace_pga", "rank_alignment", "sampled_rank_alignment", "JACKKNIFE_BLOCKS",
-           "MIN_SAMPLED_PAIRS", "MIN_NULL_VARIANCE_FRACTION"]
+           "MIN_SAMPLED_PAIRS", "MIN_NULL_VARIANCE_FRACTION", "SampledZ", "sampled_z"]
 
 # Bytes of scratch memory a chunk of subspaces may use (Gram + sort buffers).
 _DEFAULT_CHUNK_BYTES = 512 * 2**20
