@@ -37,6 +37,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 
 import torch
@@ -61,13 +63,16 @@ from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
 
 __all__ = ["PGAScore", "subspace_pga", "rank_alignment", "sampled_rank_alignment", "JACKKNIFE_BLOCKS",
-           "MIN_SAMPLED_PAIRS"]
+           "MIN_SAMPLED_PAIRS", "MIN_NULL_VARIANCE_FRACTION", "SampledZ", "sampled_z"]
 
 # Bytes of scratch memory a chunk of subspaces may use (Gram + sort buffers).
 _DEFAULT_CHUNK_BYTES = 512 * 2**20
 # Approximate PGA: groups of the delete-a-group jackknife, and the fewest pairs worth sampling.
-JACKKNIFE_BLOCKS = 20
+JACKKNIFE_BLOCKS = 32
 MIN_SAMPLED_PAIRS = 1000
+# Approximate PGA: the null's variance, less its pair-sampling noise, is kept at least this fraction of
+# the observed variance (below it the null's spread is mostly sampling noise: see docs/methods.md §A.4a).
+MIN_NULL_VARIANCE_FRACTION = 0.05
 
 
 @dataclass(frozen=True)
@@ -80,12 +85,21 @@ class PGAScore:
         rho_readout: Spearman between full and readout-projected distances.
         null_rhos: ``[n_null]`` float64 CPU tensor, the same for each random subspace.
         z: ``(rho_readout - null_mean) / null_std``.
+        null_std: the null rhos' sample std (ddof = 1); on sampled pairs, with their pair-sampling
+            noise taken out (``sqrt(null_std_raw^2 - pair_noise_std^2)``, docs/methods.md §A.4a).
         p_value: empirical one-sided p-value ``(1 + #{null >= rho}) / (n_null + 1)``.
         pc1_readout_energy: ``||V_k^T pc1||^2`` of the centred states' first PC
             (before CCR); compare with ``random_energy = k / d``.
         n_pairs: pairs the rhos were computed on (``N (N - 1) / 2`` when exact).
         rho_se, z_se: jackknife standard errors of ``rho_readout`` and ``z`` from
-            the sampling of pairs (``0.0`` when exact); see docs/methods.md §A.4a.
+            the sampling of pairs (``0.0`` when exact); ``z_se`` covers the errors of
+            ``rho_readout``, of ``null_mean`` and of the corrected ``null_std``; see docs/methods.md §A.4a.
+        null_std_raw: the sample std of the null rhos as computed (on sampled pairs it holds their
+            pair-sampling noise too); equal to ``null_std`` when exact.
+        pair_noise_std: the jackknife estimate of the pair-sampling noise in the null rhos' spread
+            (``0.0`` when exact).
+        null_floored: the noise estimate reached ``1 - MIN_NULL_VARIANCE_FRACTION`` of the observed
+            variance, so ``null_std`` is that floor (too few pairs: the z-score is unreliable).
     """
 
     rho_readout: float
@@ -105,6 +119,13 @@ class PGAScore:
     n_pairs: int = 0
     rho_se: float = 0.0
     z_se: float = 0.0
+    null_std_raw: float | None = None
+    pair_noise_std: float = 0.0
+    null_floored: bool = False
+
+    def __post_init__(self) -> None:
+        if self.null_std_raw is None:  # exact: nothing taken out
+            object.__setattr__(self, "null_std_raw", self.null_std)
 
     @property
     def exact(self) -> bool:
@@ -214,24 +235,33 @@ def subspace_pga(
 
     subspaces = torch.cat([readout.unsqueeze(0), null_subspaces], dim=0)
     total = n * (n - 1) // 2
-    rho_se = z_se = 0.0
     if n_pairs is None or n_pairs >= total:
         rhos = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes).cpu()
         used = total
+        deleted = None
     else:
         pairs = shared_pair_sample(n, n_pairs, 0 if seed is None else int(seed))
         rhos, deleted = sampled_rank_alignment(processed, subspaces, pairs, seed=0 if seed is None else seed,
                                                chunk_bytes=chunk_bytes)
-        rho_se, z_se = _jackknife_errors(deleted, 1.0 - pairs.n_pairs / total)
         used = pairs.n_pairs
     rho_readout = float(rhos[0])
     null_rhos = rhos[1:]
     null_mean = float(null_rhos.mean())
-    null_std = float(null_rhos.std(unbiased=True))
-    if not null_std > 1e-9:  # rho lies in [-1, 1]: a spread below 1e-9 is rounding
-        raise DegenerateError(f"the null rhos have (numerically) zero spread ({null_std:.2g}), so the z-score is undefined; "
-                         "the states' distance structure is degenerate")
-    z = _z_score(rhos)
+    null_std_raw = float(null_rhos.std(unbiased=True))
+    if not null_std_raw > 1e-9:  # rho lies in [-1, 1]: a spread below 1e-9 is rounding
+        raise DegenerateError(f"the null rhos have (numerically) zero spread ({null_std_raw:.2g}), so the z-score is "
+                              "undefined; the states' distance structure is degenerate")
+    if deleted is None:
+        z, null_std, rho_se, z_se, noise_std, floored = _z_score(rhos), null_std_raw, 0.0, 0.0, 0.0, False
+    else:
+        sampled = sampled_z(rhos, deleted, 1.0 - used / total)
+        z, null_std, rho_se, z_se = sampled.z, sampled.null_std, sampled.rho_se, sampled.z_se
+        noise_std, floored = sampled.pair_noise_std, sampled.floored
+        if floored:
+            warnings.warn(f"approximate PGA (n_pairs = {used}, N = {n}): the pair-sampling noise is "
+                          f"{100 * noise_std**2 / null_std_raw**2:.0f}% of the null rhos' variance, so their spread is "
+                          f"floored at {MIN_NULL_VARIANCE_FRACTION:g} of it and z is unreliable; use more pairs",
+                          RuntimeWarning, stacklevel=2)
     p_value = (1 + int((null_rhos >= rho_readout).sum())) / (n_null + 1)
     return PGAScore(
         rho_readout=rho_readout,
@@ -251,6 +281,9 @@ def subspace_pga(
         n_pairs=used,
         rho_se=rho_se,
         z_se=z_se,
+        null_std_raw=null_std_raw,
+        pair_noise_std=noise_std,
+        null_floored=floored,
     )
 
 
@@ -302,18 +335,73 @@ def _z_score(rhos: torch.Tensor) -> float | torch.Tensor:
     return float(z) if rhos.ndim == 1 else z
 
 
-def _jackknife_errors(deleted: torch.Tensor, fpc: float) -> tuple[float, float]:
-    """Standard errors of ``rho_readout`` and ``z`` from the ``[S, G]`` delete-a-group rhos.
+@dataclass(frozen=True)
+class SampledZ:
+    """The z-score of sampled-pair rhos with the null's spread corrected for the pair sampling
+    (:func:`sampled_z`); floats, see :class:`PGAScore` for the names."""
 
-    ``v = (G - 1) / G * sum_g (theta_(g) - mean theta)^2``, times the finite-population
-    correction ``1 - P / M`` (pairs are drawn without replacement from all ``M``).
+    z: float
+    null_std: float
+    null_std_raw: float
+    pair_noise_std: float
+    rho_se: float
+    z_se: float
+    floored: bool
+
+
+def sampled_z(rhos: torch.Tensor, deleted: torch.Tensor, fpc: float,
+              floor: float = MIN_NULL_VARIANCE_FRACTION) -> SampledZ:
+    """z and its standard error from sampled-pair rhos ``[S]`` (readout first) and their ``[S, G]``
+    delete-a-group jackknife replicates, the null's spread freed of the pair-sampling noise.
+
+    Each null rho is ``rho_i + e_i`` with ``e_i`` its pair-sampling error, so the observed variance
+    ``s^2`` of the null rhos estimates ``var(rho) + (1 / (R - 1)) sum_i var(e_i - mean e)``. The second
+    term is the mean jackknife variance of the nulls' deviations from their mean, read off the same
+    replicates (``theta_ig - mean_j theta_jg``; the mean's share of the errors, common to every
+    subspace of a pair sample, does not widen the spread, so it is not subtracted):
+
+        noise = 1 / (R - 1) sum_i fpc (G - 1) / G sum_g (a_ig - mean_g a_ig)^2,  a_ig = theta_ig - mean_j theta_jg
+        null_std = sqrt(max(s^2 - noise, floor s^2))
+
+    ``z = (rho_0 - mean(rho_i)) / null_std``. Its standard error adds, in quadrature, the jackknife
+    spread of ``z`` over the replicates (``noise`` held fixed: the errors of ``rho_0``, of the null
+    mean and of ``s^2``, with their correlations through the shared pairs) and the delta-method term
+    of the noise estimate's own error, ``|z| / (2 null_std^2) * se(noise)``, with ``se(noise)`` from
+    the spread of its ``G`` per-block terms. ``fpc = 1 - P / M``: pairs drawn without replacement.
+
+    Example:
+        >>> rhos = torch.tensor([0.5, 0.1, 0.2, 0.3], dtype=torch.float64)
+        >>> deleted = rhos.unsqueeze(1) + 0.01 * torch.tensor([[1.0, -1.0, 0.5, -0.5]] * 4, dtype=torch.float64)
+        >>> s = sampled_z(rhos, deleted, fpc=1.0)   # the same error in every subspace: nothing to take out
+        >>> round(s.z, 6), s.pair_noise_std, s.null_std == s.null_std_raw
+        (3.0, 0.0, True)
     """
+    rhos, deleted = rhos.to(torch.float64), deleted.to(torch.float64)
     g = deleted.shape[1]
+    scale = fpc * (g - 1) / g
+    null, replicas = rhos[1:], deleted[1:]
+    r = null.shape[0]
+    raw_var = float(null.var(unbiased=True))
+    deviations = replicas - replicas.mean(0, keepdim=True)
+    deviations -= deviations.mean(1, keepdim=True)
+    per_block = scale * deviations.pow(2).sum(0) / (r - 1)  # [G]: noise = their sum
+    noise = float(per_block.sum())
+    noise_se = float((g * per_block.var(unbiased=True)).sqrt()) if g > 1 else 0.0
+    floored = raw_var - noise < floor * raw_var
+    null_var = max(raw_var - noise, floor * raw_var)
+    null_std = null_var**0.5
+    z = float((rhos[0] - null.mean()) / null_std)
+    # Replicate z's with the noise estimate fixed; a replicate's variance floored as the estimate's.
+    rep_var = replicas.var(0, unbiased=True)
+    rep_std = (rep_var - noise).clamp_min(floor * rep_var).sqrt()
+    rep_z = (deleted[0] - replicas.mean(0)) / rep_std
 
-    def se(theta: torch.Tensor) -> float:
-        return float(((g - 1) / g * (theta - theta.mean()).pow(2).sum() * fpc).sqrt())
+    def jack_var(theta: torch.Tensor) -> float:
+        return float(scale * (theta - theta.mean()).pow(2).sum())
 
-    return se(deleted[0]), se(_z_score(deleted))
+    z_var = jack_var(rep_z) + (abs(z) / (2 * null_var) * noise_se) ** 2
+    return SampledZ(z=z, null_std=null_std, null_std_raw=raw_var**0.5, pair_noise_std=noise**0.5,
+                    rho_se=jack_var(deleted[0]) ** 0.5, z_se=z_var**0.5, floored=floored)
 
 
 def rank_alignment(
@@ -396,7 +484,7 @@ def sampled_rank_alignment(
         >>> eye = torch.eye(6, dtype=torch.float64).unsqueeze(0)
         >>> rhos, deleted = sampled_rank_alignment(h, eye, sample_pairs(300, 5000, seed=0))
         >>> round(float(rhos[0]), 6), tuple(deleted.shape)
-        (1.0, (1, 20))
+        (1.0, (1, 32))
     """
     p = pairs.n_pairs
     n_blocks = min(n_blocks, p)

@@ -92,8 +92,12 @@ def test_approximate_pga_table_has_errors_next_to_the_numbers(native_bridge):
     approx = geolens.pga(native_bridge, tokens, k=4, n_null=8, ccr=[0, 1], n_tokens=100, n_pairs=2000,
                          progress=False)
     table, ref = approx.to_pandas(), exact.to_pandas()
-    assert list(table.columns) == ["layer", "site", "ccr", "rho_readout", "rho_se", "null_mean", "null_std", "z",
-                                   "z_se", "p_value", "pc1_readout_energy", "random_energy"]
+    assert list(table.columns) == ["layer", "site", "ccr", "rho_readout", "rho_se", "null_mean", "null_std",
+                                   "null_std_raw", "pair_noise_std", "z", "z_se", "p_value", "pc1_readout_energy",
+                                   "random_energy"]
+    # the null's spread as used is the observed one less the pair-sampling noise
+    assert ((table.null_std**2 - (table.null_std_raw**2 - table.pair_noise_std**2).clip(
+        lower=0.05 * table.null_std_raw**2)).abs() <= 1e-12).all()
     assert approx.params["n_pairs"] == 2000 and approx.params["exact"] is False and "n_pairs" not in exact.params
     assert (table.z_se > 0).all() and (table.rho_se > 0).all()
     # the same pairs for every layer: the error of each z is its own, the tolerance the target's
@@ -101,7 +105,8 @@ def test_approximate_pga_table_has_errors_next_to_the_numbers(native_bridge):
     # n_pairs covering all 4950 pairs: the exact table, with zero errors
     full = geolens.pga(native_bridge, tokens, k=4, n_null=8, ccr=[0, 1], n_tokens=100, n_pairs=10_000,
                        progress=False).to_pandas()
-    pd.testing.assert_frame_equal(full.drop(columns=["rho_se", "z_se"]), ref)
+    pd.testing.assert_frame_equal(full.drop(columns=["rho_se", "z_se", "null_std_raw", "pair_noise_std"]), ref)
+    assert (full.null_std_raw == full.null_std).all() and (full.pair_noise_std == 0).all()
     assert (full.z_se == 0).all() and (full.rho_se == 0).all()
 
 
