@@ -47,13 +47,32 @@ _UPDATE_LABELS = {
 }
 
 _Z_BAND = 1.96  # two-sided 95% of the null, in z units
+# Line colours of the PGA figure when it draws bootstrap bands (plotly's default sequence, so the
+# figure looks as it does without them); each band is its line's colour, see-through.
+_COLOURS = ("#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880", "#FF97FF",
+            "#FECB52")
+
+
+def _rgba(colour: str, alpha: float) -> str:
+    """``"#636efa"`` -> ``"rgba(99,110,250,0.2)"``."""
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
 
 
 def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.Figure:
     """Subspace PGA by layer, one line per CCR value; the final (post-ln_final) state as a marker.
 
-    ``kind="z"`` draws z with the null's 95% band; ``kind="rho"`` draws
-    rho_readout with the null mean +- 2 sd as a shaded band.
+    ``kind="z"`` draws z with the null's 95% band; with ``z_low``/``z_high`` columns
+    (``geolens.pga(..., n_resamples=B)``) each line also gets its 95 % interval over
+    resampled texts as a shaded band of its own colour (error bars on the final
+    marker). ``kind="rho"`` draws rho_readout with the null mean +- 2 sd as a shaded band.
+
+    Example:
+        >>> table = pd.DataFrame({"layer": [0, 1, 2], "site": "resid_post", "ccr": 1, "z": [1.0, -3.0, 2.5],
+        ...                       "z_low": [0.2, -4.1, 1.1], "z_high": [1.9, -2.2, 3.6], "p_value": 0.5,
+        ...                       "pc1_readout_energy": 0.1})
+        >>> [trace.name for trace in pga_figure(table).data]
+        ['CCR-1 95 % over texts', 'CCR-1']
     """
     if kind not in ("z", "rho"):
         raise ValueError(f"kind must be 'z' or 'rho', got {kind!r}")
@@ -66,9 +85,18 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
         fig.add_shape(type="rect", x0=lo, x1=hi, y0=-_Z_BAND, y1=_Z_BAND, fillcolor="grey", opacity=0.15,
                       line_width=0)
         fig.add_hline(y=0, line_dash="dot", line_color="grey")
-    for ccr, part in residual.groupby("ccr", sort=True):
+    intervals = kind == "z" and {"z_low", "z_high"} <= set(table.columns) and bool(table["z_low"].notna().any())
+    for index, (ccr, part) in enumerate(residual.groupby("ccr", sort=True)):
         part = part.sort_values("layer")
         name = f"CCR-{ccr}"
+        if intervals:
+            # The line's own colour, see-through: the band and its line toggle together (one legend group).
+            colour = _COLOURS[index % len(_COLOURS)]
+            band = part.dropna(subset=["z_low", "z_high"])
+            fig.add_trace(go.Scatter(x=list(band["layer"]) + list(band["layer"])[::-1],
+                                     y=list(band["z_high"]) + list(band["z_low"])[::-1], fill="toself",
+                                     fillcolor=_rgba(colour, 0.2), line_width=0, legendgroup=name,
+                                     name=f"{name} 95 % over texts", hoverinfo="skip"))
         if kind == "rho":
             band_x = list(part["layer"]) + list(part["layer"])[::-1]
             upper = part["null_mean"] + 2 * part["null_std"]
@@ -77,13 +105,18 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
                                      line_width=0, name=f"null ±2sd ({name})", hoverinfo="skip"))
         y = part["z"] if kind == "z" else part["rho_readout"]
         fig.add_trace(go.Scatter(x=part["layer"], y=y, mode="lines+markers", name=name,
+                                 **({"legendgroup": name, "line_color": colour} if intervals else {}),
                                  customdata=part[["p_value", "pc1_readout_energy"]],
                                  hovertemplate="layer %{x}<br>%{y:.3f}<br>p=%{customdata[0]:.3g}"
                                                "<br>PC1 readout energy %{customdata[1]:.3f}<extra></extra>"))
     for ccr, part in final.groupby("ccr", sort=True):
         y = part["z"] if kind == "z" else part["rho_readout"]
+        bars = {}
+        if intervals:
+            bars = {"error_y": dict(type="data", symmetric=False, array=list(part["z_high"] - part["z"]),
+                                    arrayminus=list(part["z"] - part["z_low"]))}
         fig.add_trace(go.Scatter(x=part["layer"], y=y, mode="markers", marker_symbol="star", marker_size=12,
-                                 name=f"final (ln_final) CCR-{ccr}"))
+                                 name=f"final (ln_final) CCR-{ccr}", **bars))
     fig.update_layout(
         title=f"Subspace PGA — {title}" if title else "Subspace PGA",
         xaxis_title="layer (0 = embeddings)",

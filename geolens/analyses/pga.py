@@ -35,6 +35,8 @@ _APPROX_COLUMNS = ("rho_readout", "rho_se", "null_mean", "null_std", "z", "z_se"
 # worth much with (below it the resamples repeat a handful of texts; it runs, warns and says so in params).
 BOOTSTRAP_PERCENTILES = (2.5, 97.5)
 MIN_BOOTSTRAP_TEXTS = 10
+# Pairs of all resamples kept at once (16 bytes each); beyond, each layer remakes its resamples' pairs.
+_PAIR_CACHE = 1 << 24
 
 
 def default_k(d_model: int) -> int:
@@ -369,7 +371,8 @@ def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: in
 
 
 def resampled_z(
-    states: torch.Tensor, subspaces: torch.Tensor, ccr: Sequence[int], pairs: PairSample
+    states: torch.Tensor, subspaces: torch.Tensor, ccr: Sequence[int], pairs: PairSample, *,
+    projected: torch.Tensor | None = None,
 ) -> list[float]:
     """PGA z of one resample's ``[n, d]`` rows at each CCR value, ranked on ``pairs``; NaN where undefined.
 
@@ -378,6 +381,12 @@ def resampled_z(
     ``z = (rho_0 - mean rho_r) / sd rho_r``) on the given pairs only: ``subspaces[0]``
     is the readout, the rest the null. A degenerate resample (too few directions left,
     a null without spread) gives NaN instead of raising.
+
+    ``projected`` (optional): ``states @ subspaces`` (``[S, n, k]``), e.g. rows gathered from
+    the projections of the whole capture, made once for every resample. The preprocessed
+    rows' coordinates then follow without projecting again:
+    ``(H - 1 mu^T)(I - P P^T) Q = H Q - 1 (mu^T Q) - ((H - 1 mu^T) P)(P^T Q)``,
+    with ``mu`` the resample's mean and ``P`` its top ``m`` principal directions.
 
     Example:
         >>> from geolens.metrics import random_subspaces
@@ -397,16 +406,22 @@ def resampled_z(
         return nan
     sv, vh = _principal(centred, max(max(ccr), 1))
     subspaces = subspaces.to(dtype=x.dtype, device=x.device)
+    if projected is None:
+        projected = x @ subspaces
+    # Centred coordinates, shared by every CCR value: H Q - 1 (mu^T Q).
+    base = projected.to(x.dtype) - (x.mean(0) @ subspaces).unsqueeze(1)
     out = []
     for m in ccr:
         if m >= min(n - 1, d) or int((sv[m:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum()) < 2:
             out.append(math.nan)
             continue
-        processed = centred - (centred @ vh[:m].T) @ vh[:m] if m else centred
+        pcs = vh[:m]
+        processed = centred - (centred @ pcs.T) @ pcs if m else centred
+        coords = base - (centred @ pcs.T) @ (pcs @ subspaces) if m else base
         try:
             if m:
                 check_spread(centred, processed, dtype=input_dtype, what="the resampled states after CCR")
-            rhos, _ = sampled_rank_alignment(processed, subspaces, pairs)
+            rhos, _ = sampled_rank_alignment(processed, subspaces, pairs, coords=coords)
         except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z
             out.append(math.nan)
             continue
@@ -435,23 +450,41 @@ def _bootstrap(
     states: States, readout: torch.Tensor, nulls: torch.Tensor, ccrs: list[int], rows: list[dict], *,
     n_resamples: int, n_pairs: int | None, seed: int, progress: bool,
 ) -> list[dict]:
-    """Every row's z on each of ``n_resamples`` text resamples (rows whose own z is undefined are skipped)."""
+    """Every row's z on each of ``n_resamples`` text resamples (rows whose own z is undefined are skipped).
+
+    Layer by layer: the layer's rows are projected onto every subspace once, and each resample
+    gathers its rows' coordinates (:func:`resampled_z`), so a resample costs its rankings, not
+    ``S`` products of ``N x d`` by ``d x k``.
+    """
     subspaces = torch.cat([readout.unsqueeze(0), nulls], dim=0)
     cells = {(row["site"], row["layer"], row["ccr"]): i for i, row in enumerate(rows)}
     z = np.full((len(rows), n_resamples), np.nan)
     jobs = [(site, layer) for site in states.sites for layer in states.layers[site]]
     todo = {job: [m for m in ccrs if math.isfinite(rows[cells[(*job, m)]]["z"])] for job in jobs}
     base_seed = 0 if seed is None else int(seed)
-    for b, picked in enumerate(tqdm(text_resamples(states.batch_index, n_resamples, seed=base_seed),
-                                    desc="PGA bootstrap", disable=not progress, leave=False)):
-        # One pair set per resample (made once, shared by every layer); its own seed for a pair sample.
-        pairs = resample_pairs(picked, n_pairs, seed=base_seed * 1_000_003 + b + 1)
-        for site, layer in jobs:
-            if not todo[(site, layer)]:
-                continue
-            rows_b = states.layer(site, layer)[picked.to(states.layer(site, layer).device)]
-            for m, value in zip(todo[(site, layer)], resampled_z(rows_b, subspaces, todo[(site, layer)], pairs)):
+    resamples = text_resamples(states.batch_index, n_resamples, seed=base_seed)
+
+    def pairs_of(b: int) -> PairSample:
+        return resample_pairs(resamples[b], n_pairs, seed=base_seed * 1_000_003 + b + 1)
+
+    # The pair sets are made once and kept when they fit in _PAIR_CACHE pairs, else remade per layer.
+    n = states.n_tokens
+    per_resample = n * (n - 1) // 2 if n_pairs is None else min(n_pairs, n * (n - 1) // 2)
+    kept = [pairs_of(b) for b in range(n_resamples)] if per_resample * n_resamples <= _PAIR_CACHE else None
+    work = [job for job in jobs if todo[job]]
+    bar = tqdm(total=len(work) * n_resamples, desc="PGA bootstrap", disable=not progress, leave=False)
+    for site, layer in work:
+        x = states.layer(site, layer)
+        x = x.to(working_dtype(x))
+        projected = x @ subspaces.to(dtype=x.dtype, device=x.device)  # [S, N, k], once per layer
+        for b, picked in enumerate(resamples):
+            at = picked.to(x.device)
+            values = resampled_z(x[at], subspaces, todo[(site, layer)], kept[b] if kept else pairs_of(b),
+                                 projected=projected[:, at])
+            for m, value in zip(todo[(site, layer)], values):
                 z[cells[(site, layer, m)], b] = value
+            bar.update()
+    bar.close()
     return [{"site": row["site"], "layer": row["layer"], "ccr": row["ccr"], "z": z[i].tolist()}
             for i, row in enumerate(rows)]
 

@@ -1,0 +1,119 @@
+"""At which text budget do the default model's PGA findings stop changing? z and its bootstrap interval per budget.
+
+For each budget (texts, positions) it captures the default model's residual stream (layers 0..L and the
+post-ln_final state) on ``geolens.default_texts(n=texts)`` cut to ``--max-length`` tokens, runs
+``geolens.pga(model, states, ccr=[1, 5], n_null=..., n_resamples=...)`` (the bootstrap over texts,
+docs/methods.md §A.10) and writes, as each budget finishes:
+
+  - ``<out>/budget_<texts>x<positions>.json``: the PGAResult (every layer's z, z_low, z_high);
+  - ``<out>/budget.md``: the per-band table over the budgets finished so far (rewritten each time);
+
+so a killed run keeps every finished budget. Bands of layers are fixed fractions of the depth
+(``--bands``). For each band and CCR value the table gives the range of z over its layers, the
+envelope of their intervals, and how many layers are settled below chance (``z_high < -1.96``), above
+(``z_low > 1.96``), or not settled (the interval crosses +-1.96).
+
+Run:  python bench/pga_budget.py                       # the budgets of docs/pga_sample_size.md
+      python bench/pga_budget.py --budgets 4x256,8x512 --n-resamples 50 --out out/pga_budget   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import geolens  # noqa: E402
+from geolens.results import PGAResult  # noqa: E402
+
+DEFAULT_BUDGETS = "4x256,8x512,16x1024,32x1024,64x2048"
+Z = 1.96
+
+
+def _bands(n_layers: int, edges: list[float]) -> list[tuple[int, int]]:
+    """Layer bands ``[lo, hi]`` of the residual stream 0..L: 0 (embeddings), then fractions of the depth."""
+    cuts = sorted({max(1, min(n_layers, round(f * n_layers))) for f in edges})
+    bands, lo = [(0, 0)], 1
+    for cut in cuts + [n_layers + 1]:
+        if cut > lo:
+            bands.append((lo, cut - 1))
+            lo = cut
+    return bands
+
+
+def _table(results: dict[str, PGAResult], bands_at: list[float]) -> str:
+    lines = ["| budget (texts x positions) | N | CCR | layers | z range | interval envelope | below / above / open |",
+             "|---|---|---|---|---|---|---|"]
+    for budget, result in results.items():
+        table = result.to_pandas()
+        n_layers = int(result.params["n_layers"])
+        for ccr in sorted(table.ccr.unique()):
+            part = table[table.ccr == ccr]
+            resid = part[part.site != "final"].set_index("layer")
+            groups = [(f"{lo}–{hi}" if hi > lo else f"{lo}", resid.loc[lo:hi]) for lo, hi in _bands(n_layers, bands_at)]
+            groups.append(("final", part[part.site == "final"]))
+            for name, cells in groups:
+                if cells.empty:
+                    continue
+                below = int((cells.z_high < -Z).sum())
+                above = int((cells.z_low > Z).sum())
+                lines.append(
+                    f"| {budget} | {result.params['n_tokens']} | {ccr} | {name} | {cells.z.min():.2f} to {cells.z.max():.2f} "
+                    f"| {cells.z_low.min():.2f} to {cells.z_high.max():.2f} | {below} / {above} / "
+                    f"{len(cells) - below - above} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budgets", default=DEFAULT_BUDGETS, help="texts x positions, comma-separated")
+    parser.add_argument("--n-null", type=int, default=50)
+    parser.add_argument("--n-resamples", type=int, default=100)
+    parser.add_argument("--bootstrap-pairs", type=int, default=20_000,
+                        help="pairs per resample (0: all, the exact bootstrap)")
+    parser.add_argument("--exact-up-to", type=int, default=1024,
+                        help="exact point estimates up to this many positions; above, --n-pairs sampled pairs")
+    parser.add_argument("--n-pairs", type=int, default=500_000)
+    parser.add_argument("--ccr", default="1,5")
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--bands", default="0.08,0.25,0.5,0.75,0.97", help="band edges as fractions of the depth")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench/results/pga_budget")
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = geolens.load_default_model(progress=False)
+    ccr = [int(c) for c in args.ccr.split(",")]
+    bands_at = [float(f) for f in args.bands.split(",")]
+    results: dict[str, PGAResult] = {}
+    for budget in args.budgets.split(","):
+        n_texts, n_tokens = (int(v) for v in budget.split("x"))
+        started = time.perf_counter()
+        texts = geolens.default_texts(n=n_texts, seed=args.seed)
+        states = geolens.capture(model, texts, sites=("resid_post", "final"), n_tokens=n_tokens, seed=args.seed,
+                                 max_length=args.max_length, progress=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = geolens.pga(model, states, ccr=ccr, n_null=args.n_null, n_resamples=args.n_resamples,
+                                 n_pairs=None if n_tokens <= args.exact_up_to else args.n_pairs,
+                                 bootstrap_pairs=args.bootstrap_pairs or None, seed=args.seed, progress=False)
+        result.params["budget"] = {"texts": n_texts, "positions": n_tokens, "max_length": args.max_length,
+                                   "warnings": [str(w.message) for w in caught],
+                                   "seconds": round(time.perf_counter() - started, 1)}
+        result.save(out / f"budget_{n_texts}x{n_tokens}.json")
+        results[f"{n_texts} x {n_tokens}"] = result
+        (out / "budget.md").write_text(_table(results, bands_at))
+        print(f"{budget}: done in {result.params['budget']['seconds']} s", flush=True)
+    print(_table(results, bands_at))
+
+
+if __name__ == "__main__":
+    main()
