@@ -145,7 +145,7 @@ def test_on_planted_texts_the_interval_covers_the_population_z_and_shrinks_with_
             w.append(row["z_high"] - row["z_low"])
             c += row["z_low"] <= true_z <= row["z_high"]
         widths[n_texts], covered[n_texts] = float(np.mean(w)), c / reps
-    assert covered[40] >= 0.66  # nominal 0.95 (measured 10 of 12); generous for 12 replications, 40 resamples
+    assert covered[40] >= 0.66  # nominal 0.95; generous for 12 replications of 40 resamples
     assert widths[40] < 0.8 * widths[10]  # four times the texts: a narrower interval
 
 
