@@ -14,6 +14,7 @@ from scipy.spatial.distance import pdist
 from scipy.stats import spearmanr
 
 import geolens
+import geolens.report
 from geolens.analyses.pga import _score_states, resample_pairs, resampled_z, text_resamples
 from geolens.capture import States
 from geolens.metrics import random_subspaces, readout_basis, subspace_pga
@@ -233,3 +234,19 @@ def test_too_few_texts_raise_or_warn_and_say_so(native_bridge):
         result = geolens.pga(native_bridge, few, k=K, n_null=N_NULL, n_tokens=40, n_resamples=5, progress=False)
     assert result.params["bootstrap"]["few_texts"] is True and result.params["bootstrap"]["n_texts"] == 4
     assert math.isfinite(result.to_pandas().z_low.iloc[0])
+
+
+def test_report_pga_section_draws_the_intervals_and_words_its_findings_by_them(native_bridge, tmp_path):
+    adapter = as_adapter(native_bridge)
+    tokens = torch.randint(0, adapter.d_vocab, (12, 10), generator=torch.Generator().manual_seed(0))
+    texts = [" ".join(str(t) for t in row.tolist()) for row in tokens]  # 12 texts the tiny tokenizer splits
+    paths = geolens.report.report(native_bridge, texts, tmp_path, sections=["pga"], n_tokens=80, k=K, n_null=N_NULL,
+                                  ccr=[0, 1], pga_resamples=12, pga_bootstrap_pairs=None, progress=False)
+    table = pd.read_csv(paths["pga.csv"])
+    assert {"z_low", "z_high"} <= set(table.columns) and table.z_low.notna().all()
+    page = paths["report.html"].read_text()
+    assert "across the 95 % interval over resampled texts (12 resamples of" in page
+    one = geolens.report.report(native_bridge, ["the cat sat on the mat " * 8], tmp_path / "one", sections=["pga"],
+                                n_tokens=30, k=K, n_null=N_NULL, ccr=1, pga_resamples=12, progress=False)
+    assert "z_low" not in pd.read_csv(one["pga.csv"]).columns
+    assert "not run" in geolens.PGAResult.load(one["pga.json"]).params["bootstrap"]
