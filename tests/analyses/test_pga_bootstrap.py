@@ -23,15 +23,16 @@ from geolens.model import as_adapter
 K, N_NULL = 4, 6
 
 
-def reference_z(rows: np.ndarray, source: np.ndarray, readout: np.ndarray, nulls: np.ndarray, m: int) -> float:
+def reference_z(rows: np.ndarray, source: np.ndarray, readout: np.ndarray, nulls: np.ndarray, m: int,
+                drop: bool = True) -> float:
     """PGA z of resampled rows by numpy and scipy: centre, CCR-m by SVD, cosine pdist, pairs of a row with
-    its own copy left out, scipy's Spearman (average ranks for the duplicated pairs' ties)."""
+    its own copy left out (``drop``), scipy's Spearman (average ranks for the duplicated pairs' ties)."""
     c = rows - rows.mean(0)
     if m:
         vt = np.linalg.svd(c, full_matrices=False)[2][:m]
         c = c - c @ vt.T @ vt
     i, j = np.triu_indices(len(rows), 1)  # pdist order
-    keep = source[i] != source[j]
+    keep = source[i] != source[j] if drop else np.ones(i.size, dtype=bool)
     full = pdist(c, "cosine")[keep]
     rhos = np.array([spearmanr(full, pdist(c @ q, "cosine")[keep]).statistic for q in [readout, *nulls]])
     return float((rhos[0] - rhos[1:].mean()) / rhos[1:].std(ddof=1))
@@ -48,15 +49,18 @@ def test_resampled_z_equals_an_independent_reference_on_the_resampled_rows(nativ
     resamples = text_resamples(states.batch_index, 3, seed=0)
     assert any(len(set(r.tolist())) < len(r) for r in resamples)  # some rows drawn twice: the dropping matters
     resampled = {(r["site"], r["layer"], r["ccr"]): r["z"] for r in result.resampled_z}
-    checked = 0
+    checked, moved = 0, []
     for site, layer in (("resid_post", 0), ("resid_post", adapter.n_layers), ("final", adapter.n_layers)):
         h = states.layer(site, layer).numpy()
         for m in (0, 2):
             for b, picked in enumerate(resamples):
                 expected = reference_z(h[picked.numpy()], picked.numpy(), readout, nulls, m)
                 assert resampled[(site, layer, m)][b] == pytest.approx(expected, abs=1e-7)
+                kept = reference_z(h[picked.numpy()], picked.numpy(), readout, nulls, m, drop=False)
+                moved.append(abs(kept - expected))
                 checked += 1
     assert checked == 18
+    assert max(moved) > 1e-6  # keeping the pairs of a row with its copy would give another z
     table = result.to_pandas()
     z = np.array([resampled[(s, l, c)] for s, l, c in zip(table.site, table.layer, table.ccr)])
     np.testing.assert_allclose(table.z_low, np.percentile(z, 2.5, axis=1))
