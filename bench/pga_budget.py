@@ -6,9 +6,10 @@ post-ln_final state) on ``geolens.default_texts(n=texts)`` cut to ``--max-length
 docs/methods.md §A.10) and writes, as each budget finishes:
 
   - ``<out>/budget_<texts>x<positions>.json``: the PGAResult (every layer's z, z_low, z_high);
-  - ``<out>/budget.md``: the per-band table over the budgets finished so far (rewritten each time);
+  - ``<out>/budget.md``: the per-band table over every ``budget_*.json`` in ``<out>`` (rewritten each time),
 
-so a killed run keeps every finished budget. Bands of layers are fixed fractions of the depth
+so a killed run keeps every finished budget, and runs of different budgets (e.g. two processes) can share
+``<out>``; ``--budgets ''`` only rewrites the table. Bands of layers are fixed fractions of the depth
 (``--bands``). For each band and CCR value the table gives the range of z over its layers, the
 envelope of their intervals, and how many layers are settled below chance (``z_high < -1.96``), above
 (``z_low > 1.96``), or not settled (the interval crosses +-1.96).
@@ -90,11 +91,25 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = geolens.load_default_model(progress=False)
     ccr = [int(c) for c in args.ccr.split(",")]
     bands_at = [float(f) for f in args.bands.split(",")]
-    results: dict[str, PGAResult] = {}
-    for budget in args.budgets.split(","):
+    def collect() -> dict[str, PGAResult]:
+        found = []
+        for path in out.glob("budget_*x*.json"):
+            texts, positions = (int(v) for v in path.stem.removeprefix("budget_").split("x"))
+            found.append(((texts, positions), PGAResult.load(path)))
+        return {f"{t} x {n}": result for (t, n), result in sorted(found, key=lambda item: item[0])}
+
+    def write_table() -> str:
+        text = _table(collect(), bands_at)
+        scratch = out / f".budget.md.{os.getpid()}"
+        scratch.write_text(text)
+        scratch.replace(out / "budget.md")
+        return text
+
+    budgets = [b for b in args.budgets.split(",") if b]
+    model = geolens.load_default_model(progress=False) if budgets else None
+    for budget in budgets:
         n_texts, n_tokens = (int(v) for v in budget.split("x"))
         started = time.perf_counter()
         texts = geolens.default_texts(n=n_texts, seed=args.seed)
@@ -108,11 +123,11 @@ def main() -> None:
         result.params["budget"] = {"texts": n_texts, "positions": n_tokens, "max_length": args.max_length,
                                    "warnings": [str(w.message) for w in caught],
                                    "seconds": round(time.perf_counter() - started, 1)}
+        result.params["budget"]["settings"] = {k: v for k, v in vars(args).items() if k not in ("budgets", "out")}
         result.save(out / f"budget_{n_texts}x{n_tokens}.json")
-        results[f"{n_texts} x {n_tokens}"] = result
-        (out / "budget.md").write_text(_table(results, bands_at))
+        write_table()
         print(f"{budget}: done in {result.params['budget']['seconds']} s", flush=True)
-    print(_table(results, bands_at))
+    print(write_table())
 
 
 if __name__ == "__main__":
