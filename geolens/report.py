@@ -112,8 +112,8 @@ class ReportSettings:
     # The PGA section's bootstrap over texts (z_low, z_high; its findings say only what holds across them):
     # resamples, each ranked on a sample of its pairs, so it costs a small multiple of the exact scores
     # (bench/pga_budget.py; docs/pga_sample_size.md). 0 turns it off.
-    pga_resamples: int = 50
-    pga_bootstrap_pairs: int | None = 20_000
+    pga_resamples: int = 40
+    pga_bootstrap_pairs: int | None = 10_000
     seed: int = 0
     probe_texts: int = 150
     probe_max_length: int = 64
