@@ -14,7 +14,13 @@ so a killed run keeps every finished budget, and runs of different budgets (e.g.
 envelope of their intervals, and how many layers are settled below chance (``z_high < -1.96``), above
 (``z_low > 1.96``), or not settled (the interval crosses +-1.96).
 
+``--cost-ratio`` instead times the report's PGA section on one budget (``--budgets``, first entry):
+exact scores with and without the bootstrap (``--n-resamples``, ``--bootstrap-pairs``) on the same
+captured states, and prints the ratio (run it on a quiet machine).
+
 Run:  python bench/pga_budget.py                       # the budgets of docs/pga_sample_size.md
+      python bench/pga_budget.py --cost-ratio --budgets 32x1024 --n-null 100 --ccr 1,5,10 --n-resamples 40 \
+          --bootstrap-pairs 10000                       # the report's PGA section: its bootstrap's cost
       python bench/pga_budget.py --budgets 4x256,8x512 --n-resamples 50 --out out/pga_budget   # a quick look
 """
 
@@ -72,6 +78,23 @@ def _table(results: dict[str, PGAResult], bands_at: list[float]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cost_ratio(args: argparse.Namespace) -> None:
+    """Seconds of exact PGA without and with the bootstrap on one capture, and their ratio."""
+    n_texts, n_tokens = (int(v) for v in args.budgets.split(",")[0].split("x"))
+    model = geolens.load_default_model(progress=False)
+    states = geolens.capture(model, geolens.default_texts(n=n_texts, seed=args.seed), sites=("resid_post", "final"),
+                             n_tokens=n_tokens, seed=args.seed, max_length=args.max_length, progress=False)
+    common = dict(ccr=[int(c) for c in args.ccr.split(",")], n_null=args.n_null, seed=args.seed, progress=False)
+    started = time.perf_counter()
+    geolens.pga(model, states, **common)
+    plain = time.perf_counter() - started
+    started = time.perf_counter()
+    geolens.pga(model, states, n_resamples=args.n_resamples, bootstrap_pairs=args.bootstrap_pairs or None, **common)
+    boot = time.perf_counter() - started
+    print(f"{n_texts} x {n_tokens}, n_null={args.n_null}, ccr={args.ccr}: exact {plain:.1f} s; with "
+          f"{args.n_resamples} resamples of {args.bootstrap_pairs or 'all'} pairs {boot:.1f} s; ratio {boot / plain:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budgets", default=DEFAULT_BUDGETS, help="texts x positions, comma-separated")
@@ -87,7 +110,11 @@ def main() -> None:
     parser.add_argument("--bands", default="0.08,0.25,0.5,0.75,0.97", help="band edges as fractions of the depth")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results/pga_budget")
+    parser.add_argument("--cost-ratio", action="store_true", help="time the bootstrap against the exact scores")
     args = parser.parse_args()
+    if args.cost_ratio:
+        _cost_ratio(args)
+        return
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
