@@ -7,6 +7,7 @@ docs/methods.md §A.10) and writes, as each budget finishes:
 
   - ``<out>/budget_<texts>x<positions>.json``: the PGAResult (every layer's z, z_low, z_high);
   - ``<out>/budget.md``: the per-band table over every ``budget_*.json`` in ``<out>`` (rewritten each time),
+    and ``<out>/per_layer.md``: every layer's z and interval per budget,
 
 so a killed run keeps every finished budget, and runs of different budgets (e.g. two processes) can share
 ``<out>``; ``--budgets ''`` only rewrites the table. Bands of layers are fixed fractions of the depth
@@ -95,6 +96,31 @@ def _cost_ratio(args: argparse.Namespace) -> None:
           f"{args.n_resamples} resamples of {args.bootstrap_pairs or 'all'} pairs {boot:.1f} s; ratio {boot / plain:.2f}")
 
 
+def _per_layer(results: dict[str, PGAResult]) -> str:
+    """Every layer's ``z [z_low, z_high]`` per budget, one table per CCR value; ``-``/``+`` mark an interval
+    wholly below -1.96 / above 1.96."""
+    out = []
+    tables = {budget: result.to_pandas() for budget, result in results.items()}
+    ccrs = sorted({int(c) for table in tables.values() for c in table.ccr.unique()})
+    for ccr in ccrs:
+        out += [f"CCR-{ccr}", "", "| layer | " + " | ".join(tables) + " |", "|---" * (len(tables) + 1) + "|"]
+        first = next(iter(tables.values()))
+        keys = [(site, int(layer)) for site, layer in first[first.ccr == ccr][["site", "layer"]].itertuples(index=False)]
+        for site, layer in keys:
+            cells = []
+            for table in tables.values():
+                row = table[(table.ccr == ccr) & (table.site == site) & (table.layer == layer)]
+                if row.empty:
+                    cells.append("")
+                    continue
+                r = row.iloc[0]
+                mark = " −" if r.z_high < -Z else (" +" if r.z_low > Z else "")
+                cells.append(f"{r.z:.2f} [{r.z_low:.2f}, {r.z_high:.2f}]{mark}")
+            out.append(f"| {'final' if site == 'final' else layer} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budgets", default=DEFAULT_BUDGETS, help="texts x positions, comma-separated")
@@ -128,10 +154,12 @@ def main() -> None:
         return {f"{t} x {n}": result for (t, n), result in sorted(found, key=lambda item: item[0])}
 
     def write_table() -> str:
-        text = _table(collect(), bands_at)
-        scratch = out / f".budget.md.{os.getpid()}"
-        scratch.write_text(text)
-        scratch.replace(out / "budget.md")
+        results = collect()
+        text = _table(results, bands_at)
+        for name, content in (("budget.md", text), ("per_layer.md", _per_layer(results))):
+            scratch = out / f".{name}.{os.getpid()}"
+            scratch.write_text(content)
+            scratch.replace(out / name)
         return text
 
     budgets = [b for b in args.budgets.split(",") if b]
