@@ -8,6 +8,7 @@ import warnings
 from typing import Sequence
 
 import numpy as np
+import scipy.linalg
 import torch
 from tqdm.auto import tqdm
 
@@ -432,14 +433,21 @@ def resampled_z(
 
 
 def _principal(centred: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """All singular values (descending) and the top ``top`` right singular vectors of ``centred``, as in
-    :func:`geolens.metrics.subspace_pga`: float32 from the float64 Gram matrix, other dtypes by an SVD."""
+    """The largest singular values (descending; at least ``top + 2`` of them, all for float64) and the top
+    ``top`` right singular vectors of ``centred``, as in :func:`geolens.metrics.subspace_pga`: float32 from
+    the float64 Gram matrix, other dtypes by an SVD. The rank test after CCR-m needs only values m and m + 1,
+    so the float32 path asks LAPACK for the top ``top + 2`` eigenpairs alone (the full ``eigh`` is most of a
+    resample's cost)."""
     if centred.dtype != torch.float32:
         _, sv, vh = torch.linalg.svd(centred, full_matrices=False)
         return sv, vh[:top]
     x64 = centred.double()
     n, d = x64.shape
-    lam, vec = torch.linalg.eigh(x64.T @ x64 if n >= d else x64 @ x64.T)
+    gram = (x64.T @ x64 if n >= d else x64 @ x64.T).cpu().numpy()
+    size = gram.shape[0]
+    lam, vec = scipy.linalg.eigh(gram, subset_by_index=[max(0, size - top - 2), size - 1])  # ascending
+    lam = torch.from_numpy(lam).to(x64.device)
+    vec = torch.from_numpy(vec).to(x64.device)
     sv = lam.flip(0).clamp_min(0.0).sqrt()
     top_vectors = vec.flip(1)[:, :top]
     vh = top_vectors.T if n >= d else (top_vectors.T @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
