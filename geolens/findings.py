@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-__all__ = ["FINDINGS", "Z_CHANCE", "findings", "layer_ranges", "pga_findings", "refinement_phrase"]
+__all__ = ["FINDINGS", "Z_CHANCE", "findings", "layer_ranges", "pga_findings", "pga_interval_findings",
+           "refinement_phrase"]
 
 Z_CHANCE = 1.96  # two-sided 95 % of the null
 
@@ -50,10 +51,16 @@ def _fmt(value: float) -> str:
 
 
 def pga_findings(result: Any) -> list[str]:
-    """Masking (CCR-1 below chance while a larger CCR is above it), how many layers align, the end of the stack."""
+    """Masking (CCR-1 below chance while a larger CCR is above it), how many layers align, the end of the stack.
+
+    With ``z_low``/``z_high`` (``geolens.pga(..., n_resamples=B)``) every line says only what
+    holds across the 95 % interval over resampled texts (:func:`pga_interval_findings`).
+    """
     table = result.to_pandas()
     if table.empty or "z" not in table:
         return []
+    if {"z_low", "z_high"} <= set(table) and table["z_low"].notna().any():
+        return pga_interval_findings(result)
     lines = []
     resid = table[table["site"] != "final"]
     by_ccr = {int(c): part.set_index("layer")["z"] for c, part in resid.groupby("ccr")}
@@ -81,6 +88,89 @@ def pga_findings(result: Any) -> list[str]:
         verdict = "it recovers" if all(v > Z_CHANCE for v in ends) else (
             "it does not recover" if any(v < -Z_CHANCE for v in ends) else "it is at chance")
         lines.append(f"{end} at CCR-{base}: {verdict}.")
+    if "degenerate" in table and (table["degenerate"].fillna("") != "").any():
+        lines.append(f"{int((table['degenerate'].fillna('') != '').sum())} (layer, CCR) scores are undefined "
+                     "(degenerate states; see the table).")
+    return lines
+
+
+def _interval(low: float, high: float) -> str:
+    return f"{_fmt(low)} to {_fmt(high)}"
+
+
+def pga_interval_findings(result: Any) -> list[str]:
+    """:func:`pga_findings` for a table with the bootstrap interval of z (``z_low``, ``z_high``).
+
+    A layer is above chance when its whole interval is (``z_low > 1.96``), below chance
+    when ``z_high < −1.96``, at chance when the interval lies inside ±1.96, and not
+    settled by the sample when it crosses ±1.96. Masking needs the base CCR's interval
+    below and the larger CCR's interval above at the same layer.
+
+    Example:
+        >>> from geolens.results import Result
+        >>> rows = [{"layer": l, "site": "resid_post", "ccr": 1, "z": z, "z_low": lo, "z_high": hi}
+        ...         for l, (z, lo, hi) in enumerate([(3.0, 2.2, 3.9), (-4.0, -5.1, -2.9), (-2.5, -3.8, -0.4)])]
+        >>> result = Result(rows=rows, params={"bootstrap": {"n_resamples": 200, "n_texts": 32}})
+        >>> print(pga_interval_findings(result)[0])
+        CCR-1, across the 95 % interval over resampled texts (200 resamples of 32 texts): the readout subspace keeps more of the distance structure than chance at layer 0, less than chance at layer 1; layer 2 is not settled by this sample; strongest at layer 0 (z = 3.0, interval 2.2 to 3.9).
+    """
+    table = result.to_pandas()
+    boot = result.params.get("bootstrap") or {}
+    b, n_texts = boot.get("n_resamples", result.params.get("n_resamples")), boot.get("n_texts")
+    over = "over resampled texts" + (f" ({b} resamples of {n_texts} texts)" if b and n_texts else "")
+    lines = []
+    resid = table[table["site"] != "final"]
+    by_ccr = {int(c): part.set_index("layer")[["z", "z_low", "z_high"]] for c, part in resid.groupby("ccr")}
+    base = 1 if 1 in by_ccr else min(by_ccr)
+    low, high = by_ccr[base]["z_low"], by_ccr[base]["z_high"]
+    for m in sorted(c for c in by_ccr if c > base):
+        other_low = by_ccr[m]["z_low"].reindex(low.index)
+        masked = [l for l in low.index if high[l] < -Z_CHANCE and other_low[l] > Z_CHANCE]
+        if masked:
+            hidden = f"{base + 1}" if m == base + 1 else f"{base + 1}–{m}"
+            lines.append(f"Masking: at layers {layer_ranges(masked)}, CCR-{base} z < −1.96 while CCR-{m} z > 1.96 "
+                         f"across the 95 % interval {over} — the readout alignment is hidden by principal "
+                         f"component(s) {hidden}.")
+            break
+    cells = by_ccr[base].dropna(subset=["z_low", "z_high"])
+    if len(cells):
+        above = [l for l in cells.index if cells.at[l, "z_low"] > Z_CHANCE]
+        below = [l for l in cells.index if cells.at[l, "z_high"] < -Z_CHANCE]
+        chance = [l for l in cells.index if cells.at[l, "z_low"] >= -Z_CHANCE and cells.at[l, "z_high"] <= Z_CHANCE]
+        open_ = [l for l in cells.index if l not in above + below + chance]
+
+        def at(layers: list[int]) -> str:
+            return "no layer" if not layers else f"layer{'s' if len(layers) > 1 else ''} {layer_ranges(layers)}"
+
+        line = (f"CCR-{base}, across the 95 % interval {over}: the readout subspace keeps more of the distance "
+                f"structure than chance at {at(above)}, less than chance at {at(below)}")
+        if chance:
+            line += f"; it is at chance at {at(chance)}"
+        if open_:
+            line += f"; {at(open_)} {'is' if len(open_) == 1 else 'are'} not settled by this sample"
+        if above:
+            best = max(above, key=lambda l: cells.at[l, "z_low"])
+            line += (f"; strongest at layer {best} (z = {_fmt(cells.at[best, 'z'])}, interval "
+                     f"{_interval(cells.at[best, 'z_low'], cells.at[best, 'z_high'])})")
+        lines.append(line + ".")
+        last = int(by_ccr[base].index.max())
+        ends = [tuple(by_ccr[base].loc[last, ["z", "z_low", "z_high"]])]
+        end = f"The last block (layer {last}) has z = {_fmt(ends[0][0])} ({_interval(*ends[0][1:])})"
+        final = table[(table["site"] == "final") & (table["ccr"] == base)]
+        if len(final):
+            ends.append(tuple(float(v) for v in final[["z", "z_low", "z_high"]].iloc[0]))
+            end += f" and the post-ln_final state z = {_fmt(ends[1][0])} ({_interval(*ends[1][1:])})"
+        if all(lo > Z_CHANCE for _, lo, _ in ends):
+            verdict = "it recovers"
+        elif any(hi < -Z_CHANCE for _, _, hi in ends):
+            verdict = "it does not recover"
+        elif all(lo >= -Z_CHANCE and hi <= Z_CHANCE for _, lo, hi in ends):
+            verdict = "it is at chance"
+        else:
+            verdict = "this sample does not settle whether it recovers"
+        lines.append(f"{end} at CCR-{base}, 95 % intervals {over.split(' (')[0]}: {verdict}.")
+    if boot.get("few_texts"):
+        lines.append(f"The intervals come from resampling only {n_texts} texts: they say little about another sample.")
     if "degenerate" in table and (table["degenerate"].fillna("") != "").any():
         lines.append(f"{int((table['degenerate'].fillna('') != '').sum())} (layer, CCR) scores are undefined "
                      "(degenerate states; see the table).")

@@ -307,8 +307,10 @@ def _final_marker(fig: go.Figure, x: float) -> None:
 def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.Figure:
     """Subspace PGA by layer, one line per CCR value; the final (post-ln_final) state as a star in its line's colour.
 
-    ``kind="z"`` draws z with the null's 95% band; ``kind="rho"`` draws
-    rho_readout with the null mean +- 2 sd as a shaded band. ``title``: the
+    ``kind="z"`` draws z with the null's 95% band; with ``z_low``/``z_high`` columns
+    (``geolens.pga(..., n_resamples=B)``) each line also gets its 95 % interval over
+    resampled texts as a band of its own colour (error bars on the final star).
+    ``kind="rho"`` draws rho_readout with the null mean +- 2 sd as a shaded band. ``title``: the
     model and parameters (``"model=..., k=..."``), shown as a short title and a subtitle.
     The final state is drawn right of the last block (at ``L + 0.6``), marked "final".
 
@@ -331,9 +333,16 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
         fig.add_shape(type="rect", x0=lo, x1=hi, y0=-_Z_BAND, y1=_Z_BAND, fillcolor="grey", opacity=0.15,
                       line_width=0)
         fig.add_hline(y=0, line_dash="dot", line_color="grey")
+    intervals = kind == "z" and {"z_low", "z_high"} <= set(table.columns) and bool(table["z_low"].notna().any())
     for ccr, part in residual.groupby("ccr", sort=True):
         part = part.sort_values("layer")
         name, colour = f"CCR-{ccr}", ccr_colour(ccr)
+        if intervals:  # the 95 % interval over resampled texts, the line's colour, toggled with it
+            band = part.dropna(subset=["z_low", "z_high"])
+            fig.add_trace(go.Scatter(x=list(band["layer"]) + list(band["layer"])[::-1],
+                                     y=list(band["z_high"]) + list(band["z_low"])[::-1], mode="lines", fill="toself",
+                                     fillcolor=_rgba(colour, 0.2), line_width=0, legendgroup=name,
+                                     name=f"{name} 95 % over texts", hoverinfo="skip"))
         if kind == "rho":
             band_x = list(part["layer"]) + list(part["layer"])[::-1]
             upper = part["null_mean"] + 2 * part["null_std"]
@@ -352,8 +361,12 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
         y = part["z"] if kind == "z" else part["rho_readout"]
         name, colour = f"CCR-{ccr}", ccr_colour(ccr)
         spread = (i - (len(finals) - 1) / 2) * 0.12  # side by side, so equal values do not hide each other
-        fig.add_trace(go.Scatter(x=[final_x + spread] * len(part), y=y, mode="markers", name=f"{name}, final state",
-                                 legendgroup=name, showlegend=False,
+        bars = {}
+        if intervals:
+            bars = {"error_y": {"type": "data", "symmetric": False, "array": list(part["z_high"] - part["z"]),
+                                "arrayminus": list(part["z"] - part["z_low"]), "color": colour}}
+        fig.add_trace(go.Scatter(x=[final_x + spread] * len(part), y=y, mode="markers", name=f"final state, {name}",
+                                 legendgroup=name, showlegend=False, **bars,
                                  marker={"symbol": "star", "size": 14, "color": colour,
                                          "line": {"width": 1, "color": "white"}},
                                  hovertemplate=f"{name}<br>final state (after ln_final)<br>%{{y:.3f}}<extra></extra>"))
@@ -363,6 +376,8 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
     note = ("grey band: |z| < 1.96 (null 95%)" if kind == "z" else "shaded: null mean ± 2 sd")
     if len(final):
         note += "; ★ final state (after ln_final)"
+    if intervals:
+        note += "; coloured bands: 95 % over resampled texts"
     _style(fig, heading, f"{params}; {note}" if params else note, legend_title="CCR")
     fig.update_xaxes(title_text=_LAYER_AXIS)
     fig.update_yaxes(title_text="PGA z-score" if kind == "z" else "Spearman ρ, readout subspace")

@@ -83,6 +83,7 @@ QUICK: dict[str, Any] = {
     "probe_folds": 3,
     "convergence_positions": UpperBound(128),
     "convergence_null": 10,
+    "pga_resamples": 20,
     # A tuned lens fitted on 512 positions, no refinement: seconds; it has its own cache entry, so
     # it never stands in for a lens of the full budget.
     "lens_budget": {"method": "fast", "n_tokens": 512, "max_steps": 0, "seq_len": 64, "n_train_texts": 40},
@@ -113,6 +114,11 @@ class ReportSettings:
     k: int | None = None
     n_null: int = 100
     ccr: int | Sequence[int] = (1, 5, 10)
+    # The PGA section's bootstrap over texts (z_low, z_high; its findings say only what holds across them):
+    # resamples, each ranked on a sample of its pairs, so it costs a small multiple of the exact scores
+    # (bench/pga_budget.py; docs/pga_sample_size.md). 0 turns it off.
+    pga_resamples: int = 40
+    pga_bootstrap_pairs: int | None = 10_000
     seed: int = 0
     probe_texts: int = 150
     probe_max_length: int = 64
@@ -184,8 +190,14 @@ def _states(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> State
 
 def _pga_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     ccr = s.ccr if isinstance(s.ccr, int) else list(s.ccr)
-    result = pga(adapter, _states(adapter, texts, s), k=s.k, n_null=s.n_null, ccr=ccr, seed=s.seed,
-                 progress=s.progress)
+    states = _states(adapter, texts, s)
+    # A bootstrap over texts needs two texts at least; with one, the point estimates alone, and why.
+    n_texts = int(states.batch_index.unique().numel())
+    resamples = s.pga_resamples if n_texts >= 2 else 0
+    result = pga(adapter, states, k=s.k, n_null=s.n_null, ccr=ccr, seed=s.seed, progress=s.progress,
+                 n_resamples=resamples, bootstrap_pairs=s.pga_bootstrap_pairs if resamples else None)
+    if s.pga_resamples and not resamples:
+        result.params["bootstrap"] = f"not run: the captured positions come from {n_texts} text"
     return result, [result.plot()]
 
 
@@ -344,7 +356,8 @@ SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
 CAPTIONS: dict[str, str] = {
     "pga": "z of the readout subspace against random subspaces, per layer (0 = embeddings; the star is the state "
            "the unembedding reads), one line per CCR. Inside the grey band (|z| < 1.96) the readout does no better "
-           "than chance; above it the layer's distance structure lives in what the unembedding reads.",
+           "than chance; above it the layer's distance structure lives in what the unembedding reads. The shaded "
+           "band around each line is z's 95 % interval over resampled texts: what another sample could give.",
     "spectrum": "Spectral metrics of the centred states of each layer (first figure), then each metric next to PGA z "
                 "in units of its own spread across layers: curves that move together suggest a shared cause.",
     "weights": "The token vectors of the unembedding (raw, and with the final norm's weight folded in) and of the "

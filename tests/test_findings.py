@@ -1,6 +1,6 @@
 """The report's findings read the numbers they summarise (geolens.findings)."""
 
-from geolens.findings import findings, lens_findings, phases_findings, probes_findings
+from geolens.findings import findings, lens_findings, pga_findings, phases_findings, probes_findings
 from geolens.results import Result
 
 
@@ -30,3 +30,53 @@ def test_probe_findings_name_the_best_layer_and_a_broken_table_says_so():
     assert probes_findings(Result(rows=rows)) == ["The best linear probe is at layer 3: 0.90 held-out accuracy "
                                                   "(chance 0.20)."]
     assert findings("probes", Result(rows=[{"layer": 0, "accuracy_mean": 0.5}]))[0].startswith("(no summary")
+
+
+def _interval_result(cells, final=None, params=None):
+    """A planted PGA table with bootstrap intervals: cells = {ccr: [(z, z_low, z_high) per layer]}."""
+    rows = [{"layer": layer, "site": "resid_post", "ccr": ccr, "z": z, "z_low": lo, "z_high": hi}
+            for ccr, values in cells.items() for layer, (z, lo, hi) in enumerate(values)]
+    if final is not None:
+        rows += [{"layer": len(cells[1]) - 1, "site": "final", "ccr": 1, "z": final[0], "z_low": final[1],
+                  "z_high": final[2]}]
+    return Result(rows=rows, params=params or {"bootstrap": {"n_resamples": 200, "n_texts": 32}})
+
+
+def test_pga_findings_with_intervals_say_only_what_holds_across_resamples():
+    ccr1 = [(5.0, 3.1, 6.2), (-3.0, -4.0, -2.2), (-4.4, -5.0, -3.1), (-2.4, -3.5, -0.9), (0.3, -1.0, 1.5),
+            (2.5, 2.0, 3.1)]
+    ccr5 = [(6.0, 4.0, 7.0), (3.0, 2.1, 4.0), (2.5, 1.2, 3.3), (4.0, 3.0, 5.0), (1.0, 0.1, 2.0), (3.0, 2.5, 3.5)]
+    lines = pga_findings(_interval_result({1: ccr1, 5: ccr5}, final=(2.2, 1.5, 2.9)))
+    # layer 2 is below at CCR-1 but CCR-5's interval reaches under 1.96 there; layer 3's CCR-1 interval crosses
+    assert lines[0] == ("Masking: at layers 1, CCR-1 z < −1.96 while CCR-5 z > 1.96 across the 95 % interval over "
+                        "resampled texts (200 resamples of 32 texts) — the readout alignment is hidden by principal "
+                        "component(s) 2–5.")
+    assert lines[1] == ("CCR-1, across the 95 % interval over resampled texts (200 resamples of 32 texts): the readout "
+                        "subspace keeps more of the distance structure than chance at layers 0, 5, less than chance "
+                        "at layers 1–2; it is at chance at layer 4; layer 3 is not settled by this sample; strongest "
+                        "at layer 0 (z = 5.0, interval 3.1 to 6.2).")
+    assert lines[2] == ("The last block (layer 5) has z = 2.5 (2.0 to 3.1) and the post-ln_final state z = 2.2 "
+                        "(1.5 to 2.9) at CCR-1, 95 % intervals over resampled texts: this sample does not settle "
+                        "whether it recovers.")
+    assert len(lines) == 3
+    # the same numbers without intervals: the point-estimate wording, which would claim layer 3 and the recovery
+    plain = pga_findings(Result(rows=[{k: v for k, v in row.items() if k not in ("z_low", "z_high")}
+                                      for row in _interval_result({1: ccr1, 5: ccr5}, (2.2, 1.5, 2.9)).rows]))
+    assert "less than chance at 3" in plain[1] and plain[2].endswith("it recovers.")
+
+
+def test_pga_interval_findings_verdicts_and_a_few_texts_note():
+    recovers = pga_findings(_interval_result({1: [(-3.0, -4.0, -2.5), (3.0, 2.1, 4.0)]}, final=(4.0, 3.0, 5.0)))
+    assert recovers[-1].endswith(": it recovers.") and "less than chance at layer 0" in recovers[0]
+    sinks = pga_findings(_interval_result({1: [(3.0, 2.1, 4.0), (-3.0, -4.0, -2.5)]}))
+    assert sinks[-1].endswith(": it does not recover.") and sinks[-1].startswith("The last block (layer 1) has z = -3.0")
+    flat = pga_findings(_interval_result({1: [(0.5, -1.0, 1.5), (0.1, -1.9, 1.9)]},
+                                         params={"bootstrap": {"n_resamples": 50, "n_texts": 4, "few_texts": True}}))
+    assert "more of the distance structure than chance at no layer, less than chance at no layer; it is at chance " \
+           "at layers 0–1." in flat[0]
+    assert flat[1].endswith(": it is at chance.")
+    assert flat[2] == "The intervals come from resampling only 4 texts: they say little about another sample."
+    # NaN intervals (too many failed resamples) fall back to the point-estimate wording only if all are NaN
+    nan = float("nan")
+    fallback = pga_findings(_interval_result({1: [(3.0, nan, nan), (-3.0, nan, nan)]}))
+    assert fallback[0].startswith("CCR-1: the readout subspace keeps more")

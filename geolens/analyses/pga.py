@@ -7,20 +7,25 @@ import numbers
 import warnings
 from typing import Sequence
 
+import numpy as np
+import scipy.linalg
 import torch
 from tqdm.auto import tqdm
 
-from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int
+from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int, working_dtype
 from geolens.capture import States, capture
 from geolens.interventions import subspace_basis
+from geolens.metrics.distances import PairSample, sample_pairs
 from geolens.metrics.grassmann import random_subspaces
-from geolens.metrics.pga import subspace_pga
+from geolens.metrics.pga import MIN_SAMPLED_PAIRS, sampled_rank_alignment, subspace_pga
+from geolens.metrics.preprocess import SPREAD_RTOL, center, check_spread
 from geolens.metrics.readout import readout_basis
 from geolens.model import READOUTS, as_adapter
 from geolens.results import PGAResult
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
 
-__all__ = ["pga", "default_k"]
+__all__ = ["pga", "default_k", "text_resamples", "resample_pairs", "resampled_z", "BOOTSTRAP_PERCENTILES",
+           "MIN_BOOTSTRAP_TEXTS"]
 
 DEFAULT_K = 100
 _SCORE_COLUMNS = ("rho_readout", "null_mean", "null_std", "z", "p_value", "pc1_readout_energy", "random_energy")
@@ -28,6 +33,12 @@ _SCORE_COLUMNS = ("rho_readout", "null_mean", "null_std", "z", "p_value", "pc1_r
 # spread as observed (null_std_raw) and its pair-sampling noise (pair_noise_std), taken out of null_std.
 _APPROX_COLUMNS = ("rho_readout", "rho_se", "null_mean", "null_std", "null_std_raw", "pair_noise_std", "z", "z_se",
                    "p_value", "pc1_readout_energy", "random_energy")
+# The bootstrap over texts (n_resamples > 0): the percentile interval of z, and the fewest texts it is
+# worth much with (below it the resamples repeat a handful of texts; it runs, warns and says so in params).
+BOOTSTRAP_PERCENTILES = (2.5, 97.5)
+MIN_BOOTSTRAP_TEXTS = 10
+# Pairs of all resamples kept at once (16 bytes each); beyond, each layer remakes its resamples' pairs.
+_PAIR_CACHE = 1 << 24
 
 
 def default_k(d_model: int) -> int:
@@ -47,6 +58,8 @@ def pga(
     readout: str | torch.Tensor = "raw",
     include_final: bool = True,
     n_pairs: int | None = None,
+    n_resamples: int = 0,
+    bootstrap_pairs: int | None = None,
     n_tokens: int | None = DEFAULT_N_TOKENS,
     seed: int = 0,
     batch_size: int = 8,
@@ -84,11 +97,32 @@ def pga(
             ``z_se`` (jackknife standard errors, docs/methods.md §A.4a) next to
             ``rho_readout`` and ``z``, and ``null_std`` is the null's spread with the
             pair-sampling noise taken out (``null_std_raw``: as observed;
-            ``pair_noise_std``: the noise taken out). Its cost hardly grows with ``N``: on 2 CPU
-            cores ``n_pairs=500_000`` measured 7.8x faster than exact at ``N = 4096`` and
-            46x at ``N = 8192`` (bench/pga.py, idle).
+            ``pair_noise_std``: the noise taken out). Its cost hardly grows with ``N``
+            (measured speed-ups in docs/benchmarks.md, from bench/pga.py).
+        n_resamples: ``0`` (default): no bootstrap; the table has no ``z_low``/``z_high``
+            columns. ``B > 0``: the uncertainty of z over the text sample (docs/methods.md
+            §A.10). The texts (sequences) that have captured rows are resampled with
+            replacement ``B`` times, each text's positions kept together, and z is
+            recomputed on the captured rows of each resample (no new forward pass):
+            centring, CCR and every Spearman again, against the *same* null subspaces
+            (they define the statistic: redrawing them would mix the null's own Monte
+            Carlo error, which depends on ``n_null`` and not on the text, into an interval
+            about the text). A row drawn twice would pair with its own copy at distance 0;
+            those self-duplicate pairs are dropped (the statistic has no pair of a
+            position with itself), every other pair counts as often as its two rows were
+            drawn. The table gains ``z_low``, ``z_high`` after ``z`` (the 2.5 and 97.5 %
+            percentiles of the resampled z; NaN where fewer than 80 % of the resamples
+            were scorable), ``result.resampled_z`` every resample's z. Fewer than
+            ``MIN_BOOTSTRAP_TEXTS`` texts warns (a handful of texts cannot show what
+            another sample would give); fewer than 2 raises. Costs about ``B`` times the
+            scoring (less with ``bootstrap_pairs``).
+        bootstrap_pairs: pairs per resample: ``None`` (default) as the point estimate
+            (all pairs, or ``n_pairs``); an int (at least ``MIN_SAMPLED_PAIRS``) ranks each
+            resample on a seeded uniform sample of that many of its pairs, so the interval
+            also holds that sample's (smaller) error: the affordable way to bootstrap
+            exact scores.
         n_tokens: positions sampled (seeded, the same for every layer); an upper bound.
-        seed: seed for positions and null subspaces.
+        seed: seed for positions, null subspaces and resamples.
         batch_size, max_length, attention_mask: forward batching, truncation, mask of an id tensor.
         progress: show progress bars.
 
@@ -98,7 +132,9 @@ def pga(
         z, p_value, pc1_readout_energy, random_energy`` (with ``n_pairs``:
         ``rho_se`` after ``rho_readout``, ``null_std_raw, pair_noise_std`` after ``null_std``
         and ``z_se`` after ``z``);
-        ``params["n_pairs"]`` is the number of pairs used (``None``: all).
+        ``params["n_pairs"]`` is the number of pairs used (``None``: all). With
+        ``n_resamples``: ``z_low, z_high`` after ``z`` (and ``z_se``), and
+        ``params["bootstrap"]`` (resamples, texts, pairs, how many failed).
         ``p_value`` is the one-sided empirical p-value
         ``(1 + #{null rho >= rho_readout}) / (n_null + 1)``, never below its floor
         ``1 / (n_null + 1)`` however large ``z`` is (0.048 at ``n_null=20``).
@@ -110,12 +146,20 @@ def pga(
         >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=24, progress=False)
         >>> pga(model, states, k=8, n_null=10, progress=False).to_pandas().site.tolist()
         ['resid_post', 'resid_post', 'resid_post', 'final']
+
+        With the bootstrap over texts (here 12 random-id sequences; use tens of texts):
+
+        >>> ids = torch.randint(0, adapter.d_vocab, (12, 10), generator=torch.Generator().manual_seed(0))
+        >>> table = pga(model, ids, k=8, n_null=10, n_tokens=60, n_resamples=20, progress=False).to_pandas()
+        >>> list(table.columns[6:9]), bool((table.z_low <= table.z_high).all())
+        (['z', 'z_low', 'z_high'], True)
     """
     adapter = as_adapter(model)
     ccrs = _ccr_list(ccr)
     n_null = check_int(n_null, "n_null", low=2)
     if n_pairs is not None:
         n_pairs = check_int(n_pairs, "n_pairs", low=2)  # before any capture; the rest once N is known
+    n_resamples, bootstrap_pairs = _check_bootstrap(n_resamples, bootstrap_pairs)
     check_site(site)
     if isinstance(readout, torch.Tensor):
         basis = subspace_basis(readout, adapter.d_model, "readout")
@@ -147,7 +191,10 @@ def pga(
             adapter, tokens, sites=sites, layers=layers, n_tokens=n_tokens, seed=seed, batch_size=batch_size,
             progress=progress, attention_mask=attention_mask, max_length=max_length,
         )
-    result = _score_states(states, basis, n_null=n_null, ccr=ccrs, seed=seed, n_pairs=n_pairs, progress=progress)
+    if n_resamples:
+        _check_texts(states, n_resamples)
+    result = _score_states(states, basis, n_null=n_null, ccr=ccrs, seed=seed, n_pairs=n_pairs, progress=progress,
+                           n_resamples=n_resamples, bootstrap_pairs=bootstrap_pairs)
     result.params.update(
         model=adapter.name, readout=readout if isinstance(readout, str) else "custom", site=site,
         processing=dict(adapter.processing), n_layers=adapter.n_layers, d_model=adapter.d_model,
@@ -171,6 +218,8 @@ def _score_states(
     seed: int = 0,
     n_pairs: int | None = None,
     progress: bool = True,
+    n_resamples: int = 0,
+    bootstrap_pairs: int | None = None,
 ) -> PGAResult:
     """Subspace PGA of captured :class:`~geolens.capture.States` against a ``[d, k]`` orthonormal readout basis."""
     ccrs = _ccr_list(ccr)
@@ -225,7 +274,236 @@ def _score_states(
         params["exact"] = params["n_pairs"] == n * (n - 1) // 2
         if not params["exact"]:
             params["null_std"] = "pair-sampling noise subtracted (jackknife; docs/methods.md §A.4a)"
-    return PGAResult(rows=rows, params=params, null_rhos=null_rhos)
+    resampled: list[dict] = []
+    if n_resamples:
+        pairs = bootstrap_pairs if bootstrap_pairs is not None else n_pairs
+        resampled = _bootstrap(states, readout, nulls, ccrs, rows, n_resamples=n_resamples, n_pairs=pairs, seed=seed,
+                               progress=progress)
+        failed = sum(int(np.isnan(r["z"]).sum()) for r, row in zip(resampled, rows) if math.isfinite(row["z"]))
+        scorable = [r for r, row in zip(resampled, rows) if math.isfinite(row["z"])]
+        for row, r in zip(rows, resampled):
+            row["z_low"], row["z_high"] = _percentile_interval(np.asarray(r["z"], dtype=float))
+        if failed:
+            warnings.warn(f"n_resamples: {failed} of {len(scorable) * n_resamples} resampled PGA scores are undefined "
+                          "(degenerate resamples); each interval uses the others (NaN below 80 %)", stacklevel=3)
+        columns = list(columns)
+        at = columns.index("z_se" if "z_se" in columns else "z") + 1
+        order = ["layer", "site", "ccr", *columns[:at], "z_low", "z_high", *columns[at:]]
+        rows[:] = [{key: row[key] for key in [*order, *(c for c in row if c not in order)]} for row in rows]
+        n_texts = int(torch.unique(states.batch_index).numel())
+        params["n_resamples"] = n_resamples
+        params["bootstrap"] = {
+            "n_resamples": n_resamples, "n_texts": n_texts, "unit": "text (positions kept together)",
+            "percentiles": list(BOOTSTRAP_PERCENTILES), "nulls": "the point estimate's, kept fixed",
+            "pairs": "all, self-duplicate pairs dropped" if pairs is None else
+                     f"{pairs} sampled per resample, self-duplicate pairs dropped",
+            "failed": failed,
+            "few_texts": n_texts < MIN_BOOTSTRAP_TEXTS,
+        }
+    return PGAResult(rows=rows, params=params, null_rhos=null_rhos, resampled_z=resampled)
+
+
+def _check_bootstrap(n_resamples: object, bootstrap_pairs: object) -> tuple[int, int | None]:
+    """``n_resamples`` an int >= 0; ``bootstrap_pairs`` None or at least ``MIN_SAMPLED_PAIRS``, and only with resamples."""
+    n_resamples = check_int(n_resamples, "n_resamples", low=0)
+    if bootstrap_pairs is None:
+        return n_resamples, None
+    bootstrap_pairs = check_int(bootstrap_pairs, "bootstrap_pairs", low=MIN_SAMPLED_PAIRS)
+    if not n_resamples:
+        raise ValueError("bootstrap_pairs sets the pairs of each bootstrap resample; it needs n_resamples > 0")
+    return n_resamples, bootstrap_pairs
+
+
+def _check_texts(states: States, n_resamples: int) -> None:
+    """Raise with fewer than 2 texts (every resample would be the sample itself); warn under ``MIN_BOOTSTRAP_TEXTS``."""
+    n_texts = int(torch.unique(states.batch_index).numel())
+    if n_texts < 2:
+        raise ValueError(f"n_resamples = {n_resamples}: the captured rows come from {n_texts} text; a bootstrap over "
+                         "texts needs at least 2 (pass a list of texts, or n_resamples=0)")
+    if n_texts < MIN_BOOTSTRAP_TEXTS:
+        warnings.warn(f"n_resamples: the captured rows come from only {n_texts} texts; an interval from resampling "
+                      f"fewer than {MIN_BOOTSTRAP_TEXTS} says little about another sample (recorded in "
+                      "params['bootstrap']['few_texts'])", stacklevel=3)
+
+
+def _percentile_interval(z: np.ndarray) -> tuple[float, float]:
+    """The 2.5 / 97.5 % percentiles of the finite resampled z (NaN when fewer than 80 % are finite)."""
+    finite = z[np.isfinite(z)]
+    if finite.size == 0 or finite.size < 0.8 * z.size:
+        return math.nan, math.nan
+    low, high = np.percentile(finite, BOOTSTRAP_PERCENTILES)
+    return float(low), float(high)
+
+
+def text_resamples(batch_index: torch.Tensor, n_resamples: int, *, seed: int = 0) -> list[torch.Tensor]:
+    """``n_resamples`` bootstrap resamples of the texts, as row indices: each draws as many texts as there
+    are (with replacement) and takes every row of each drawn text, so a text's positions stay together.
+
+    ``batch_index`` is ``States.batch_index`` (the text of each row); only texts with rows are drawn.
+    Seeded by ``seed`` (NumPy ``default_rng``), so :func:`pga` and a caller get the same resamples.
+
+    Example:
+        >>> rows = text_resamples(torch.tensor([0, 0, 1, 2, 2, 2]), 2, seed=0)
+        >>> [r.tolist() for r in rows]     # texts (0, 1, 1) and (0, 1, 2): rows of a text stay together
+        [[0, 1, 2, 2], [0, 1, 2, 3, 4, 5]]
+    """
+    n_resamples = check_int(n_resamples, "n_resamples", low=0)
+    index = torch.as_tensor(batch_index).cpu()
+    _, inverse = torch.unique(index, return_inverse=True)
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse)
+    members = list(torch.split(order, counts.tolist()))
+    draws = np.random.default_rng([0xB007, int(seed)]).integers(0, len(members), size=(n_resamples, len(members)))
+    return [torch.cat([members[t] for t in draw.tolist()]) for draw in draws]
+
+
+def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: int = 0) -> PairSample:
+    """The pairs a resample is ranked on: every pair ``a < b`` of its rows (or a seeded uniform sample of
+    ``n_pairs`` of them) except those whose two rows are copies of one captured row.
+
+    ``source[a]`` is the captured row that resampled row ``a`` copies. A row and its own copy are
+    not a pair of two positions (the statistic never pairs a position with itself); their
+    distance is 0 in every space, and kept they would add concordant ties at the bottom of
+    every ranking. Copies of two different rows keep their pair, as many times as the two were
+    drawn (the resample's weight).
+
+    Example:
+        >>> p = resample_pairs(torch.tensor([7, 7, 9]))        # rows 0 and 1 copy row 7
+        >>> list(zip(p.i.tolist(), p.j.tolist())), p.total
+        ([(0, 2), (1, 2)], 3)
+    """
+    source = torch.as_tensor(source).cpu()
+    n = int(source.numel())
+    total = n * (n - 1) // 2
+    base = sample_pairs(n, total if n_pairs is None else n_pairs, seed=seed)
+    keep = source[base.i] != source[base.j]
+    return PairSample(n=n, i=base.i[keep].contiguous(), j=base.j[keep].contiguous(), total=total)
+
+
+def resampled_z(
+    states: torch.Tensor, subspaces: torch.Tensor, ccr: Sequence[int], pairs: PairSample, *,
+    projected: torch.Tensor | None = None,
+) -> list[float]:
+    """PGA z of one resample's ``[n, d]`` rows at each CCR value, ranked on ``pairs``; NaN where undefined.
+
+    The same steps as :func:`geolens.metrics.subspace_pga` (centre, remove the top ``m``
+    principal components, Spearman of full-space against projected cosine distances,
+    ``z = (rho_0 - mean rho_r) / sd rho_r``) on the given pairs only: ``subspaces[0]``
+    is the readout, the rest the null. A degenerate resample (too few directions left,
+    a null without spread) gives NaN instead of raising.
+
+    ``projected`` (optional): ``states @ subspaces`` (``[S, n, k]``), e.g. rows gathered from
+    the projections of the whole capture, made once for every resample. The preprocessed
+    rows' coordinates then follow without projecting again:
+    ``(H - 1 mu^T)(I - P P^T) Q = H Q - 1 (mu^T Q) - ((H - 1 mu^T) P)(P^T Q)``,
+    with ``mu`` the resample's mean and ``P`` its top ``m`` principal directions.
+
+    Example:
+        >>> from geolens.metrics import random_subspaces
+        >>> h = torch.randn(40, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> z = resampled_z(h, random_subspaces(6, 2, 9, seed=0), [0, 1], resample_pairs(torch.arange(40)))
+        >>> len(z), all(math.isfinite(v) for v in z)
+        (2, True)
+    """
+    n, d = states.shape
+    nan = [math.nan] * len(ccr)
+    input_dtype = states.dtype
+    x = states.to(working_dtype(states))
+    centred = center(x)
+    try:
+        check_spread(x, centred, dtype=input_dtype, what="the resampled states")
+    except DegenerateError:
+        return nan
+    sv, vh = _principal(centred, max(max(ccr), 1))
+    subspaces = subspaces.to(dtype=x.dtype, device=x.device)
+    if projected is None:
+        projected = x @ subspaces
+    # Centred coordinates, shared by every CCR value: H Q - 1 (mu^T Q).
+    base = projected.to(x.dtype) - (x.mean(0) @ subspaces).unsqueeze(1)
+    out = []
+    for m in ccr:
+        if m >= min(n - 1, d) or int((sv[m:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum()) < 2:
+            out.append(math.nan)
+            continue
+        pcs = vh[:m]
+        processed = centred - (centred @ pcs.T) @ pcs if m else centred
+        coords = base - (centred @ pcs.T) @ (pcs @ subspaces) if m else base
+        try:
+            if m:
+                check_spread(centred, processed, dtype=input_dtype, what="the resampled states after CCR")
+            rhos, _ = sampled_rank_alignment(processed, subspaces, pairs, coords=coords)
+        except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z
+            out.append(math.nan)
+            continue
+        null = rhos[1:]
+        spread = float(null.std(unbiased=True))
+        out.append(float((rhos[0] - null.mean()) / spread) if spread > 1e-9 else math.nan)
+    return out
+
+
+def _principal(centred: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The largest singular values (descending; at least ``top + 2`` of them, all for float64) and the top
+    ``top`` right singular vectors of ``centred``, as in :func:`geolens.metrics.subspace_pga`: float32 from
+    the float64 Gram matrix, other dtypes by an SVD. The rank test after CCR-m needs only values m and m + 1,
+    so the float32 path asks LAPACK for the top ``top + 2`` eigenpairs alone (the full ``eigh`` is most of a
+    resample's cost)."""
+    if centred.dtype != torch.float32:
+        _, sv, vh = torch.linalg.svd(centred, full_matrices=False)
+        return sv, vh[:top]
+    x64 = centred.double()
+    n, d = x64.shape
+    gram = (x64.T @ x64 if n >= d else x64 @ x64.T).cpu().numpy()
+    size = gram.shape[0]
+    lam, vec = scipy.linalg.eigh(gram, subset_by_index=[max(0, size - top - 2), size - 1])  # ascending
+    lam = torch.from_numpy(lam).to(x64.device)
+    vec = torch.from_numpy(vec).to(x64.device)
+    sv = lam.flip(0).clamp_min(0.0).sqrt()
+    top_vectors = vec.flip(1)[:, :top]
+    vh = top_vectors.T if n >= d else (top_vectors.T @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
+    return sv.to(centred.dtype), vh.to(centred.dtype)
+
+
+def _bootstrap(
+    states: States, readout: torch.Tensor, nulls: torch.Tensor, ccrs: list[int], rows: list[dict], *,
+    n_resamples: int, n_pairs: int | None, seed: int, progress: bool,
+) -> list[dict]:
+    """Every row's z on each of ``n_resamples`` text resamples (rows whose own z is undefined are skipped).
+
+    Layer by layer: the layer's rows are projected onto every subspace once, and each resample
+    gathers its rows' coordinates (:func:`resampled_z`), so a resample costs its rankings, not
+    ``S`` products of ``N x d`` by ``d x k``.
+    """
+    subspaces = torch.cat([readout.unsqueeze(0), nulls], dim=0)
+    cells = {(row["site"], row["layer"], row["ccr"]): i for i, row in enumerate(rows)}
+    z = np.full((len(rows), n_resamples), np.nan)
+    jobs = [(site, layer) for site in states.sites for layer in states.layers[site]]
+    todo = {job: [m for m in ccrs if math.isfinite(rows[cells[(*job, m)]]["z"])] for job in jobs}
+    base_seed = 0 if seed is None else int(seed)
+    resamples = text_resamples(states.batch_index, n_resamples, seed=base_seed)
+
+    def pairs_of(b: int) -> PairSample:
+        return resample_pairs(resamples[b], n_pairs, seed=base_seed * 1_000_003 + b + 1)
+
+    # The pair sets are made once and kept when they fit in _PAIR_CACHE pairs, else remade per layer.
+    n = states.n_tokens
+    per_resample = n * (n - 1) // 2 if n_pairs is None else min(n_pairs, n * (n - 1) // 2)
+    kept = [pairs_of(b) for b in range(n_resamples)] if per_resample * n_resamples <= _PAIR_CACHE else None
+    work = [job for job in jobs if todo[job]]
+    bar = tqdm(total=len(work) * n_resamples, desc="PGA bootstrap", disable=not progress, leave=False)
+    for site, layer in work:
+        x = states.layer(site, layer)
+        x = x.to(working_dtype(x))
+        projected = x @ subspaces.to(dtype=x.dtype, device=x.device)  # [S, N, k], once per layer
+        for b, picked in enumerate(resamples):
+            at = picked.to(x.device)
+            values = resampled_z(x[at], subspaces, todo[(site, layer)], kept[b] if kept else pairs_of(b),
+                                 projected=projected[:, at])
+            for m, value in zip(todo[(site, layer)], values):
+                z[cells[(site, layer, m)], b] = value
+            bar.update()
+    bar.close()
+    return [{"site": row["site"], "layer": row["layer"], "ccr": row["ccr"], "z": z[i].tolist()}
+            for i, row in enumerate(rows)]
 
 
 def _ccr_list(ccr: int | Sequence[int]) -> list[int]:

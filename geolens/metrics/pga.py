@@ -467,8 +467,12 @@ def sampled_rank_alignment(
     seed: int = 0,
     n_blocks: int = JACKKNIFE_BLOCKS,
     chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+    coords: Float[torch.Tensor, "S N k"] | None = None,
 ) -> tuple[Float[torch.Tensor, "S"], Float[torch.Tensor, "S G"]]:
     """:func:`rank_alignment` on a sample of pairs, with its delete-a-group jackknife replicates.
+
+    ``coords`` (optional): ``states @ subspaces``, when the caller has it more cheaply (the
+    bootstrap over texts updates projections made once); it is read, not changed.
 
     Returns ``(rhos [S], deleted [S, G])`` in float64 on the CPU: the Spearman of
     each subspace over the sampled pairs, and the same with each of ``G`` random,
@@ -498,8 +502,11 @@ def sampled_rank_alignment(
     compiled = _rank_kernels.sampled_uses_numpy_kernel(device, states.dtype, p, n_blocks)
 
     def project(start: int) -> torch.Tensor:
-        coords = states @ subspaces[start : start + chunk]
-        return unit_rows(coords, in_place=True) if compiled else coords  # coords is a fresh product
+        if coords is not None:
+            given = coords[start : start + chunk]
+            return unit_rows(given) if compiled else given
+        product = states @ subspaces[start : start + chunk]
+        return unit_rows(product, in_place=True) if compiled else product  # a fresh product
 
     # The full space in float64, as in the exact mode: its values tie only where they are equal.
     full_sorted, full_order = sort_with_order(pair_negated_cosines(states.double(), pairs))
