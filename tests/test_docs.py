@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser import CHROMEDRIVER, CHROMIUM, SHOTS, _require_browser
+from tests.test_browser import SHOTS, browser  # noqa: F401  (the headless Chromium fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
@@ -110,23 +110,6 @@ def test_cli_page_shows_the_real_help(site):
     html = (site / "cli.html").read_text(encoding="utf-8")
     assert "--lens-positions" in html and "(default: all of them)" in html and "--version" in html
     assert "cli-help:" not in html  # every marker was replaced
-
-
-@pytest.fixture(scope="module")
-def browser():
-    _require_browser()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,2000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(120)
-    yield driver
-    driver.quit()
 
 
 DRAWN = """
