@@ -409,6 +409,29 @@ def condition_number(x: Float[torch.Tensor, "N d"], *, centre: bool = False, rto
     return _condition_number(spectrum_of(x, centre=centre), rtol)
 
 
+def _summary(sp: Spectrum, *, alpha_fit_range: tuple[int, int], rtol: float | None, eps: float, clip_fit_range: bool,
+             log_iso: float, cos_mean: float, cos_std: float) -> dict[str, float]:
+    """The summary dict of :func:`spectral_summary` and :func:`spectral_summary_blocks` from their spectrum."""
+    if clip_fit_range:
+        alpha, r2, fit_start, fit_stop = _alpha_req_within_rank(sp, alpha_fit_range, rtol)
+    else:
+        alpha, r2 = _alpha_req(sp, alpha_fit_range, rtol)
+    used = {"alpha_fit_start": fit_start, "alpha_fit_stop": fit_stop} if clip_fit_range else {}
+    return {
+        "effective_rank": _effective_rank(sp),
+        "rankme": _rankme(sp, eps),
+        "alpha_req": alpha,
+        "alpha_req_r2": r2,
+        "isotropy": math.exp(log_iso),
+        "log_isotropy": log_iso,
+        "mean_cosine": float(cos_mean),
+        "cosine_std": float(cos_std),
+        "condition_number": _condition_number(sp, rtol),
+        "numerical_rank": _numerical_rank(sp, rtol),
+        **used,
+    }
+
+
 def spectral_summary(
     x: Float[torch.Tensor, "N d"],
     centre: bool = True,
@@ -441,26 +464,9 @@ def spectral_summary(
     """
     x = _prepare(x, "X", centre)
     sp = _svd(x, centre, True, "X")
-    if clip_fit_range:
-        alpha, r2, fit_start, fit_stop = _alpha_req_within_rank(sp, alpha_fit_range, rtol)
-    else:
-        alpha, r2 = _alpha_req(sp, alpha_fit_range, rtol)
-    log_iso = _log_isotropy(sp)
     cos_mean, cos_std = cosine_stats(x)
-    used = {"alpha_fit_start": fit_start, "alpha_fit_stop": fit_stop} if clip_fit_range else {}
-    return {
-        "effective_rank": _effective_rank(sp),
-        "rankme": _rankme(sp, eps),
-        "alpha_req": alpha,
-        "alpha_req_r2": r2,
-        "isotropy": math.exp(log_iso),
-        "log_isotropy": log_iso,
-        "mean_cosine": cos_mean,
-        "cosine_std": cos_std,
-        "condition_number": _condition_number(sp, rtol),
-        "numerical_rank": _numerical_rank(sp, rtol),
-        **used,
-    }
+    return _summary(sp, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps, clip_fit_range=clip_fit_range,
+                    log_iso=_log_isotropy(sp), cos_mean=cos_mean, cos_std=cos_std)
 
 
 # Rows per float64 block of spectral_summary_blocks: block x d x 8 bytes at a time.
@@ -542,10 +548,6 @@ def spectral_summary_blocks(
         raise ValueError(f"X is all zeros{' after centring (every row is the same)' if centre else ''}; "
                          "its spectrum is undefined")
     sp = Spectrum(s=s, u=None, n_rows=n, n_cols=d, dtype=working_dtype(x), centred=centre)
-    if clip_fit_range:
-        alpha, r2, fit_start, fit_stop = _alpha_req_within_rank(sp, alpha_fit_range, rtol)
-    else:
-        alpha, r2 = _alpha_req(sp, alpha_fit_range, rtol)
     log_pos = torch.full((d,), -math.inf, dtype=f64, device=x.device)
     log_neg = log_pos.clone()
     for a, b in blocks:  # the isotropy's log Z(+-v_j) = logsumexp over rows of +-(x_i - mean) . v_j
@@ -560,17 +562,5 @@ def spectral_summary_blocks(
     pairs = n * (n - 1)
     cos_mean = (unit_sum.square().sum() - n) / pairs
     cos_var = ((unit_gram.square().sum() - n) / pairs - cos_mean.square()).clamp_min(0.0)
-    used = {"alpha_fit_start": fit_start, "alpha_fit_stop": fit_stop} if clip_fit_range else {}
-    return {
-        "effective_rank": _effective_rank(sp),
-        "rankme": _rankme(sp, eps),
-        "alpha_req": alpha,
-        "alpha_req_r2": r2,
-        "isotropy": math.exp(log_iso),
-        "log_isotropy": log_iso,
-        "mean_cosine": float(cos_mean),
-        "cosine_std": float(cos_var.sqrt()),
-        "condition_number": _condition_number(sp, rtol),
-        "numerical_rank": _numerical_rank(sp, rtol),
-        **used,
-    }
+    return _summary(sp, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps, clip_fit_range=clip_fit_range,
+                    log_iso=log_iso, cos_mean=cos_mean, cos_std=cos_var.sqrt())
