@@ -28,7 +28,7 @@ from geolens.model import ModelAdapter, as_adapter
 from geolens.results import PGAResult, Result
 from geolens.data import available_models, default_texts, load_default_model, load_model
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "AblationResult",
@@ -74,12 +74,3 @@ __all__ = [
     "updates",
     "weight_geometry",
 ]
-
-
-def __getattr__(name: str):
-    # Deprecated since 0.2: one way to score captured states, geolens.pga(model, states, readout=basis).
-    if name == "pga_of_states":
-        from geolens.analyses.pga import pga_of_states
-
-        return pga_of_states
-    raise AttributeError(f"module 'geolens' has no attribute {name!r}")

@@ -202,13 +202,6 @@ def pga(
     return result
 
 
-def pga_of_states(states: States, readout: torch.Tensor, **kwargs) -> PGAResult:
-    """Deprecated: use ``geolens.pga(model, states, readout=basis)``."""
-    warnings.warn("pga_of_states is deprecated; use geolens.pga(model, states, readout=basis)", DeprecationWarning,
-                  stacklevel=2)
-    return _score_states(states, readout, **kwargs)
-
-
 def _score_states(
     states: States,
     readout: torch.Tensor,
