@@ -128,10 +128,6 @@ _MARKER = "geolens_source.json"
 # JSON files of a converted folder up to this size are parsed by the check on every load; larger
 # ones (the tokenizer) only have their end checked.
 _PARSED_JSON_BYTES = 1 << 18
-# The default model's names, kept for code that reads them.
-MODEL_DIST = MODELS[DEFAULT_MODEL].dist
-MODEL_GGUF = MODELS[DEFAULT_MODEL].gguf_file
-MODEL_DIRNAME = MODELS[DEFAULT_MODEL].dirname
 _STAGING_PREFIX = MODELS[DEFAULT_MODEL].staging_prefix
 
 
