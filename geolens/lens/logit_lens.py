@@ -121,7 +121,8 @@ def residual_stream(
     """
     adapter = as_adapter(model)
     batch = prepare_tokens(adapter, tokens, attention_mask)
-    names = [adapter.hook_name("resid_pre", 0)] + [adapter.hook_name("resid_post", b) for b in range(adapter.n_layers)]
+    names = [adapter.block_hook_name("resid_pre", 0)]
+    names += [adapter.block_hook_name("resid_post", b) for b in range(adapter.n_layers)]
     store: list[Tensor | None] = [None] * len(names)
     device = adapter.device
 
