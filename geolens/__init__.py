@@ -15,7 +15,7 @@ from geolens.analyses.checkpoints import CheckpointResult, over_checkpoints, pyt
 from geolens.analyses.compare import CompareResult, compare
 from geolens.analyses.convergence import ConvergenceResult, convergence
 from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
-from geolens.analyses.pga import pga
+from geolens.analyses.pga import PGAResult, pga
 from geolens.analyses.phases import PhasesResult, phases
 from geolens.analyses.probes import ProbeResult, probes
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
@@ -25,7 +25,7 @@ from geolens.capture import States, capture
 from geolens.sites import SITES
 from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
-from geolens.results import PGAResult, Result
+from geolens.results import Result
 from geolens.data import available_models, default_texts, load_default_model, load_model
 
 __version__ = "0.3.0"
