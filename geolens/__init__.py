@@ -2,7 +2,7 @@
 
 Example (on a tiny 2-layer model; ``load_default_model`` gives the real one):
     >>> import geolens
-    >>> model = geolens.load_default_model()   # one-time 540 MB conversion, ~30 s  # doctest: +SKIP
+    >>> model = geolens.load_default_model()   # a one-time conversion, 540 MB  # doctest: +SKIP
     >>> res = geolens.pga(model, texts, k=8, n_null=10, ccr=[0, 1], n_tokens=24, progress=False)
     >>> res.to_pandas().query("ccr == 0")[["layer", "site", "z"]].round(2).values.tolist()
     [[0, 'resid_post', -0.36], [1, 'resid_post', 1.41], [2, 'resid_post', 0.49], [2, 'final', -0.49]]
