@@ -171,6 +171,11 @@ def test_compare_flat_column_and_layer_mismatch():
     assert cmp.params["range"] == {"pga_z": 43.0, "rankme": 0.0, "effective_rank": 2.0}
     with pytest.raises(ValueError, match="share 0 layers"):
         compare(p.assign(layer=[5, 6, 7]), s, metrics=["rankme"])
+    # several sites: the message names the public way to measure one (no removed function)
+    two = pd.concat([s, s.assign(site="attn_out")])
+    with pytest.raises(ValueError, match=r"several sites .*geolens\.spectrum\(model, states, site=") as err:
+        compare(p, two, metrics=["rankme"])
+    assert "spectrum_of_states" not in str(err.value)
 
 
 @pytest.mark.slow
