@@ -167,9 +167,8 @@ def _reset_peak_rss() -> int:
     return _status_kib("VmRSS")
 
 
-# The approximate PGA's time is the median of this many runs: a run takes under a second, so one
-# stall of a shared machine moves it by a third (0.75 -> 1.03 s seen); an exact run (10-110 s) averages
-# such stalls out over its length, so it runs once.
+# The approximate PGA's time is the median of this many runs: a run is short, so one stall of a
+# shared machine moves it much; an exact run is long enough to average such stalls out, so it runs once.
 APPROX_REPEATS = 3
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import geolens  # noqa: E402
-from geolens.results import PGAResult  # noqa: E402
+from geolens.analyses.pga import PGAResult  # noqa: E402
 
 DEFAULT_BUDGETS = "4x256,8x512,16x1024,32x1024,64x2048"
 Z = 1.96

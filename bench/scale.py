@@ -15,7 +15,7 @@ The bound checked per row: peak RSS <= 1.2 x the weights' bytes + 2 GiB.
 
 Run:  python bench/scale.py                       # 160m, 410m, 1b, 2.8b, 6.9b
       python bench/scale.py --sizes 160m,410m,1b  # a subset
-      python bench/scale.py --sizes 6.9b          # needs about 16 GiB free
+      python bench/scale.py --sizes 6.9b          # needs its bound free: 1.2 x 12.8 + 2 = 17.3 GiB
 Writes bench/results/scale.csv and bench/results/scale_table.md (``--out`` to change).
 """
 

@@ -2,7 +2,7 @@
 
 Example (on a tiny 2-layer model; ``load_default_model`` gives the real one):
     >>> import geolens
-    >>> model = geolens.load_default_model()   # one-time 540 MB conversion, ~30 s  # doctest: +SKIP
+    >>> model = geolens.load_default_model()   # a one-time conversion, 540 MB  # doctest: +SKIP
     >>> res = geolens.pga(model, texts, k=8, n_null=10, ccr=[0, 1], n_tokens=24, progress=False)
     >>> res.to_pandas().query("ccr == 0")[["layer", "site", "z"]].round(2).values.tolist()
     [[0, 'resid_post', -0.36], [1, 'resid_post', 1.41], [2, 'resid_post', 0.49], [2, 'final', -0.49]]
@@ -15,7 +15,7 @@ from geolens.analyses.checkpoints import CheckpointResult, over_checkpoints, pyt
 from geolens.analyses.compare import CompareResult, compare
 from geolens.analyses.convergence import ConvergenceResult, convergence
 from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
-from geolens.analyses.pga import pga
+from geolens.analyses.pga import PGAResult, pga
 from geolens.analyses.phases import PhasesResult, phases
 from geolens.analyses.probes import ProbeResult, probes
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
@@ -25,10 +25,10 @@ from geolens.capture import States, capture
 from geolens.sites import SITES
 from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
-from geolens.results import PGAResult, Result
+from geolens.results import Result
 from geolens.data import available_models, default_texts, load_default_model, load_model
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "AblationResult",
@@ -74,12 +74,3 @@ __all__ = [
     "updates",
     "weight_geometry",
 ]
-
-
-def __getattr__(name: str):
-    # Deprecated since 0.2: one way to score captured states, geolens.pga(model, states, readout=basis).
-    if name == "pga_of_states":
-        from geolens.analyses.pga import pga_of_states
-
-        return pga_of_states
-    raise AttributeError(f"module 'geolens' has no attribute {name!r}")

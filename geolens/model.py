@@ -54,7 +54,7 @@ under ``processing["inferred"]``.
 
 Example:
     >>> adapter = ModelAdapter(model)
-    >>> adapter.hook_name("resid_post", 1)
+    >>> adapter.block_hook_name("resid_post", 1)
     'blocks.1.hook_resid_post'
     >>> tokens, mask = adapter.tokenize(["a cat", "a dog ran"])
     >>> seen = []
@@ -253,16 +253,16 @@ class ModelAdapter:
         return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     # ------------------------------------------------------------------ hooks
-    def hook_name(self, site: str, block: int) -> str:
+    def block_hook_name(self, site: str, block: int) -> str:
         """Name of the hook for ``site`` in block ``block`` (0-based).
 
         Raises ``ValueError`` for an unknown site, a block outside ``[0, n_layers)``,
         or a site this model lacks (``resid_mid`` in parallel blocks, ``mlp_out``
         in attention-only models).
 
-        >>> adapter.hook_name("resid_post", 1)
+        >>> adapter.block_hook_name("resid_post", 1)
         'blocks.1.hook_resid_post'
-        >>> adapter.hook_name("resid_mid", 0)
+        >>> adapter.block_hook_name("resid_mid", 0)
         Traceback (most recent call last):
         ...
         ValueError: site 'resid_mid' is not available for '...': its blocks are parallel (...), so there is no resid_mid

@@ -95,11 +95,12 @@ _STATE_FIELDS = ("results", "states")
 
 @dataclass
 class ReportSettings:
-    """Budgets of every section (the defaults run in a few minutes on 2 CPU cores).
+    """Budgets of every section (their run times on the default model: docs/benchmarks.md).
 
-    ``lens_budget`` goes to :func:`geolens.lens.cached_tuned_lens` (keys ``steps``,
-    ``tokens_per_step``, ``seq_len``, ``n_train_texts``; ``None`` = its
-    ``REPORT_BUDGET``) for the lens and phases sections.
+    ``lens_budget`` is laid over :data:`REPORT_LENS_BUDGET` (``None``: that budget as it is) for the
+    lens and phases sections: ``n_train_texts`` default texts to train on, the rest goes to
+    :func:`geolens.lens.cached_tuned_lens` (``method`` and its budget: ``n_tokens``, ``max_steps``,
+    ``max_seconds`` for ``"fast"``, ``steps``, ``tokens_per_step`` for ``"reference"``; ``seq_len``).
 
     Example:
         >>> ReportSettings.quick_preset(n_tokens=400).n_tokens, ReportSettings.quick_preset().n_texts

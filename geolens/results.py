@@ -24,7 +24,7 @@ import pandas as pd
 from geolens import plotting
 from geolens._io import atomic_write_text
 
-__all__ = ["Result", "PGAResult", "json_text"]
+__all__ = ["Result", "json_text"]
 
 
 # Strict JSON has no NaN or Infinity (``json.dumps`` writes them by default, and strict parsers
@@ -231,27 +231,3 @@ class Result:
         if exclude:
             bundle = {k: v for k, v in bundle.items() if k not in exclude}
         return bundle
-
-
-@dataclass(repr=False)
-class PGAResult(Result):
-    """Subspace PGA per layer (and per CCR value): ``layer, site, ccr, rho_readout, null_mean,
-    null_std, z, p_value, pc1_readout_energy, random_energy``.
-
-    ``null_rhos`` holds, per row, ``{"site", "layer", "ccr", "rhos"}`` with the null
-    Spearman values, so the null distribution can be inspected or re-plotted.
-    With ``geolens.pga(..., n_resamples=B)`` the table also has ``z_low, z_high`` (the
-    95 % percentile interval of z over resampled texts) and ``resampled_z`` holds, per
-    row, ``{"site", "layer", "ccr", "z"}`` with the ``B`` resampled z (empty without).
-    """
-
-    null_rhos: list[dict[str, Any]] = field(default_factory=list)
-    resampled_z: list[dict[str, Any]] = field(default_factory=list)
-    title: ClassVar[str] = "PGAResult"
-
-    def plot(self, kind: str = "z"):
-        """Plotly figure: ``kind="z"`` (z by layer, null band +-1.96; with ``z_low``/``z_high``, each
-        line's bootstrap interval as a shaded band) or ``"rho"`` (rho vs null mean +-2 sd)."""
-        from geolens.plotting import pga_figure
-
-        return pga_figure(self.to_pandas(), kind=kind, title=self._summary())

@@ -10,7 +10,7 @@ Sites inside a block are indexed by the layer that block *produces*:
 the end, as in Python (``-1`` = ``L``). See docs/methods.md §F.
 
 This module is the one place that maps ``(site, layer)`` to a TransformerLens
-hook name (through :meth:`geolens.model.ModelAdapter.hook_name`) and checks layers.
+hook name (through :meth:`geolens.model.ModelAdapter.block_hook_name`) and checks layers.
 
 Example:
     >>> site_layers("resid_post", 2), site_layers("attn_out", 2), site_layers("final", 2)
@@ -97,5 +97,7 @@ def hook_name(model: object, site: str, layer: int) -> str:
     if site == FINAL_SITE:
         return adapter.final_hook_name
     if site == RESIDUAL_SITE:
-        return adapter.hook_name("resid_pre", 0) if layer == 0 else adapter.hook_name("resid_post", layer - 1)
-    return adapter.hook_name(site, layer - 1)
+        if layer == 0:
+            return adapter.block_hook_name("resid_pre", 0)
+        return adapter.block_hook_name("resid_post", layer - 1)
+    return adapter.block_hook_name(site, layer - 1)

@@ -110,18 +110,23 @@ def test_ccr_default_is_the_papers_centring_plus_ccr1():
     assert inspect.signature(geolens.ablation_effect).parameters["ccr"].default == 0
 
 
-def test_old_names_are_deprecated_aliases(native_bridge):
+def test_removed_names_are_gone_and_their_replacements_work(native_bridge):
     import torch
 
-    states = geolens.capture(native_bridge, torch.randint(0, 100, (2, 8)), sites=("resid_post",), progress=False)
-    with pytest.warns(DeprecationWarning, match="pga_of_states"):
-        from geolens.analyses.pga import pga_of_states
-        from geolens.metrics import readout_basis
+    from geolens.analyses.pga import _score_states
+    from geolens.metrics import readout_basis
 
-        basis = readout_basis(geolens.as_adapter(native_bridge).unembed_matrix(), 4)
-        old = pga_of_states(states, basis, n_null=5, progress=False)
+    states = geolens.capture(native_bridge, torch.randint(0, 100, (2, 8)), sites=("resid_post",), progress=False)
+    basis = readout_basis(geolens.as_adapter(native_bridge).unembed_matrix(), 4)
+    direct = _score_states(states, basis, n_null=5, progress=False)
     new = geolens.pga(native_bridge, states, readout=basis, n_null=5, progress=False)
-    assert [r["z"] for r in old.rows] == pytest.approx([r["z"] for r in new.rows], abs=1e-9)
+    assert [r["z"] for r in direct.rows] == pytest.approx([r["z"] for r in new.rows], abs=1e-9)
     zoo = importlib.import_module("geolens.zoo")
-    with pytest.warns(DeprecationWarning, match="geolens.data"):
-        assert zoo.default_texts is geolens.data.default_texts
+    for module, name in ((geolens, "pga_of_states"), (zoo, "default_texts"), (zoo, "load_default_model"),
+                         (zoo, "default_model_path"), (zoo, "TOPICS")):
+        with pytest.raises(AttributeError):
+            getattr(module, name)
+    for module, name in ((importlib.import_module("geolens.analyses.pga"), "pga_of_states"),
+                         (importlib.import_module("geolens.analyses.spectrum"), "spectrum_of_states")):
+        assert not hasattr(module, name)
+    assert callable(geolens.data.default_texts) and callable(geolens.data.load_default_model)

@@ -188,6 +188,11 @@ def test_token_ids_to_convergence_get_a_clear_error(native_bridge):
         geolens.convergence(native_bridge, _short(native_bridge), progress=False)
 
 
+def test_convergence_in_the_order_before_0_3_gets_a_clear_error(native_bridge):
+    with untouched(native_bridge), pytest.raises(TypeError, match=r"convergence\(model_a, texts, model_b\)"):
+        geolens.convergence(native_bridge, native_bridge, ["a text", "another text"], progress=False)
+
+
 def test_ids_longer_than_the_positional_table_name_length_and_limit(native_bridge):
     long = torch.randint(3, 100, (1, 70))
     with untouched(native_bridge), pytest.raises(ValueError, match="70 positions .* at most 64"):

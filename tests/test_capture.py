@@ -36,10 +36,10 @@ def test_layer_convention(any_model):
     adapter = as_adapter(any_model)
     states = geolens.capture(any_model, torch.randint(0, adapter.d_vocab, (2, 8)), sites=("resid_post", "attn_out"),
                              progress=False)
-    assert states.hook_names["resid_post"][0] == adapter.hook_name("resid_pre", 0)
-    assert states.hook_names["resid_post"][1] == adapter.hook_name("resid_post", 0)
+    assert states.hook_names["resid_post"][0] == adapter.block_hook_name("resid_pre", 0)
+    assert states.hook_names["resid_post"][1] == adapter.block_hook_name("resid_post", 0)
     assert states.layers["attn_out"] == tuple(range(1, adapter.n_layers + 1))
-    assert states.hook_names["attn_out"][0] == adapter.hook_name("attn_out", 0)
+    assert states.hook_names["attn_out"][0] == adapter.block_hook_name("attn_out", 0)
 
 
 def test_padding_and_first_token_never_sampled():

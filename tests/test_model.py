@@ -102,18 +102,18 @@ def test_hook_names_exist_for_every_site_and_block(any_model: Any) -> None:
         if site == "resid_mid" and not adapter.has_resid_mid:
             continue
         for block in range(adapter.n_layers):
-            name = adapter.hook_name(site, block)
+            name = adapter.block_hook_name(site, block)
             assert name == f"blocks.{block}.hook_{site}"
             assert name in hooks
     assert adapter.final_hook_name in hooks
-    assert adapter.hook_name("resid_post", torch.tensor(1).item()) == "blocks.1.hook_resid_post"
-    assert adapter.hook_name("resid_pre", np.int64(1)) == "blocks.1.hook_resid_pre"
+    assert adapter.block_hook_name("resid_post", torch.tensor(1).item()) == "blocks.1.hook_resid_post"
+    assert adapter.block_hook_name("resid_pre", np.int64(1)) == "blocks.1.hook_resid_pre"
 
 
 def test_resid_mid_absent_for_parallel_neox(neox_bridge: Any) -> None:
     adapter = ModelAdapter(neox_bridge)
     with pytest.raises(ValueError, match="parallel"):
-        adapter.hook_name("resid_mid", 0)
+        adapter.block_hook_name("resid_mid", 0)
 
 
 def test_attn_only_model_has_no_mlp_sites() -> None:
@@ -121,21 +121,21 @@ def test_attn_only_model_has_no_mlp_sites() -> None:
     assert adapter.has_resid_mid is False and adapter.parallel_attn_mlp is False
     for site in ("mlp_out", "resid_mid"):
         with pytest.raises(ValueError, match="not available"):
-            adapter.hook_name(site, 0)
-    assert adapter.hook_name("attn_out", 1) == "blocks.1.hook_attn_out"
+            adapter.block_hook_name(site, 0)
+    assert adapter.block_hook_name("attn_out", 1) == "blocks.1.hook_attn_out"
 
 
 def test_parallel_hooked_transformer_has_no_resid_mid() -> None:
     adapter = ModelAdapter(make_hooked_model(parallel_attn_mlp=True))
     assert adapter.parallel_attn_mlp is True and adapter.has_resid_mid is False
     with pytest.raises(ValueError, match="parallel"):
-        adapter.hook_name("resid_mid", 0)
+        adapter.block_hook_name("resid_mid", 0)
 
 
 @pytest.mark.parametrize("site, block", [("resid", 0), ("hook_resid_post", 0), ("resid_post", N_LAYERS), ("resid_post", -1), ("resid_post", 1.0), ("resid_post", True)])
 def test_hook_name_rejects_bad_arguments(native_bridge: Any, site: str, block: Any) -> None:
     with pytest.raises(ValueError):
-        ModelAdapter(native_bridge).hook_name(site, block)
+        ModelAdapter(native_bridge).block_hook_name(site, block)
 
 
 # --------------------------------------------------------------------------- readout
@@ -214,7 +214,7 @@ def test_processed_bridge() -> None:
     assert adapter.processing["center_unembed"] is True
     assert set(adapter.processing["inferred"]) == {"fold_ln", "center_unembed"}
     torch.testing.assert_close(adapter.unembed_matrix("folded"), adapter.unembed_matrix("raw"))
-    assert adapter.hook_name("resid_mid", 1) == "blocks.1.hook_resid_mid"
+    assert adapter.block_hook_name("resid_mid", 1) == "blocks.1.hook_resid_mid"
     _check_final_readout(adapter)
 
 
@@ -247,7 +247,7 @@ def test_offset_rmsnorm_folded_readout_matches_hf(gemma3_bridge: Any, gemma3_dir
     torch.testing.assert_close(folded, (1.0 + stored).unsqueeze(-1) * raw, atol=1e-6, rtol=0)
     b_u = adapter.unembed_bias()
     eps = hf.config.rms_norm_eps
-    last = adapter.hook_name("resid_post", N_LAYERS - 1)  # the state ln_final reads
+    last = adapter.block_hook_name("resid_post", N_LAYERS - 1)  # the state ln_final reads
     for text in texts:  # one text at a time: no padding
         tokens = gemma3_bridge.to_tokens(text)
         logits, h_last = _capture(adapter, tokens, torch.ones_like(tokens), last)
@@ -273,7 +273,8 @@ def test_offset_rmsnorm_after_fold_ln(gemma3_dir: Any) -> None:
     torch.testing.assert_close(adapter.unembed_matrix("folded"), adapter.unembed_matrix("raw"))
     _check_final_readout(adapter)
     tokens = torch.tensor([[0, 3, 4, 5, 6]])
-    logits, h_last = _capture(adapter, tokens, torch.ones_like(tokens), adapter.hook_name("resid_post", N_LAYERS - 1))
+    last = adapter.block_hook_name("resid_post", N_LAYERS - 1)
+    logits, h_last = _capture(adapter, tokens, torch.ones_like(tokens), last)
     b_u = adapter.unembed_bias()
     predicted = _rms_normalize(h_last, bridge.cfg.eps) @ adapter.unembed_matrix("folded") + (0 if b_u is None else b_u)
     torch.testing.assert_close(predicted, logits, atol=ATOL, rtol=0)
@@ -334,7 +335,7 @@ def test_hooks_removed_after_run_with_hooks_raises(any_model: Any) -> None:
     adapter = ModelAdapter(any_model)
     before = _hook_counts(any_model)
     tokens = torch.tensor([[0, 3, 4]])
-    names = [adapter.hook_name("resid_post", 0), adapter.hook_name("mlp_out", 1), adapter.final_hook_name]
+    names = [adapter.block_hook_name("resid_post", 0), adapter.block_hook_name("mlp_out", 1), adapter.final_hook_name]
     with pytest.raises(_Boom):
         adapter.run_with_hooks(tokens, fwd_hooks=[(names[0], lambda t, hook: None), (names[1], _raise)])
     assert _hook_counts(any_model) == before
@@ -345,7 +346,7 @@ def test_hooks_removed_after_run_with_hooks_raises(any_model: Any) -> None:
 def test_hooks_context_manager_removes_on_exception(any_model: Any) -> None:
     adapter = ModelAdapter(any_model)
     before = _hook_counts(any_model)
-    name = adapter.hook_name("attn_out", 0)
+    name = adapter.block_hook_name("attn_out", 0)
     with pytest.raises(KeyError):
         with adapter.hooks([(name, lambda t, hook: None)]):
             assert _hook_counts(any_model)[name] == before[name] + 1
@@ -373,7 +374,7 @@ def test_adapter_changes_no_weights(any_model: Any, texts: list[str]) -> None:
     adapter.unembed_matrix("folded")
     adapter.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[(adapter.final_hook_name, lambda t, hook: None)])
     with pytest.raises(_Boom):
-        adapter.run_with_hooks(tokens, fwd_hooks=[(adapter.hook_name("resid_pre", 0), _raise)])
+        adapter.run_with_hooks(tokens, fwd_hooks=[(adapter.block_hook_name("resid_pre", 0), _raise)])
     after = any_model.state_dict()
     assert before.keys() == after.keys()
     for key, value in before.items():

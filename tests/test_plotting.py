@@ -19,6 +19,7 @@ from geolens.analyses.checkpoints import CheckpointResult
 from geolens.analyses.compare import CompareResult
 from geolens.analyses.convergence import ConvergenceResult
 from geolens.analyses.patching import PatchResult
+from geolens.analyses.pga import PGAResult
 from geolens.analyses.phases import PhasesResult
 from geolens.analyses.probes import ProbeResult
 from geolens.analyses.spectrum import METRICS as SPECTRAL_METRICS
@@ -26,7 +27,6 @@ from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult
 from geolens.analyses.updates import UpdatesResult
 from geolens.lens.evaluate import LensResult
 from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
-from geolens.results import PGAResult
 from geolens.zoo.report import ZooResult
 
 L = 6  # blocks of the synthetic model: layers 0 (embeddings) .. L

@@ -106,7 +106,8 @@ def compare(
                              "pass a geolens.pga / geolens.spectrum result")
     sites = list(dict.fromkeys(spec_table["site"]))
     if len(sites) != 1:
-        raise ValueError(f"spectrum_result has several sites {sites}; select one (e.g. spectrum_of_states(..., site=))")
+        raise ValueError(f"spectrum_result has several sites {sites}; "
+                         "select one (e.g. geolens.spectrum(model, states, site=...))")
     site = sites[0]
     ccrs = list(dict.fromkeys(pga_table["ccr"]))
     ccr = ccrs[0] if ccr is None else ccr

@@ -301,11 +301,8 @@ def convergence(
         >>> grid.to_pandas().pivot(index="layer_a", columns="layer_b", values="rho_full").shape
         (3, 3)
     """
-    if _is_model(tokens) and not _is_model(other):
-        # geolens < 0.2 took convergence(model_a, model_b, texts, layer_a, layer_b)
-        warnings.warn("convergence(model_a, model_b, texts) is deprecated; call convergence(model_a, texts, model_b)",
-                      DeprecationWarning, stacklevel=2)
-        tokens, other = other, tokens
+    if _is_model(tokens):  # the order of geolens < 0.3, convergence(model_a, model_b, texts)
+        raise TypeError("tokens is a model: call convergence(model_a, texts, model_b)")
     a = as_adapter(model)
     b = a if other is None else as_adapter(other)
     texts = tokens

@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import scipy.linalg
 import torch
 from tqdm.auto import tqdm
 
+from geolens import plotting
 from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int, working_dtype
 from geolens.capture import States, capture
 from geolens.interventions import subspace_basis
@@ -21,11 +23,11 @@ from geolens.metrics.pga import MIN_SAMPLED_PAIRS, sampled_rank_alignment, subsp
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_spread
 from geolens.metrics.readout import readout_basis
 from geolens.model import READOUTS, as_adapter
-from geolens.results import PGAResult
+from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
 
-__all__ = ["pga", "default_k", "text_resamples", "resample_pairs", "resampled_z", "BOOTSTRAP_PERCENTILES",
-           "MIN_BOOTSTRAP_TEXTS"]
+__all__ = ["pga", "PGAResult", "default_k", "text_resamples", "resample_pairs", "resampled_z",
+           "BOOTSTRAP_PERCENTILES", "MIN_BOOTSTRAP_TEXTS"]
 
 DEFAULT_K = 100
 _SCORE_COLUMNS = ("rho_readout", "null_mean", "null_std", "z", "p_value", "pc1_readout_energy", "random_energy")
@@ -39,6 +41,28 @@ BOOTSTRAP_PERCENTILES = (2.5, 97.5)
 MIN_BOOTSTRAP_TEXTS = 10
 # Pairs of all resamples kept at once (16 bytes each); beyond, each layer remakes its resamples' pairs.
 _PAIR_CACHE = 1 << 24
+
+
+@dataclass(repr=False)
+class PGAResult(Result):
+    """Subspace PGA per layer (and per CCR value): ``layer, site, ccr, rho_readout, null_mean,
+    null_std, z, p_value, pc1_readout_energy, random_energy``.
+
+    ``null_rhos`` holds, per row, ``{"site", "layer", "ccr", "rhos"}`` with the null
+    Spearman values, so the null distribution can be inspected or re-plotted.
+    With ``geolens.pga(..., n_resamples=B)`` the table also has ``z_low, z_high`` (the
+    95 % percentile interval of z over resampled texts) and ``resampled_z`` holds, per
+    row, ``{"site", "layer", "ccr", "z"}`` with the ``B`` resampled z (empty without).
+    """
+
+    null_rhos: list[dict[str, Any]] = field(default_factory=list)
+    resampled_z: list[dict[str, Any]] = field(default_factory=list)
+    title: ClassVar[str] = "PGAResult"
+
+    def plot(self, kind: str = "z"):
+        """Plotly figure: ``kind="z"`` (z by layer, null band +-1.96; with ``z_low``/``z_high``, each
+        line's bootstrap interval as a shaded band) or ``"rho"`` (rho vs null mean +-2 sd)."""
+        return plotting.pga_figure(self.to_pandas(), kind=kind, title=self._summary())
 
 
 def default_k(d_model: int) -> int:
@@ -127,7 +151,7 @@ def pga(
         progress: show progress bars.
 
     Returns:
-        :class:`~geolens.results.PGAResult`; ``.to_pandas()`` has one row per
+        :class:`PGAResult`; ``.to_pandas()`` has one row per
         layer (and ccr): ``layer, site, ccr, rho_readout, null_mean, null_std,
         z, p_value, pc1_readout_energy, random_energy`` (with ``n_pairs``:
         ``rho_se`` after ``rho_readout``, ``null_std_raw, pair_noise_std`` after ``null_std``
@@ -200,13 +224,6 @@ def pga(
         processing=dict(adapter.processing), n_layers=adapter.n_layers, d_model=adapter.d_model,
     )
     return result
-
-
-def pga_of_states(states: States, readout: torch.Tensor, **kwargs) -> PGAResult:
-    """Deprecated: use ``geolens.pga(model, states, readout=basis)``."""
-    warnings.warn("pga_of_states is deprecated; use geolens.pga(model, states, readout=basis)", DeprecationWarning,
-                  stacklevel=2)
-    return _score_states(states, readout, **kwargs)
 
 
 def _score_states(

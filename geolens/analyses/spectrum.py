@@ -36,7 +36,6 @@ __all__ = [
     "SpectrumResult",
     "WeightGeometryResult",
     "spectrum",
-    "spectrum_of_states",
     "weight_geometry",
 ]
 
@@ -148,13 +147,6 @@ def spectrum(
                                 progress=progress)
     result.params.update(model=adapter.name, seed=seed, n_layers=adapter.n_layers, d_model=adapter.d_model)
     return result
-
-
-def spectrum_of_states(states: States, site: str | None = None, **kwargs) -> SpectrumResult:
-    """Deprecated: use ``geolens.spectrum(model, states)``."""
-    warnings.warn("spectrum_of_states is deprecated; use geolens.spectrum(model, states)", DeprecationWarning,
-                  stacklevel=2)
-    return _spectrum_of_states(states, site, **kwargs)
 
 
 def clipped_fit_range(n_values: int, fit_range: tuple[int, int] = ALPHA_FIT_RANGE) -> tuple[int, int]:

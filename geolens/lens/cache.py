@@ -37,7 +37,7 @@ from geolens.model import ModelAdapter, as_adapter
 __all__ = ["LENS_METHODS", "SMALL_BUDGET", "cached_tuned_lens"]
 
 LENS_METHODS = ("fast", "reference")
-# The reference recipe's small CPU budget: far below its 250 x 2^18 tokens, see the README's limits.
+# The reference recipe's small CPU budget: far below its 250 x 2^18 tokens, see docs/limits.md.
 SMALL_BUDGET = {"steps": 25, "tokens_per_step": 128, "seq_len": DEFAULT_SEQ_LEN}
 _REFERENCE_KEYS, _FAST_KEYS = ("steps", "tokens_per_step"), ("n_tokens", "max_steps", "max_seconds")
 

@@ -4,8 +4,8 @@ See docs/methods.md §C.4.
 
 The reference recipe (:func:`geolens.lens.train_tuned_lens` with
 ``method="reference"``) runs the model and ``L`` full-vocabulary unembeddings,
-forward and backward, for every training token: about 12 lens tokens/s for the
-135M default model on 2 CPU cores. This module separates the two costs:
+forward and backward, for every training token (its speed on the default model is in
+docs/benchmarks.md). This module separates the two costs:
 
 1. **Capture once.** The residual stream of every layer is captured at up to
    ``n_tokens`` sampled positions of the training text (windows of ``seq_len``
@@ -58,9 +58,8 @@ from geolens.sites import RESIDUAL_SITE
 
 __all__ = ["FAST_BUDGET", "fit_tuned_lens"]
 
-# The default fast budget, measured on the default model (2 cores) in bench/lens.py: the capture of
-# 32768 + 8192 positions takes 60-110 s (by machine), the closed form ~35 s, a refinement step ~1.2 s
-# with bf16 products (2.8 s in float32) plus a held-out evaluation of 6 s every 20 steps.
+# The default fast budget: the positions of the capture and closed form, and a refinement bounded by steps
+# and by seconds (what each part costs on the default model: bench/lens.py, docs/benchmarks.md).
 FAST_BUDGET: dict[str, Any] = {"n_tokens": 32768, "max_steps": 200, "max_seconds": 170.0}
 # Relative ridge of the closed form; part of the lens cache key, so a change refits cached lenses.
 DEFAULT_RIDGE = 0.01
@@ -178,7 +177,7 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
     the KL refinement; the training record.
 
     The refinement's vocabulary products run in ``matmul_dtype`` (bf16 where the device multiplies
-    it natively: 2.5x faster on an AVX512-BF16 CPU, so more steps fit the budget); its target
+    it natively: faster there, so more steps fit the budget); its target
     distribution and every held-out evaluation stay float32. The time budget includes the last
     held-out evaluation: the refinement stops while one more step and an evaluation still fit, and
     evaluates the steps taken since the last evaluation, so no step is run and then thrown away.
@@ -311,8 +310,8 @@ def fit_tuned_lens(
             a fifth of the windows is held out.
         seq_len: tokens per window.
         ridge: the ridge penalty relative to the mean variance of each layer's states (0.01: on the
-            default model the best of 1e-3, 1e-2, 0.1 from 2,048 to 32,768 positions within 1 %,
-            see bench/lens.py; 0.1 over-shrinks towards the logit lens once there is data).
+            default model the best of 1e-3, 1e-2, 0.1 from 2,048 to 32,768 positions in
+            bench/lens.py; 0.1 over-shrinks towards the logit lens once there is data).
         refine: run the KL refinement after the closed form (``False``: closed form only).
         lr, batch_tokens: Adam's learning rate and the training rows per step.
         max_steps, max_seconds: the refinement budget (steps, and seconds from the end of the capture);

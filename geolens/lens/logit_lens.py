@@ -49,8 +49,8 @@ def unembed(
     ``w_u``/``b_u`` default to the adapter's raw unembedding and bias (pass cached
     copies to save the look-up). The logits are on ``w_u``'s device (the last one of a
     model split over devices). ``matmul_dtype=torch.bfloat16`` runs the
-    ``[.., d] @ [d, V]`` product in bfloat16 (several times faster on CPUs with
-    bf16 units; used for training, never for evaluation).
+    ``[.., d] @ [d, V]`` product in bfloat16 (faster on CPUs with bf16 units;
+    used for training, never for evaluation).
     """
     shape = h.shape
     w_u = adapter.unembed_matrix("raw") if w_u is None else w_u
@@ -121,7 +121,8 @@ def residual_stream(
     """
     adapter = as_adapter(model)
     batch = prepare_tokens(adapter, tokens, attention_mask)
-    names = [adapter.hook_name("resid_pre", 0)] + [adapter.hook_name("resid_post", b) for b in range(adapter.n_layers)]
+    names = [adapter.block_hook_name("resid_pre", 0)]
+    names += [adapter.block_hook_name("resid_post", b) for b in range(adapter.n_layers)]
     store: list[Tensor | None] = [None] * len(names)
     device = adapter.device
 

@@ -11,14 +11,13 @@ scales the step by ``1 / (1 - momentum)``), weight decay ``1e-3``, gradient
 norm clipped to 1.0, the lr decayed linearly to 0, no warm-up.
 
 The reference budget (250 steps of 2^18 tokens) is far beyond a CPU; the
-defaults here, :data:`DEFAULT_STEPS` steps of :data:`DEFAULT_TOKENS_PER_STEP`
-tokens, take about 20 minutes for the 135M default model on a 2-core CPU
-(about 5 lens tokens/s, ~70x slower than a forward pass). The vocabulary
+defaults here are :data:`DEFAULT_STEPS` steps of :data:`DEFAULT_TOKENS_PER_STEP`
+tokens (what they cost on the default model: docs/benchmarks.md). The vocabulary
 product dominates the cost (``4 * d * V`` FLOPs per token and layer), so it
 runs in bfloat16 where bfloat16 is fast (``matmul_dtype="auto"``: a CUDA device
 with bf16 support, or a CPU with AVX512-BF16/AMX); log-softmax and KL stay
 float32. On a CPU without native bf16 (e.g. AVX2 only) a bf16 product is
-emulated and ~40x *slower* than float32, so "auto" keeps float32 there.
+emulated and much *slower* than float32, so "auto" keeps float32 there.
 
 Memory is bounded by one micro-batch: text is tokenised lazily, ``batch_size``
 windows of ``seq_len`` tokens at a time; the residual stream of a micro-batch
@@ -46,7 +45,7 @@ from geolens.model import ModelAdapter, as_adapter
 __all__ = ["train_tuned_lens", "fast_matmul_dtype", "DEFAULT_STEPS", "DEFAULT_TOKENS_PER_STEP", "DEFAULT_SEQ_LEN", "kl_rows"]
 
 DEFAULT_STEPS = 50
-DEFAULT_TOKENS_PER_STEP = 128  # 6.4k tokens: ~20 min for the 135M default model on a 2-core CPU (~5 lens tokens/s)
+DEFAULT_TOKENS_PER_STEP = 128  # DEFAULT_STEPS x 128 = 6.4k training tokens: a budget for a CPU
 DEFAULT_SEQ_LEN = 128
 _ROW_CHUNK = 512  # rows of [N, V] logits alive at once
 
@@ -152,8 +151,8 @@ def fast_matmul_dtype(device: torch.device | str) -> torch.dtype | None:
     """bfloat16 where ``device`` multiplies bf16 natively, else ``None`` (float32).
 
     CUDA with bf16 support, or a CPU with AVX512-BF16 or AMX; an AVX2-only CPU
-    emulates bf16 products (measured ~40x slower than float32 on a 512x512 @
-    512x50k product), so float32 is the fast choice there.
+    emulates bf16 products (much slower than float32; docs/benchmarks.md), so
+    float32 is the fast choice there.
 
     Example:
         >>> fast_matmul_dtype("cpu") in (None, torch.bfloat16)

@@ -19,8 +19,6 @@ Example:
     >>> fig = res.plot()
 """
 
-import warnings as _warnings
-
 from geolens.zoo.corpus import token_windows, train_tokenizer, zoo_split
 from geolens.zoo.members import zoo_member
 from geolens.zoo.report import ZooReportSettings, ZooResult, zoo_report, zoo_study
@@ -41,14 +39,3 @@ __all__ = [
     "zoo_study",
 ]
 
-# Deprecated since 0.2: the offline assets moved to geolens.data.
-_MOVED = ("TOPICS", "default_model_path", "default_texts", "load_default_model")
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        import geolens.data
-
-        _warnings.warn(f"geolens.zoo.{name} moved to geolens.data.{name}", DeprecationWarning, stacklevel=2)
-        return getattr(geolens.data, name)
-    raise AttributeError(f"module 'geolens.zoo' has no attribute {name!r}")

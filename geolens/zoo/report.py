@@ -16,7 +16,7 @@ and the readout dimension is a fixed fraction of the width
 to the paper's ``k = 100``).
 
 Example:
-    >>> zoo = geolens.zoo.train_zoo()   # the default family: under 30 minutes on 2 cores  # doctest: +SKIP
+    >>> zoo = geolens.zoo.train_zoo()   # the default family: trains for minutes  # doctest: +SKIP
 
     Below, ``zoo`` is a tiny trained family (one width, one layer, four steps; as in
     :func:`~geolens.zoo.train.train_zoo`'s example):
@@ -61,8 +61,9 @@ ZOO_ANALYSES = ("pga", "spectrum", "phases")
 class ZooReportSettings:
     """Budgets of the width study.
 
-    With the defaults, the default family (7 checkpoints each) takes about 20 minutes on 2 cores
-    the first time (a tuned lens is trained per checkpoint for the phases), 9 once those are cached.
+    With the defaults, the first run over the default family (7 checkpoints each) also trains a tuned
+    lens per checkpoint for the phases; later runs load them from the cache (run times of both:
+    docs/benchmarks.md).
     """
 
     n_texts: int = 32

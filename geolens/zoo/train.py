@@ -339,7 +339,7 @@ def train_zoo(
     Members already trained are skipped; a partly trained member resumes from
     its newest checkpoint. The default family (widths 64-512, 6 layers, 400
     steps of 8 x 128 tokens: 0.4 M tokens, a third of an epoch of the training
-    split) trains in under 30 minutes on 2 CPU cores, most of it the d = 512 member.
+    split) spends most of its training time on the d = 512 member (run times: docs/benchmarks.md).
 
     Args:
         config: the family; default :class:`ZooConfig`.

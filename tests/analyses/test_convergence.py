@@ -56,12 +56,12 @@ def test_alignment_across_word_and_character_tokenizers():
 
 
 def test_model_converges_with_itself(neox_bridge, texts):
-    res = geolens.convergence(neox_bridge, neox_bridge, list(texts) * 3, layer_a=1, layer_b=1, k=4, n_null=5,
+    res = geolens.convergence(neox_bridge, list(texts) * 3, neox_bridge, layer_a=1, layer_b=1, k=4, n_null=5,
                               n_positions=None, progress=False)
     row = res.to_pandas().iloc[0]
     assert row.rho_full == pytest.approx(1.0, abs=1e-9) and row.rho_readout == pytest.approx(1.0, abs=1e-9)
     assert row.rho_random_mean < 1.0
-    grid = geolens.convergence(neox_bridge, neox_bridge, list(texts) * 3, k=4, grid=True, n_positions=None,
+    grid = geolens.convergence(neox_bridge, list(texts) * 3, neox_bridge, k=4, grid=True, n_positions=None,
                                progress=False)
     table = grid.to_pandas()
     assert len(table) == (neox_bridge.cfg.n_layers + 1) ** 2
@@ -72,11 +72,11 @@ def test_model_converges_with_itself(neox_bridge, texts):
 
 def test_convergence_errors(neox_bridge, texts):
     with pytest.raises(ValueError, match="n_positions = 10000"):
-        geolens.convergence(neox_bridge, neox_bridge, list(texts), k=4, n_positions=10_000, progress=False)
+        geolens.convergence(neox_bridge, list(texts), neox_bridge, k=4, n_positions=10_000, progress=False)
     with pytest.raises(ValueError, match="non-empty list"):
-        geolens.convergence(neox_bridge, neox_bridge, [], k=4, progress=False)
+        geolens.convergence(neox_bridge, [], neox_bridge, k=4, progress=False)
     with pytest.raises(ValueError, match="k must be <"):
-        geolens.convergence(neox_bridge, neox_bridge, list(texts), k=999, progress=False)
+        geolens.convergence(neox_bridge, list(texts), neox_bridge, k=999, progress=False)
 
 
 # ---------------------------------------------------------------- CKA and mutual k-NN next to Spearman

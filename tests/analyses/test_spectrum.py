@@ -10,8 +10,8 @@ from geolens.analyses.spectrum import (
     METRICS,
     SpectrumResult,
     WeightGeometryResult,
+    _spectrum_of_states,
     spectrum,
-    spectrum_of_states,
     weight_geometry,
 )
 from geolens.capture import capture
@@ -79,10 +79,14 @@ def test_spectrum_of_states_all_sites(native_bridge):
     tokens, mask = _tokens(native_bridge)
     states = capture(native_bridge, tokens, sites=("resid_post", "attn_out"), attention_mask=mask, n_tokens=60,
                      progress=False)
-    res = spectrum_of_states(states, alpha_fit_range=FIT, progress=False)
+    res = _spectrum_of_states(states, alpha_fit_range=FIT, progress=False)
     assert [(r["site"], r["layer"]) for r in res.rows] == [("resid_post", 0), ("resid_post", 1), ("resid_post", 2),
                                                          ("attn_out", 1), ("attn_out", 2)]
     assert len(res.plot(metrics=["effective_rank"]).data) == 2  # one line per site
+    # the public spelling, geolens.spectrum(model, states, site=...), gives the same rows site by site
+    for site in ("resid_post", "attn_out"):
+        one = spectrum(native_bridge, states, site=site, alpha_fit_range=FIT, progress=False)
+        assert one.rows == [r for r in res.rows if r["site"] == site]
 
 
 def _reference_w_e(model):
@@ -167,6 +171,11 @@ def test_compare_flat_column_and_layer_mismatch():
     assert cmp.params["range"] == {"pga_z": 43.0, "rankme": 0.0, "effective_rank": 2.0}
     with pytest.raises(ValueError, match="share 0 layers"):
         compare(p.assign(layer=[5, 6, 7]), s, metrics=["rankme"])
+    # several sites: the message names the public way to measure one (no removed function)
+    two = pd.concat([s, s.assign(site="attn_out")])
+    with pytest.raises(ValueError, match=r"several sites .*geolens\.spectrum\(model, states, site=") as err:
+        compare(p, two, metrics=["rankme"])
+    assert "spectrum_of_states" not in str(err.value)
 
 
 @pytest.mark.slow
