@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import geolens.metrics._rank_kernels as kernels
+import geolens.metrics._ranking.cpu as kernels
 from geolens.metrics import random_subspaces, subspace_pga
-from geolens.metrics._rank_kernels import uses_numpy_kernel
+from geolens.metrics._ranking.cpu import uses_numpy_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,8 +25,8 @@ import torch
 from jaxtyping import Float, Int
 
 from geolens._validation import check_float_matrix
-from geolens.metrics import _compiled
-from geolens.metrics._threads import in_worker, n_workers, rank_pool
+from geolens.metrics._ranking import compiled as _compiled
+from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool
 from geolens.metrics.preprocess import scaled_rows
 
 __all__ = [

@@ -57,8 +57,8 @@ from geolens.metrics.distances import (
     sorted_average_ranks,
     unit_rows,
 )
-from geolens.metrics import _rank_kernels
-from geolens.metrics._rank_kernels import FullRanks, SampledRanks, ranked_dots, scratch_bytes_per_matrix
+from geolens.metrics._ranking import cpu as _rank_kernels
+from geolens.metrics._ranking.cpu import FullRanks, SampledRanks, ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
 

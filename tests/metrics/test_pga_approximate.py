@@ -200,6 +200,6 @@ def test_too_few_pairs_floor_the_null_and_warn():
 
 
 def test_blocks_fit_the_compiled_kernel():
-    from geolens.metrics._rank_kernels import sampled_uses_numpy_kernel
+    from geolens.metrics._ranking.cpu import sampled_uses_numpy_kernel
 
     assert sampled_uses_numpy_kernel("cpu", torch.float32, 500_000, JACKKNIFE_BLOCKS)

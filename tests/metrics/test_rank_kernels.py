@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from geolens.metrics._rank_kernels import FullRanks, _ranked_dots_numpy, _ranked_dots_torch
+from geolens.metrics._ranking.cpu import FullRanks, _ranked_dots_numpy, _ranked_dots_torch
 from geolens.metrics.distances import condensed_indices, rank_data
 
 
@@ -41,7 +41,7 @@ def test_numpy_and_torch_kernels_agree(coarse, full_ties):
 @pytest.mark.parametrize("coarse", [False, True])
 def test_sampled_kernels_agree(coarse):
     """The sampled-pair statistics (dots, squared norms, influence block sums) of the NumPy and torch kernels."""
-    from geolens.metrics._rank_kernels import SampledRanks, _sampled_torch
+    from geolens.metrics._ranking.cpu import SampledRanks, _sampled_torch
 
     g = torch.Generator().manual_seed(1)
     p, n_blocks = 3000, 7
@@ -94,7 +94,7 @@ def test_long_runs_of_ties_and_signed_zeros():
 
 def test_sampled_pairs_path_equals_the_values_path():
     """``submit_pairs`` (values made per row inside the compiled kernel) equals ``submit`` on the same values."""
-    from geolens.metrics._rank_kernels import SampledRanks
+    from geolens.metrics._ranking.cpu import SampledRanks
     from geolens.metrics.distances import pair_negated_cosines, sample_pairs
 
     g = torch.Generator().manual_seed(3)
@@ -117,7 +117,7 @@ def test_dense_tie_ranks_match_scipy_on_heavily_tied_rows():
     """The accelerator's tie bookkeeping (dense passes on the device) against scipy's average ranks."""
     from scipy.stats import rankdata
 
-    from geolens.metrics._rank_kernels import _centred_average_ranks_dense
+    from geolens.metrics._ranking.cpu import _centred_average_ranks_dense
 
     g = torch.Generator().manual_seed(0)
     for m, levels in ((1, 1), (2, 1), (7, 2), (300, 5), (1000, 997)):
@@ -129,7 +129,7 @@ def test_dense_tie_ranks_match_scipy_on_heavily_tied_rows():
 def test_dense_tie_branch_gives_the_host_branchs_pga(monkeypatch):
     """The branch CUDA takes (ties found on the device), forced on the CPU: the same PGA. Repeated
     rows make many exactly tied distances (as float32 rounding does at large N)."""
-    import geolens.metrics._rank_kernels as kernels
+    import geolens.metrics._ranking.cpu as kernels
     from geolens.metrics import random_subspaces, subspace_pga
 
     g = torch.Generator().manual_seed(3)
@@ -159,7 +159,7 @@ def _float_keys(values: np.ndarray) -> np.ndarray:
 
 
 def _check_radix_sort(keys: np.ndarray) -> None:
-    from geolens.metrics import _compiled
+    from geolens.metrics._ranking import compiled as _compiled
 
     expected = keys[np.argsort(keys >> 32, kind="stable")]
     counts = np.zeros(_compiled.RADIX_PASSES << _compiled.RADIX_BITS, np.int64)
@@ -194,7 +194,7 @@ def test_whole_subspace_tasks_give_the_batched_kernels_numbers(coarse):
     """``subspace_ranked_dots`` (projection, BLAS triangle and ranks in one pool task per subspace) against
     the batched path (``negated_cosine_upper`` of all projections, then ``_ranked_dots_numpy``), and
     against average ranks computed directly; a zero projected row raises the cosine's error."""
-    from geolens.metrics._rank_kernels import subspace_ranked_dots
+    from geolens.metrics._ranking.cpu import subspace_ranked_dots
     from geolens.metrics.distances import negated_cosine_upper
 
     g = torch.Generator().manual_seed(1)
@@ -230,7 +230,7 @@ def test_fused_sort_and_score_agrees_with_the_torch_kernel_in_every_sort_mode(ca
     kernel, on rows long enough for every mode of the sort: buckets of a top digit over both signs, a top
     digit taken below bits every value shares, heavy ties, one value, and the plain LSD sort for thinly
     spread values; with and without ties in the full space."""
-    from geolens.metrics._rank_kernels import SampledRanks, _sampled_torch
+    from geolens.metrics._ranking.cpu import SampledRanks, _sampled_torch
 
     rng = np.random.default_rng(11)
     p, n_blocks = 60_000, 20

@@ -16,7 +16,7 @@ Two kernels give the same numbers:
   pair's position in the full-space order (:class:`FullRanks`) in the low 32, so
   one compiled radix sort by the high 32 bits (the top differing 11 bits, then
   each bucket in cache; the order inside a tie group does not matter) yields the order and the tie groups without
-  an argsort; one compiled pass (:mod:`geolens.metrics._compiled`)
+  an argsort; one compiled pass (:mod:`geolens.metrics._ranking.compiled`)
   then reads the full ranks off the keys (no gather, unless the full space has
   ties), averages the tie groups and sums the dot. A worker holds two ``[M]``
   int64 arrays, the radix sort's source and target (PGA at N = 8,192: 2.4-2.8 GiB). See bench/pga.py for
@@ -37,8 +37,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from geolens.metrics import _compiled
-from geolens.metrics._threads import rank_pool
+from geolens.metrics._ranking import compiled as _compiled
+from geolens.metrics._ranking.pool import rank_pool
 from geolens.metrics.distances import PairSample, pair_negated_cosines, tie_rank_offsets, unit_rows
 
 __all__ = ["FullRanks", "SampledRanks", "ranked_dots", "sampled_uses_numpy_kernel", "scratch_bytes_per_matrix", "subspace_ranked_dots",
