@@ -42,8 +42,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from geolens.metrics import random_subspaces, readout_basis, remove_common_components, subspace_pga  # noqa: E402
-from geolens.metrics import _compiled  # noqa: E402
-from geolens.metrics._threads import rank_pool  # noqa: E402
+from geolens.metrics._ranking import compiled as _compiled  # noqa: E402
+from geolens.metrics._ranking.pool import rank_pool  # noqa: E402
 
 DEFAULT_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 QUICK_SIZES = [256, 512, 1024, 2048]

@@ -17,9 +17,8 @@ from geolens import plotting
 from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int, working_dtype
 from geolens.capture import States, capture
 from geolens.interventions import subspace_basis
-from geolens.metrics.distances import PairSample, sample_pairs
 from geolens.metrics.grassmann import random_subspaces
-from geolens.metrics.pga import MIN_SAMPLED_PAIRS, sampled_rank_alignment, subspace_pga
+from geolens.metrics.pga import MIN_SAMPLED_PAIRS, PairSample, sample_pairs, sampled_rank_alignment, subspace_pga
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_spread
 from geolens.metrics.readout import readout_basis
 from geolens.model import READOUTS, as_adapter

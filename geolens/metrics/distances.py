@@ -1,4 +1,7 @@
-"""Pairwise cosine distances, ranks and Spearman correlation, batched in torch.
+"""Pairwise cosine distances, ranks and Spearman correlation, batched in torch: pure functions.
+
+The PGA ranking engine built on them (pair samples, the CPU and torch backends) is the private
+:mod:`geolens.metrics._ranking`.
 
 The condensed order is the one of ``scipy.spatial.distance.pdist``: pairs
 ``(i, j)`` with ``i < j`` in row-major order, ``M = N (N - 1) / 2`` values.
@@ -16,34 +19,22 @@ Example:
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
-from functools import lru_cache
-
 import numpy as np
 import torch
 from jaxtyping import Float, Int
 
 from geolens._validation import check_float_matrix
-from geolens.metrics import _compiled
-from geolens.metrics._threads import in_worker, n_workers, rank_pool
 from geolens.metrics.preprocess import scaled_rows
 
 __all__ = [
-    "PairSample",
     "condensed_indices",
     "condensed_pairs",
     "negated_cosine_gram",
-    "negated_cosine_upper",
     "negated_cosines",
-    "pair_negated_cosines",
-    "PAIR_TILE",
-    "pair_values_into",
     "pairwise_cosine_distances",
     "rank_data",
+    "ranked_pearson",
     "tie_members",
-    "sample_pairs",
-    "shared_pair_sample",
     "sort_with_order",
     "sorted_average_ranks",
     "spearman",
@@ -65,7 +56,7 @@ def condensed_indices(n: int, device: torch.device | str | None = None) -> Int[t
         [1, 2, 5]
     """
     # Row i holds the run i n + i + 1 .. i n + n - 1: an arange shifted by a per-row offset
-    # (no [2, M] index pairs, ~10x faster than triu_indices at large n).
+    # (no [2, M] index pairs, as triu_indices would build).
     rows = torch.arange(max(n - 1, 0), device=device)
     lengths = n - 1 - rows
     first = torch.cumsum(lengths, 0) - lengths  # condensed position of each row's first pair
@@ -97,230 +88,6 @@ def condensed_pairs(positions: Int[torch.Tensor, "P"], n: int) -> tuple[Int[torc
     i -= start(i) > c
     i += start(i + 1) <= c
     return torch.from_numpy(i), torch.from_numpy(c - start(i) + i + 1)
-
-
-def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
-    """A seeded uniform sample of ``n_pairs`` distinct pairs ``i < j`` of ``n`` points, in tile order
-    (:class:`PairSample`).
-
-    Every set of ``n_pairs`` pairs is equally likely. Positions are drawn in the
-    condensed index space ``[0, M)``, ``M = n (n - 1) / 2``, without materialising
-    it: i.i.d. draws, deduplicated and topped up until there are enough, then a
-    uniform subset of the distinct ones (when more than half of the pairs are
-    wanted, the pairs left *out* are drawn that way instead). ``n_pairs >= M``
-    gives all pairs. The generator is NumPy's ``default_rng`` seeded with ``seed``.
-
-    See docs/methods.md §A.4a.
-
-    Example:
-        >>> s = sample_pairs(100, 50, seed=0)
-        >>> s.n_pairs, s.total, bool((s.i < s.j).all())
-        (50, 4950, True)
-    """
-    total = n * (n - 1) // 2
-    if n < 2:
-        raise ValueError(f"pairs need at least 2 points, got n = {n}")
-    if n_pairs >= total:
-        i, j = torch.triu_indices(n, n, offset=1)
-        return _in_tile_order(n, i, j, total)
-    rng = np.random.default_rng([0x9A17, int(seed)])
-    if 2 * n_pairs > total:
-        keep = np.ones(total, dtype=bool)  # total < 2 n_pairs bytes: below the int64 sample itself
-        keep[_distinct_positions(total, total - n_pairs, rng)] = False
-        positions = np.flatnonzero(keep)
-    else:
-        positions = _distinct_positions(total, n_pairs, rng)
-    i, j = condensed_pairs(torch.from_numpy(positions.astype(np.int64)), n)
-    return _in_tile_order(n, i, j, total)
-
-
-# Pairs are grouped by tiles of PAIR_TILE x PAIR_TILE points: a tile's rows (256 float64 rows of
-# d = 512 are 1 MiB) stay in cache while its pairs are multiplied, where pdist order reads the
-# second point's row from anywhere in the cloud (float64 sampled cosines at N = 4096, one thread:
-# 69 -> 32 ms).
-PAIR_TILE = 256
-
-
-def _in_tile_order(n: int, i: torch.Tensor, j: torch.Tensor, total: int) -> "PairSample":
-    """``PairSample`` of the pdist-ordered pairs ``(i, j)``, reordered by tile (stable: pdist order inside one)."""
-    tiles = -(-n // PAIR_TILE)
-    order = torch.from_numpy(np.argsort(((i // PAIR_TILE) * tiles + j // PAIR_TILE).numpy(), kind="stable"))
-    return PairSample(n=n, i=i[order], j=j[order], total=total)
-
-
-@lru_cache(maxsize=2)
-def shared_pair_sample(n: int, n_pairs: int, seed: int) -> "PairSample":
-    """:func:`sample_pairs`, drawn once per ``(n, n_pairs, seed)`` and shared (read-only) by the calls
-    that ask again: PGA over the layers of a model ranks every layer on the same pairs.
-
-    Example:
-        >>> shared_pair_sample(100, 50, 0) is shared_pair_sample(100, 50, 0)
-        True
-    """
-    return sample_pairs(n, n_pairs, seed=seed)
-
-
-def _distinct_positions(total: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` distinct integers of ``[0, total)``, uniformly, sorted (``size <= total / 2``)."""
-    chosen = _sorted_distinct(rng.integers(0, total, size=size + size // 4 + 16))
-    while chosen.size < size:
-        more = rng.integers(0, total, size=2 * (size - chosen.size) + 16)
-        chosen = _sorted_distinct(np.concatenate([chosen, more]))
-    if chosen.size > size:  # a uniform subset of a uniform set of distinct positions is uniform
-        chosen = np.sort(rng.choice(chosen, size=size, replace=False))
-    return chosen
-
-
-def _sorted_distinct(x: np.ndarray) -> np.ndarray:
-    x = np.sort(x)
-    keep = np.ones(x.size, dtype=bool)
-    keep[1:] = x[1:] != x[:-1]
-    return x[keep]
-
-
-@dataclass(frozen=True)
-class PairSample:
-    """Pairs ``(i[p], j[p])``, ``i < j``, of ``n`` points (all of them, or a sample), in tile order.
-
-    Tile order: pairs grouped by the tile ``(i // PAIR_TILE, j // PAIR_TILE)``, tiles in row-major
-    order, pdist order inside a tile; with ``n <= PAIR_TILE`` that is pdist order. Every computation
-    on a sample reads its pairs in this one order (values, ranks, jackknife blocks), so the order
-    changes no statistic, only which rows are in cache together.
-
-    Attributes:
-        n: number of points.
-        i, j: ``[P]`` int64 CPU tensors.
-        total: ``M = n (n - 1) / 2``, the number of all pairs.
-    """
-
-    n: int
-    i: torch.Tensor
-    j: torch.Tensor
-    total: int
-    _patterns: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def n_pairs(self) -> int:
-        return int(self.i.numel())
-
-    @property
-    def exact(self) -> bool:
-        """All pairs (no sampling)."""
-        return self.n_pairs == self.total
-
-    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(first [R], starts [R + 1], second [P])`` (made once): the pairs ``starts[r]:starts[r + 1]``
-        share their first point ``first[r]``, and ``second`` holds their other points, as uint16 when
-        ``n <= 65536`` (else int32): what the compiled pair products stream, in as few bytes as the
-        points allow, with each run's first row read once for all its pairs.
-
-        Example:
-            >>> first, starts, second = sample_pairs(4, 6).runs()   # all pairs: (0,1) (0,2) (0,3) (1,2) ...
-            >>> first.tolist(), starts.tolist(), second.tolist()
-            ([0, 1, 2], [0, 3, 5, 6], [1, 2, 3, 2, 3, 3])
-        """
-        if "runs" not in self._patterns:
-            i = self.i.numpy()
-            new = np.ones(i.size, dtype=bool)
-            new[1:] = i[1:] != i[:-1]
-            begins = np.flatnonzero(new)
-            starts = np.append(begins, i.size).astype(np.int64)
-            second = self.j.numpy().astype(np.uint16 if self.n <= 2**16 else np.int32)
-            self._patterns["runs"] = (i[begins].astype(np.int64), starts, second)
-        return self._patterns["runs"]
-
-    def pdist_order(self) -> np.ndarray:
-        """``[P]`` int64 (made once): the sample's positions in pdist order, ``i[o], j[o]`` sorted by ``(i, j)``."""
-        if "pdist" not in self._patterns:
-            self._patterns["pdist"] = np.lexsort((self.j.numpy(), self.i.numpy()))
-        return self._patterns["pdist"]
-
-
-# Fewer pairs than this are multiplied in the calling thread (a worker's hand-off costs ~0.1 ms).
-_PARALLEL_PAIRS = 1 << 16
-
-
-def pair_values_into(unit: np.ndarray, pairs: PairSample, out: np.ndarray) -> np.ndarray:
-    """``out[p] = -<unit[i_p], unit[j_p]>`` for ``[N, k]`` float32 or float64 unit rows (a compiled loop,
-    CPU): the negated cosines of the sampled pairs, one cloud at a time, into a buffer the caller may
-    reuse. Large samples are split over the rank pool's workers (each a share of the runs)."""
-    first, starts, second = pairs.runs()
-    parts = 1 if in_worker() or pairs.n_pairs < _PARALLEL_PAIRS else n_workers()
-    if parts == 1:
-        _compiled.pair_values(unit, first, starts, second, out)
-        return out
-    # Split the runs where the pairs split evenly.
-    cuts = np.searchsorted(starts, np.linspace(0, pairs.n_pairs, parts + 1)[1:-1]).tolist()
-    bounds = [0, *cuts, first.size]
-    jobs = [rank_pool().submit(_compiled.pair_values, unit, first[lo:hi], starts[lo : hi + 1], second, out)
-            for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
-    for job in jobs:
-        job.result()
-    return out
-
-
-def pair_negated_cosines(
-    x: Float[torch.Tensor, "*batch N d"], pairs: PairSample, *, block: int = 1 << 16
-) -> Float[torch.Tensor, "*batch P"]:
-    """``-cos(x_i, x_j)`` for the sampled pairs only, in their (tile) order; raises on a zero row.
-
-    ``P k`` multiply-adds per cloud instead of the ``N^2 k`` of the Gram matrix: on the
-    CPU in float32 and float64 a compiled loop (:func:`pair_values_into`, which the approximate
-    PGA's rank kernel also calls, so both give the same values); elsewhere a sampled dense-dense
-    product (``torch.sparse.sampled_addmm`` with the pairs as a CSR pattern, built once per
-    sample, device and batch size), or where that kernel is missing (some devices), a
-    blocked gather-and-dot.
-
-    See docs/methods.md §A.4a.
-    """
-    unit = unit_rows(x)
-    n = unit.shape[-2]
-    if n != pairs.n:
-        raise ValueError(f"the pair sample is of {pairs.n} points, the states have {n}")
-    batch_shape = unit.shape[:-2]
-    flat = unit.reshape(-1, n, unit.shape[-1])
-    if flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64):
-        out = torch.empty(flat.shape[0], pairs.n_pairs, dtype=flat.dtype)
-        rows = flat.contiguous().numpy()
-        for b, values in enumerate(out.numpy()):
-            pair_values_into(rows[b], pairs, values)
-        return out.reshape(*batch_shape, pairs.n_pairs)
-    try:
-        out = _sampled_dots(flat, pairs)
-    except (RuntimeError, NotImplementedError):  # no sampled_addmm for this device / dtype
-        i, j = pairs.i.to(unit.device), pairs.j.to(unit.device)
-        out = torch.empty(flat.shape[0], i.numel(), dtype=unit.dtype, device=unit.device)
-        for start in range(0, i.numel(), block):
-            a = flat[:, i[start : start + block]]
-            out[:, start : start + block] = -(a * flat[:, j[start : start + block]]).sum(-1)
-    return out.reshape(*batch_shape, pairs.n_pairs)
-
-
-def _sampled_dots(unit: torch.Tensor, pairs: PairSample) -> torch.Tensor:
-    """``-<unit[b, i_p], unit[b, j_p]>`` for a ``[B, N, k]`` batch through a batched CSR pattern (rows
-    sorted, so built on the pairs in pdist order; the values come back in the sample's order)."""
-    b, n, _ = unit.shape
-    key = (str(unit.device), unit.dtype, b)
-    cache = pairs._patterns  # a few per sample: one per device, dtype and chunk size
-    if key not in cache:
-        order = torch.from_numpy(pairs.pdist_order())
-        i, j = pairs.i[order].to(unit.device), pairs.j[order].to(unit.device)
-        crow = torch.zeros(n + 1, dtype=torch.int64, device=unit.device)
-        crow[1:] = torch.bincount(i, minlength=n).cumsum(0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-            pattern = torch.sparse_csr_tensor(
-                crow.expand(b, -1).contiguous(), j.expand(b, -1).contiguous(),
-                torch.zeros(b, i.numel(), dtype=unit.dtype, device=unit.device), size=(b, n, n),
-                check_invariants=False,
-            )
-        back = torch.empty_like(order)
-        back[order] = torch.arange(order.numel())  # sample position -> its place in pdist order
-        cache[key] = (pattern, back.to(unit.device))
-    pattern, back = cache[key]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.sparse.sampled_addmm(pattern, unit, unit.mT, beta=0.0, alpha=-1.0).values()[:, back]
 
 
 def pairwise_cosine_distances(
@@ -369,40 +136,6 @@ def negated_cosine_gram(x: Float[torch.Tensor, "*batch N d"]) -> Float[torch.Ten
     """
     unit = unit_rows(x)
     return (-unit) @ unit.transpose(-1, -2)
-
-
-def negated_cosine_upper(x: Float[torch.Tensor, "B N d"], *, out: torch.Tensor | None = None) -> Float[torch.Tensor, "B N N"]:
-    """``[B, N, N]`` with ``-cos(x_i, x_j)`` at ``[b, i, j]`` for ``i < j`` (the pairs the ranks use); the
-    entries on and below the diagonal are not defined.
-
-    On the CPU each matrix is one BLAS ``syrk`` (``scipy.linalg.blas``), half the products of
-    :func:`negated_cosine_gram`: its lower triangle in column-major order is the upper one in
-    row-major order; ``out`` (``[B, N, N]``, contiguous) is written and returned, so a loop can reuse
-    one buffer (fresh large arrays cost page faults). Elsewhere, one batched matmul (into ``out`` if given).
-
-    Example:
-        >>> x = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]])
-        >>> m = negated_cosine_upper(x)
-        >>> [round(float(m[0, i, j]), 4) for i, j in ((0, 1), (0, 2), (1, 2))]
-        [-0.0, -0.7071, -0.7071]
-    """
-    unit = unit_rows(x)
-    shape = (*unit.shape[:-1], unit.shape[-2])
-    if out is not None and (tuple(out.shape) != shape or out.dtype != unit.dtype or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous {unit.dtype} tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}")
-    if unit.device.type != "cpu" or unit.dtype not in (torch.float32, torch.float64) or unit.ndim != 3:
-        return torch.matmul(-unit, unit.transpose(-1, -2), out=out)
-    from scipy.linalg import blas
-
-    syrk = blas.ssyrk if unit.dtype == torch.float32 else blas.dsyrk
-    if out is None:
-        out = torch.empty(shape, dtype=unit.dtype)
-    rows = unit.contiguous().numpy()
-    for b, matrix in enumerate(out.numpy()):
-        # matrix.T is column-major: syrk writes -U U^T's lower triangle into it, in place.
-        syrk(-1.0, rows[b], c=matrix.T, lower=1, overwrite_c=1)
-    return out
-
 
 def unit_rows(x: Float[torch.Tensor, "*batch N d"], *, in_place: bool = False) -> Float[torch.Tensor, "*batch N d"]:
     """Each row over its norm; raises on a zero row (no direction, so no cosine). ``in_place``: divide
@@ -497,8 +230,7 @@ def tie_members(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def sort_with_order(values: Float[torch.Tensor, "M"]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sorted values, order)`` of a 1-D tensor, like ``torch.sort``; on the CPU by NumPy's argsort
-    (its SIMD sort: ~3x ``torch.sort`` for 500,000 float64 values). The order among equal values is
-    unspecified: average ranks do not depend on it.
+    (a SIMD sort, quicker there than ``torch.sort``). The order among equal values is unspecified: average ranks do not depend on it.
 
     Example:
         >>> sort_with_order(torch.tensor([0.5, -1.0, 2.0]))

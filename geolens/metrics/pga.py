@@ -45,25 +45,22 @@ import torch
 from jaxtyping import Float
 
 from geolens._validation import DegenerateError, check_int, working_dtype
+from geolens.metrics._ranking.pairs import PairSample, sample_pairs, shared_pair_sample
+from geolens.metrics._ranking.ranks import FullRanks
+from geolens.metrics._ranking.select import Backend, select_backend
 from geolens.metrics.distances import (
-    PairSample,
     check_states,
     condensed_indices,
-    negated_cosine_upper,
     negated_cosines,
-    pair_negated_cosines,
-    shared_pair_sample,
     sort_with_order,
     sorted_average_ranks,
     unit_rows,
 )
-from geolens.metrics import _rank_kernels
-from geolens.metrics._rank_kernels import FullRanks, SampledRanks, ranked_dots, scratch_bytes_per_matrix
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
 
 __all__ = ["PGAScore", "subspace_pga", "rank_alignment", "sampled_rank_alignment", "JACKKNIFE_BLOCKS",
-           "MIN_SAMPLED_PAIRS", "MIN_NULL_VARIANCE_FRACTION", "SampledZ", "sampled_z"]
+           "MIN_SAMPLED_PAIRS", "MIN_NULL_VARIANCE_FRACTION", "PairSample", "SampledZ", "sample_pairs", "sampled_z"]
 
 # Bytes of scratch memory a chunk of subspaces may use (Gram + sort buffers).
 _DEFAULT_CHUNK_BYTES = 512 * 2**20
@@ -155,6 +152,7 @@ def subspace_pga(
     null_subspaces: Float[torch.Tensor, "R d k"] | None = None,
     n_pairs: int | None = None,
     chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+    backend: str | Backend = "auto",
 ) -> PGAScore:
     """Subspace PGA z-score of ``states`` against the readout subspace ``readout``.
 
@@ -176,6 +174,11 @@ def subspace_pga(
             every null subspace (at least ``MIN_SAMPLED_PAIRS``; ``n_pairs >= N (N - 1) / 2``
             is exact); ``rho_se``/``z_se`` then hold jackknife standard errors.
         chunk_bytes: scratch memory budget; more subspaces per chunk is faster.
+        backend: which kernels rank the distances, chosen once for the call: ``"auto"`` (default: the
+            compiled CPU kernels for float32 states on the CPU, the torch kernels for any other device
+            or dtype), ``"cpu"`` (the compiled kernels; a ``ValueError`` where they cannot run) or
+            ``"torch"`` (``torch.sort`` and gathers, on any device). Both give the same numbers, to
+            rounding; the choice changes only the speed.
 
     Returns:
         :class:`PGAScore`.
@@ -192,6 +195,9 @@ def subspace_pga(
         >>> a = subspace_pga(h, readout_basis(w_u, 8), n_null=30, ccr=1, n_pairs=20_000)  # about half the pairs
         >>> a.n_pairs, a.z_se > 0, abs(a.z - s.z) < 3 * a.z_se      # the exact z within 3 standard errors
         (20000, True, True)
+        >>> t = subspace_pga(h, readout_basis(w_u, 8), n_null=30, ccr=1, backend="torch")  # the torch kernels
+        >>> abs(t.z - s.z) < 1e-6
+        True
     """
     states = check_states(states)
     n, d = states.shape
@@ -206,6 +212,10 @@ def subspace_pga(
     if k >= d:
         raise ValueError(f"k must be < d = {d} (k = d is the whole space), got k = {k}")
     ccr = check_ccr(ccr, n, d)
+    total = n * (n - 1) // 2
+    exact = n_pairs is None or n_pairs >= total
+    backend = select_backend(backend, device=states.device, dtype=dtype, n_values=total if exact else n_pairs,
+                             n_blocks=None if exact else min(JACKKNIFE_BLOCKS, n_pairs))
     if null_subspaces is None:
         n_null = check_int(n_null, "n_null", low=2)
         null_subspaces = random_subspaces(d, k, n_null, seed=seed, dtype=dtype, device=states.device)
@@ -234,15 +244,14 @@ def subspace_pga(
         check_spread(centred, processed, dtype=input_dtype, what=f"the states after CCR-{ccr}")
 
     subspaces = torch.cat([readout.unsqueeze(0), null_subspaces], dim=0)
-    total = n * (n - 1) // 2
-    if n_pairs is None or n_pairs >= total:
-        rhos = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes).cpu()
+    if exact:
+        rhos = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes, backend=backend).cpu()
         used = total
         deleted = None
     else:
         pairs = shared_pair_sample(n, n_pairs, 0 if seed is None else int(seed))
         rhos, deleted = sampled_rank_alignment(processed, subspaces, pairs, seed=0 if seed is None else seed,
-                                               chunk_bytes=chunk_bytes)
+                                               chunk_bytes=chunk_bytes, backend=backend)
         used = pairs.n_pairs
     rho_readout = float(rhos[0])
     null_rhos = rhos[1:]
@@ -409,11 +418,13 @@ def rank_alignment(
     subspaces: Float[torch.Tensor, "S d k"],
     *,
     chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+    backend: str | Backend = "auto",
 ) -> Float[torch.Tensor, "S"]:
     """Spearman between full-space and each subspace's cosine distances (no preprocessing).
 
     ``states`` are used as given (centre/CCR them first); ``subspaces`` are
-    orthonormal bases. Returns float64 rhos, one per subspace.
+    orthonormal bases. Returns float64 rhos, one per subspace. ``backend``: as in
+    :func:`subspace_pga` (or a backend object from ``geolens.metrics._ranking.select.select_backend``).
 
     See docs/methods.md §A.3-§A.4.
 
@@ -426,37 +437,25 @@ def rank_alignment(
         1.0
     """
     n = states.shape[0]
-    device = states.device
-    flat_index = condensed_indices(n, device=device)
+    flat_index = condensed_indices(n, device=states.device)
     m = flat_index.numel()
+    backend = select_backend(backend, device=states.device, dtype=states.dtype, n_values=m)
     mean_rank = (m + 1) / 2.0  # the same with or without ties
     # The full space in float64 whatever the states' dtype: its distances then tie only where they are
-    # equal (float32 rounding ties hundreds of thousands of them at N = 4,096), which also lets the CPU
-    # kernel read the full ranks off its sort keys instead of gathering them (FullRanks).
+    # equal (float32 rounding ties many of them at large N), which also lets the CPU kernel read the
+    # full ranks off its sort keys instead of gathering them (FullRanks).
     full_sorted, full_order = sort_with_order(negated_cosines(states.double(), flat_index=flat_index))
     full = FullRanks(sorted_average_ranks(full_sorted).sub_(mean_rank), full_order)
     del full_sorted, full_order
     full_norm = torch.linalg.vector_norm(full.by_position)
     if full_norm == 0:
         raise DegenerateError("all full-space distances are equal: rank correlation undefined")
-    if _rank_kernels.uses_numpy_kernel(device, states.dtype, m):  # (looked up at call time: tests swap it)
-        dots, sq_norms = _rank_kernels.subspace_ranked_dots(states, subspaces, flat_index, full)
-        if bool((sq_norms <= 0).any()):
-            raise DegenerateError("all projected distances are equal in some subspace: rank correlation undefined")
-        return dots / (full_norm * sq_norms.sqrt())
-    chunk = max(1, int(chunk_bytes // scratch_bytes_per_matrix(n, m, states.dtype, device)))
     out = []
-    buffer = None  # one [chunk, N, N] buffer for every chunk on the CPU (fresh ones cost page faults)
-    for start in range(0, subspaces.shape[0], chunk):
-        coords = states @ subspaces[start : start + chunk]  # [b, N, k]
-        if device.type == "cpu" and buffer is None:
-            buffer = torch.empty(coords.shape[0], n, n, dtype=coords.dtype)
-        matrices = negated_cosine_upper(coords, out=None if buffer is None else buffer[: coords.shape[0]])
-        dots, sq_norms = ranked_dots(matrices, flat_index, full)
+    for dots, sq_norms in backend.exact_chunks(states, subspaces, flat_index, full, chunk_bytes=chunk_bytes):
         if bool((sq_norms <= 0).any()):
             raise DegenerateError("all projected distances are equal in some subspace: rank correlation undefined")
         out.append(dots / (full_norm * sq_norms.sqrt()))
-    return torch.cat(out)
+    return out[0] if len(out) == 1 else torch.cat(out)
 
 
 def sampled_rank_alignment(
@@ -468,6 +467,7 @@ def sampled_rank_alignment(
     n_blocks: int = JACKKNIFE_BLOCKS,
     chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
     coords: Float[torch.Tensor, "S N k"] | None = None,
+    backend: str | Backend = "auto",
 ) -> tuple[Float[torch.Tensor, "S"], Float[torch.Tensor, "S G"]]:
     """:func:`rank_alignment` on a sample of pairs, with its delete-a-group jackknife replicates.
 
@@ -478,11 +478,12 @@ def sampled_rank_alignment(
     each subspace over the sampled pairs, and the same with each of ``G`` random,
     equal-sized blocks of pairs left out, to first order: ``rho - sum_{p in g}
     IF_p / (P - |g|)`` with ``IF`` the empirical influence function of Spearman's
-    rho (docs/methods.md §A.4a). ``seed`` seeds the split into blocks.
+    rho (docs/methods.md §A.4a). ``seed`` seeds the split into blocks. ``backend``: as in
+    :func:`rank_alignment`.
 
     Example:
         >>> import torch
-        >>> from geolens.metrics.distances import sample_pairs
+        >>> from geolens.metrics.pga import sample_pairs
         >>> _ = torch.manual_seed(0)
         >>> h = torch.randn(300, 6, dtype=torch.float64)
         >>> eye = torch.eye(6, dtype=torch.float64).unsqueeze(0)
@@ -493,13 +494,14 @@ def sampled_rank_alignment(
     p = pairs.n_pairs
     n_blocks = min(n_blocks, p)
     device = states.device
+    backend = select_backend(backend, device=device, dtype=states.dtype, n_values=p, n_blocks=n_blocks)
     # Scratch per subspace: its coordinates (the compiled kernel makes the pair values inside its sort
     # keys, in buffers of its worker threads); two chunks are alive at once. One batched product makes
-    # them: on 2 cores, products in a pool thread beside the full space's ranking, or per subspace in
-    # the workers, measured 10-20 % slower (OpenMP and BLAS threads contend with the workers).
+    # them: products in a pool thread beside the full space's ranking, or per subspace in the workers,
+    # were slower (OpenMP and BLAS threads contend with the workers).
     per_subspace = 2 * states.shape[0] * subspaces.shape[-1] * states.element_size()
     chunk = max(1, int(chunk_bytes // per_subspace))
-    compiled = _rank_kernels.sampled_uses_numpy_kernel(device, states.dtype, p, n_blocks)
+    compiled = backend.takes_unit_rows
 
     def project(start: int) -> torch.Tensor:
         if coords is not None:
@@ -509,7 +511,7 @@ def sampled_rank_alignment(
         return unit_rows(product, in_place=True) if compiled else product  # a fresh product
 
     # The full space in float64, as in the exact mode: its values tie only where they are equal.
-    full_sorted, full_order = sort_with_order(pair_negated_cosines(states.double(), pairs))
+    full_sorted, full_order = sort_with_order(backend.pair_values(states.double(), pairs))
     full = FullRanks(sorted_average_ranks(full_sorted).sub_((p + 1) / 2.0), full_order)
     del full_sorted, full_order
     full_norm = torch.linalg.vector_norm(full.by_position)
@@ -520,7 +522,7 @@ def sampled_rank_alignment(
     blocks = torch.empty(p, dtype=torch.int64)
     blocks[perm] = torch.arange(p) % n_blocks
     sizes = torch.bincount(blocks, minlength=n_blocks).to(torch.float64)
-    ranks = SampledRanks(full, blocks.to(device), n_blocks)
+    ranks = backend.sampled_ranks(full, blocks.to(device), n_blocks)
     rhos, phis = [], []
 
     def collect(pending) -> None:

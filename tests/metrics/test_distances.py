@@ -77,7 +77,7 @@ def test_condensed_pairs_invert_condensed_order():
 
 @pytest.mark.parametrize("n, n_pairs", [(50, 100), (50, 1000), (1000, 20_000)])  # sparse, dense (> M/2), larger
 def test_sample_pairs_distinct_sorted_and_seeded(n, n_pairs):
-    from geolens.metrics.distances import PAIR_TILE, sample_pairs
+    from geolens.metrics._ranking.pairs import PAIR_TILE, sample_pairs
 
     s = sample_pairs(n, n_pairs, seed=3)
     flat = s.i * n + s.j
@@ -97,7 +97,7 @@ def test_sample_pairs_is_uniform():
     """Every pair is drawn equally often across seeds (chi-square on 10 points, 45 pairs, both regimes)."""
     from scipy.stats import chisquare
 
-    from geolens.metrics.distances import sample_pairs
+    from geolens.metrics._ranking.pairs import sample_pairs
 
     for n_pairs in (9, 30):  # below and above half of the 45 pairs
         counts = torch.zeros(45)
@@ -108,7 +108,7 @@ def test_sample_pairs_is_uniform():
 
 
 def test_pair_runs_and_pdist_order_describe_the_sample():
-    from geolens.metrics.distances import sample_pairs
+    from geolens.metrics._ranking.pairs import sample_pairs
 
     s = sample_pairs(700, 30_000, seed=2)  # three tiles a side
     first, starts, second = s.runs()
@@ -126,8 +126,10 @@ def test_pair_runs_and_pdist_order_describe_the_sample():
 def test_sampled_cosines_in_tile_order_on_every_path(dtype, monkeypatch):
     """The compiled loop (split over the workers, and in one thread) and the CSR product (the CUDA path,
     run here on the CPU) give each pair its own cosine, in the sample's (tile) order: a direct formula."""
-    from geolens.metrics import distances
-    from geolens.metrics.distances import _sampled_dots, pair_negated_cosines, sample_pairs
+    from geolens.metrics._ranking import products
+    from geolens.metrics._ranking.pairs import sample_pairs
+    from geolens.metrics._ranking.products import pair_negated_cosines
+    from geolens.metrics._ranking.products import sampled_dots as _sampled_dots
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 600, 9, generator=g, dtype=torch.float64)
@@ -137,12 +139,14 @@ def test_sampled_cosines_in_tile_order_on_every_path(dtype, monkeypatch):
     tol = dict(rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-13)
     torch.testing.assert_close(pair_negated_cosines(x.to(dtype), s).double(), ref, **tol)  # split over the workers
     torch.testing.assert_close(_sampled_dots(unit.to(dtype), s).double(), ref, **tol)
-    monkeypatch.setattr(distances, "_PARALLEL_PAIRS", 10**9)
+    monkeypatch.setattr(products, "_PARALLEL_PAIRS", 10**9)
     torch.testing.assert_close(pair_negated_cosines(x.to(dtype), s).double(), ref, **tol)  # one thread
 
 
 def test_pair_negated_cosines_equal_the_condensed_ones():
-    from geolens.metrics.distances import negated_cosines, pair_negated_cosines, sample_pairs
+    from geolens.metrics._ranking.pairs import sample_pairs
+    from geolens.metrics._ranking.products import pair_negated_cosines
+    from geolens.metrics.distances import negated_cosines
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 40, 5, generator=g, dtype=torch.float64)
@@ -156,7 +160,8 @@ def test_pair_negated_cosines_equal_the_condensed_ones():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_negated_cosine_upper_is_the_gram_above_the_diagonal(dtype):
     """The BLAS syrk triangle equals scipy's cosine distances (minus one) above the diagonal, into a reused buffer."""
-    from geolens.metrics.distances import negated_cosine_gram, negated_cosine_upper
+    from geolens.metrics._ranking.products import negated_cosine_upper
+    from geolens.metrics.distances import negated_cosine_gram
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(3, 50, 6, generator=g, dtype=dtype)

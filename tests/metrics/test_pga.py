@@ -45,7 +45,8 @@ def test_rank_alignment_handles_ties_like_scipy():
     h = torch.randint(1, 4, (40, 5), generator=g).double()
     axes = torch.eye(5, dtype=torch.float64)[:, :2].unsqueeze(0)
     got = float(rank_alignment(h, axes)[0])
-    from geolens.metrics.distances import negated_cosine_upper, negated_cosines
+    from geolens.metrics._ranking.products import negated_cosine_upper
+    from geolens.metrics.distances import negated_cosines
 
     # The very values geolens ranks (so the same float ties), ranked by scipy: the full space by
     # negated_cosines, the subspace by the BLAS triangle. Two summation orders can put exact ties
@@ -169,7 +170,8 @@ def test_n_pairs_covering_every_pair_is_exact():
 
 
 def test_sampled_rhos_are_spearman_on_the_sampled_pairs():
-    from geolens.metrics.distances import pair_negated_cosines, sample_pairs
+    from geolens.metrics._ranking.pairs import sample_pairs
+    from geolens.metrics._ranking.products import pair_negated_cosines
     from geolens.metrics.pga import sampled_rank_alignment
 
     g = torch.Generator().manual_seed(4)
@@ -185,7 +187,8 @@ def test_sampled_rhos_are_spearman_on_the_sampled_pairs():
 
 def test_linearised_jackknife_matches_deleting_each_block():
     """The delete-a-group replicates, computed to first order from the influence function, against a re-ranking."""
-    from geolens.metrics.distances import pair_negated_cosines, sample_pairs
+    from geolens.metrics._ranking.pairs import sample_pairs
+    from geolens.metrics._ranking.products import pair_negated_cosines
     from geolens.metrics.pga import JACKKNIFE_BLOCKS, sampled_rank_alignment
 
     states, inside, _, _ = _planted(n=300)

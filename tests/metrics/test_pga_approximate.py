@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from geolens.metrics import random_subspaces, rank_alignment, remove_common_components, subspace_pga
-from geolens.metrics.distances import shared_pair_sample
+from geolens.metrics._ranking.pairs import shared_pair_sample
 from geolens.metrics.pga import (
     JACKKNIFE_BLOCKS,
     MIN_NULL_VARIANCE_FRACTION,
@@ -200,6 +200,6 @@ def test_too_few_pairs_floor_the_null_and_warn():
 
 
 def test_blocks_fit_the_compiled_kernel():
-    from geolens.metrics._rank_kernels import sampled_uses_numpy_kernel
+    from geolens.metrics._ranking.select import select_backend
 
-    assert sampled_uses_numpy_kernel("cpu", torch.float32, 500_000, JACKKNIFE_BLOCKS)
+    assert select_backend(device="cpu", dtype=torch.float32, n_values=500_000, n_blocks=JACKKNIFE_BLOCKS).name == "cpu"

@@ -4,8 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from geolens.metrics._rank_kernels import FullRanks, _ranked_dots_numpy, _ranked_dots_torch
+from geolens.metrics._ranking import cpu, torch_kernel
+from geolens.metrics._ranking.ranks import FullRanks
 from geolens.metrics.distances import condensed_indices, rank_data
+
+_ranked_dots_numpy = cpu.ranked_dots  # the compiled kernel on given rows
+_ranked_dots_torch = torch_kernel.ranked_dots  # the torch kernel, ties handled on the host
+_sampled_torch = torch_kernel._sampled_torch
 
 
 @pytest.mark.parametrize("full_ties", [False, True])
@@ -41,8 +46,6 @@ def test_numpy_and_torch_kernels_agree(coarse, full_ties):
 @pytest.mark.parametrize("coarse", [False, True])
 def test_sampled_kernels_agree(coarse):
     """The sampled-pair statistics (dots, squared norms, influence block sums) of the NumPy and torch kernels."""
-    from geolens.metrics._rank_kernels import SampledRanks, _sampled_torch
-
     g = torch.Generator().manual_seed(1)
     p, n_blocks = 3000, 7
     values = torch.randn(4, p, generator=g)
@@ -58,7 +61,7 @@ def test_sampled_kernels_agree(coarse):
     blocks = torch.randint(0, n_blocks, (p,), generator=g)
     ranks = FullRanks.from_centred(full)
     assert ranks.has_ties == coarse
-    got = SampledRanks(ranks, blocks, n_blocks).stats(values)  # float32 on the CPU: the compiled kernel
+    got = cpu.SampledRanks(ranks, blocks, n_blocks).stats(values)  # float32 on the CPU: the compiled kernel
     ref = _sampled_torch(values.double(), full, full_order, blocks, n_blocks)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-6)
@@ -94,21 +97,22 @@ def test_long_runs_of_ties_and_signed_zeros():
 
 def test_sampled_pairs_path_equals_the_values_path():
     """``submit_pairs`` (values made per row inside the compiled kernel) equals ``submit`` on the same values."""
-    from geolens.metrics._rank_kernels import SampledRanks
-    from geolens.metrics.distances import pair_negated_cosines, sample_pairs
+    from geolens.metrics._ranking.pairs import sample_pairs
+    from geolens.metrics._ranking.products import pair_negated_cosines
 
     g = torch.Generator().manual_seed(3)
     coords = torch.randn(3, 200, 8, generator=g)
     pairs = sample_pairs(200, 4000, seed=1)
     full = rank_data(torch.randn(pairs.n_pairs, generator=g, dtype=torch.float64))
-    ranks = SampledRanks(FullRanks.from_centred(full - full.mean()), torch.arange(pairs.n_pairs) % 5, 5)
+    ranks = cpu.SampledRanks(FullRanks.from_centred(full - full.mean()), torch.arange(pairs.n_pairs) % 5, 5)
     values = pair_negated_cosines(coords, pairs)
     fused, plain = ranks.submit_pairs(coords, pairs)(), ranks.stats(values)
     rank_of = rank_data(values.double())
     assert not torch.equal(rank_of[0], rank_of[1])
     for a, b in zip(fused, plain):  # the same compiled pair products both ways: the same values
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    ref = SampledRanks(FullRanks.from_centred(full - full.mean()), torch.arange(pairs.n_pairs) % 5, 5)
+    ref = torch_kernel.SampledRanks(FullRanks.from_centred(full - full.mean()), torch.arange(pairs.n_pairs) % 5, 5,
+                                    host=True)
     for a, b in zip(ref.submit_pairs(coords.double(), pairs)(), ref.stats(pair_negated_cosines(coords.double(), pairs))):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)  # float64: the torch kernel both ways
 
@@ -117,7 +121,7 @@ def test_dense_tie_ranks_match_scipy_on_heavily_tied_rows():
     """The accelerator's tie bookkeeping (dense passes on the device) against scipy's average ranks."""
     from scipy.stats import rankdata
 
-    from geolens.metrics._rank_kernels import _centred_average_ranks_dense
+    from geolens.metrics._ranking.torch_kernel import _centred_average_ranks_dense
 
     g = torch.Generator().manual_seed(0)
     for m, levels in ((1, 1), (2, 1), (7, 2), (300, 5), (1000, 997)):
@@ -126,20 +130,20 @@ def test_dense_tie_ranks_match_scipy_on_heavily_tied_rows():
         assert torch.equal(_centred_average_ranks_dense(values), expected), (m, levels)
 
 
-def test_dense_tie_branch_gives_the_host_branchs_pga(monkeypatch):
-    """The branch CUDA takes (ties found on the device), forced on the CPU: the same PGA. Repeated
-    rows make many exactly tied distances (as float32 rounding does at large N)."""
-    import geolens.metrics._rank_kernels as kernels
+def test_dense_tie_branch_gives_the_host_branchs_pga():
+    """The branch CUDA takes (ties found on the device), chosen on the CPU by a backend object: the same
+    PGA. Repeated rows make many exactly tied distances (as float32 rounding does at large N)."""
     from geolens.metrics import random_subspaces, subspace_pga
+    from geolens.metrics._ranking.select import TorchBackend, select_backend
 
     g = torch.Generator().manual_seed(3)
     h = (torch.randn(60, 12, generator=g, dtype=torch.float64) * torch.linspace(2.0, 0.5, 12, dtype=torch.float64))
     h = h[torch.randint(0, 60, (160,), generator=g)]
     readout = torch.linalg.qr(torch.randn(12, 3, generator=g, dtype=torch.float64))[0]
     nulls = random_subspaces(12, 3, 10, seed=0, dtype=torch.float64)
-    host = subspace_pga(h, readout, null_subspaces=nulls)
-    monkeypatch.setattr(kernels, "finds_ties_on_device", lambda device: True)
-    dense = subspace_pga(h, readout, null_subspaces=nulls)
+    host = subspace_pga(h, readout, null_subspaces=nulls)  # float64 on the CPU: torch, ties one by one
+    assert select_backend(device="cpu", dtype=h.dtype, n_values=160 * 159 // 2) == TorchBackend(host=True, dense_ties=False)
+    dense = subspace_pga(h, readout, null_subspaces=nulls, backend=TorchBackend(host=True, dense_ties=True))
     torch.testing.assert_close(dense.null_rhos, host.null_rhos, rtol=0, atol=1e-12)
     assert dense.rho_readout == pytest.approx(host.rho_readout, abs=1e-12)
 
@@ -159,7 +163,7 @@ def _float_keys(values: np.ndarray) -> np.ndarray:
 
 
 def _check_radix_sort(keys: np.ndarray) -> None:
-    from geolens.metrics import _compiled
+    from geolens.metrics._ranking import compiled as _compiled
 
     expected = keys[np.argsort(keys >> 32, kind="stable")]
     counts = np.zeros(_compiled.RADIX_PASSES << _compiled.RADIX_BITS, np.int64)
@@ -194,8 +198,8 @@ def test_whole_subspace_tasks_give_the_batched_kernels_numbers(coarse):
     """``subspace_ranked_dots`` (projection, BLAS triangle and ranks in one pool task per subspace) against
     the batched path (``negated_cosine_upper`` of all projections, then ``_ranked_dots_numpy``), and
     against average ranks computed directly; a zero projected row raises the cosine's error."""
-    from geolens.metrics._rank_kernels import subspace_ranked_dots
-    from geolens.metrics.distances import negated_cosine_upper
+    from geolens.metrics._ranking.cpu import subspace_ranked_dots
+    from geolens.metrics._ranking.products import negated_cosine_upper
 
     g = torch.Generator().manual_seed(1)
     n, d, k = 60, 12, 3
@@ -230,8 +234,6 @@ def test_fused_sort_and_score_agrees_with_the_torch_kernel_in_every_sort_mode(ca
     kernel, on rows long enough for every mode of the sort: buckets of a top digit over both signs, a top
     digit taken below bits every value shares, heavy ties, one value, and the plain LSD sort for thinly
     spread values; with and without ties in the full space."""
-    from geolens.metrics._rank_kernels import SampledRanks, _sampled_torch
-
     rng = np.random.default_rng(11)
     p, n_blocks = 60_000, 20
     values = {"cosines": rng.normal(0.0, 0.2, p), "near -1": -1.0 + np.abs(rng.normal(0.0, 1e-3, p)),
@@ -246,7 +248,7 @@ def test_fused_sort_and_score_agrees_with_the_torch_kernel_in_every_sort_mode(ca
     blocks = torch.from_numpy(rng.integers(0, n_blocks, p))
     ranks = FullRanks.from_centred(full)
     assert ranks.has_ties == full_ties
-    got = SampledRanks(ranks, blocks, n_blocks).stats(values)  # float32 on the CPU: the compiled kernel
+    got = cpu.SampledRanks(ranks, blocks, n_blocks).stats(values)  # float32 on the CPU: the compiled kernel
     ref = _sampled_torch(values.double(), full, torch.argsort(full_values), blocks, n_blocks)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-6)

@@ -1,0 +1,164 @@
+"""The negated cosines the backends rank: all pairs (an ``[N, N]`` upper triangle) or a sample of pairs.
+
+Where the products run is the caller's ``host`` flag, chosen once per call by
+:func:`geolens.metrics._ranking.select.select_backend` (:func:`on_host` when a caller gives none):
+on the host (CPU float32/float64) the upper triangle is one BLAS ``syrk`` per matrix and sampled
+pairs a compiled loop split over the rank pool; elsewhere batched torch products.
+
+See docs/methods.md §A.3-§A.4a.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from jaxtyping import Float
+
+from geolens.metrics._ranking import compiled
+from geolens.metrics._ranking.pairs import PairSample
+from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool
+from geolens.metrics.distances import unit_rows
+
+__all__ = ["negated_cosine_upper", "on_host", "pair_negated_cosines", "pair_values_into"]
+
+
+def on_host(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether products of ``dtype`` values on ``device`` run on the host: BLAS ``syrk`` and the compiled
+    pair loop (CPU float32/float64), else batched torch products.
+
+    Example:
+        >>> on_host("cpu", torch.float64), on_host("cuda", torch.float32)
+        (True, False)
+    """
+    return torch.device(device).type == "cpu" and dtype in (torch.float32, torch.float64)
+
+
+# Fewer pairs than this are multiplied in the calling thread: below it a worker's hand-off costs more
+# than it saves.
+_PARALLEL_PAIRS = 1 << 16
+
+
+def pair_values_into(unit: np.ndarray, pairs: PairSample, out: np.ndarray) -> np.ndarray:
+    """``out[p] = -<unit[i_p], unit[j_p]>`` for ``[N, k]`` float32 or float64 unit rows (a compiled loop,
+    CPU): the negated cosines of the sampled pairs, one cloud at a time, into a buffer the caller may
+    reuse. Large samples are split over the rank pool's workers (each a share of the runs)."""
+    first, starts, second = pairs.runs()
+    parts = 1 if in_worker() or pairs.n_pairs < _PARALLEL_PAIRS else n_workers()
+    if parts == 1:
+        compiled.pair_values(unit, first, starts, second, out)
+        return out
+    # Split the runs where the pairs split evenly.
+    cuts = np.searchsorted(starts, np.linspace(0, pairs.n_pairs, parts + 1)[1:-1]).tolist()
+    bounds = [0, *cuts, first.size]
+    jobs = [rank_pool().submit(compiled.pair_values, unit, first[lo:hi], starts[lo : hi + 1], second, out)
+            for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+    for job in jobs:
+        job.result()
+    return out
+
+
+def pair_negated_cosines(
+    x: Float[torch.Tensor, "*batch N d"], pairs: PairSample, *, host: bool | None = None, block: int = 1 << 16
+) -> Float[torch.Tensor, "*batch P"]:
+    """``-cos(x_i, x_j)`` for the sampled pairs only, in their (tile) order; raises on a zero row.
+
+    ``P k`` multiply-adds per cloud instead of the ``N^2 k`` of the Gram matrix: on the host
+    (``host``, default :func:`on_host`) a compiled loop (:func:`pair_values_into`, which the CPU
+    backend's rank kernel also calls, so both give the same values); elsewhere a sampled dense-dense
+    product (``torch.sparse.sampled_addmm`` with the pairs as a CSR pattern, built once per
+    sample, device and batch size), or where that kernel is missing (some devices), a
+    blocked gather-and-dot.
+
+    See docs/methods.md §A.4a.
+
+    Example:
+        >>> from geolens.metrics._ranking.pairs import sample_pairs
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
+        >>> pair_negated_cosines(x, sample_pairs(3, 3)).tolist()   # (0,1), (0,2), (1,2)
+        [-0.0, -0.7071067811865475, -0.7071067811865475]
+    """
+    unit = unit_rows(x)
+    n = unit.shape[-2]
+    if n != pairs.n:
+        raise ValueError(f"the pair sample is of {pairs.n} points, the states have {n}")
+    batch_shape = unit.shape[:-2]
+    flat = unit.reshape(-1, n, unit.shape[-1])
+    if on_host(flat.device, flat.dtype) if host is None else host:
+        out = torch.empty(flat.shape[0], pairs.n_pairs, dtype=flat.dtype)
+        rows = flat.contiguous().numpy()
+        for b, values in enumerate(out.numpy()):
+            pair_values_into(rows[b], pairs, values)
+        return out.reshape(*batch_shape, pairs.n_pairs)
+    try:
+        out = sampled_dots(flat, pairs)
+    except (RuntimeError, NotImplementedError):  # no sampled_addmm for this device / dtype
+        i, j = pairs.i.to(unit.device), pairs.j.to(unit.device)
+        out = torch.empty(flat.shape[0], i.numel(), dtype=unit.dtype, device=unit.device)
+        for start in range(0, i.numel(), block):
+            a = flat[:, i[start : start + block]]
+            out[:, start : start + block] = -(a * flat[:, j[start : start + block]]).sum(-1)
+    return out.reshape(*batch_shape, pairs.n_pairs)
+
+
+def sampled_dots(unit: torch.Tensor, pairs: PairSample) -> torch.Tensor:
+    """``-<unit[b, i_p], unit[b, j_p]>`` for a ``[B, N, k]`` batch through a batched CSR pattern (rows
+    sorted, so built on the pairs in pdist order; the values come back in the sample's order)."""
+    b, n, _ = unit.shape
+    key = (str(unit.device), unit.dtype, b)
+    cache = pairs._patterns  # a few per sample: one per device, dtype and chunk size
+    if key not in cache:
+        order = torch.from_numpy(pairs.pdist_order())
+        i, j = pairs.i[order].to(unit.device), pairs.j[order].to(unit.device)
+        crow = torch.zeros(n + 1, dtype=torch.int64, device=unit.device)
+        crow[1:] = torch.bincount(i, minlength=n).cumsum(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+            pattern = torch.sparse_csr_tensor(
+                crow.expand(b, -1).contiguous(), j.expand(b, -1).contiguous(),
+                torch.zeros(b, i.numel(), dtype=unit.dtype, device=unit.device), size=(b, n, n),
+                check_invariants=False,
+            )
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel())  # sample position -> its place in pdist order
+        cache[key] = (pattern, back.to(unit.device))
+    pattern, back = cache[key]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.sparse.sampled_addmm(pattern, unit, unit.mT, beta=0.0, alpha=-1.0).values()[:, back]
+
+
+def negated_cosine_upper(x: Float[torch.Tensor, "B N d"], *, out: torch.Tensor | None = None,
+                         host: bool | None = None) -> Float[torch.Tensor, "B N N"]:
+    """``[B, N, N]`` with ``-cos(x_i, x_j)`` at ``[b, i, j]`` for ``i < j`` (the pairs the ranks use); the
+    entries on and below the diagonal are not defined.
+
+    On the host (``host``, default :func:`on_host`) each matrix is one BLAS ``syrk``
+    (``scipy.linalg.blas``), half the products of :func:`geolens.metrics.distances.negated_cosine_gram`:
+    its lower triangle in column-major order is the upper one in row-major order; ``out``
+    (``[B, N, N]``, contiguous) is written and returned, so a loop can reuse one buffer (fresh large
+    arrays cost page faults). Elsewhere, one batched matmul (into ``out`` if given).
+
+    Example:
+        >>> x = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]])
+        >>> m = negated_cosine_upper(x)
+        >>> [round(float(m[0, i, j]), 4) for i, j in ((0, 1), (0, 2), (1, 2))]
+        [-0.0, -0.7071, -0.7071]
+    """
+    unit = unit_rows(x)
+    shape = (*unit.shape[:-1], unit.shape[-2])
+    if out is not None and (tuple(out.shape) != shape or out.dtype != unit.dtype or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {unit.dtype} tensor of shape {shape}, got {out.dtype} {tuple(out.shape)}")
+    if not (on_host(unit.device, unit.dtype) if host is None else host) or unit.ndim != 3:
+        return torch.matmul(-unit, unit.transpose(-1, -2), out=out)
+    from scipy.linalg import blas
+
+    syrk = blas.ssyrk if unit.dtype == torch.float32 else blas.dsyrk
+    if out is None:
+        out = torch.empty(shape, dtype=unit.dtype)
+    rows = unit.contiguous().numpy()
+    for b, matrix in enumerate(out.numpy()):
+        # matrix.T is column-major: syrk writes -U U^T's lower triangle into it, in place.
+        syrk(-1.0, rows[b], c=matrix.T, lower=1, overwrite_c=1)
+    return out
