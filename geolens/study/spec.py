@@ -17,8 +17,10 @@ Model entries (``Study.models``, label -> entry):
   for a member of the width zoo;
 * in a TOML file, a table: ``path =`` (a local folder, relative to the file's; one that does not exist
   fails its cell naming the folder) or ``hub =`` (a hub name) (with ``revisions = [...]``), ``zoo = "folder"``
-  with ``width =`` (and ``steps =``), or ``factory = "module:function"`` with ``args = {...}`` (a
-  function returning a :class:`ModelSpec`); plus ``metadata``, ``params`` and ``resources`` tables.
+  with ``width =`` (and ``steps =``; any key registered with
+  :func:`~geolens.study.factories.register_model_factory` works so), or ``factory = "module:function"``
+  with ``args = {...}`` (a function returning a :class:`ModelSpec`); plus ``metadata``, ``params`` and
+  ``resources`` tables.
 
 Example:
     >>> spec = Study(models={"small": "path/to/a", "big": ("path/to/b", ["step1", "step2"])},
@@ -50,6 +52,7 @@ from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_int
 from geolens.analyses.checkpoints import ANALYSES
 from geolens.analyses.phases import phases
 from geolens.analyses.updates import updates
+from geolens.study.factories import model_factories
 
 __all__ = ["CELL_FORMAT", "RESERVED_COLUMNS", "STUDY_ANALYSES", "Cell", "ModelSpec", "Study", "parse_checkpoint_step"]
 
@@ -74,9 +77,6 @@ MAIN = "main"
 # study.json says it is a geolens study with this (other tools write files of that name too).
 STUDY_KIND = "geolens.study"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-# Short names of model factories usable from TOML (``zoo = "folder"``): resolved when used, so the
-# study engine does not import the zoo (which sits above it and builds on it).
-FACTORIES = {"zoo": "geolens.zoo.members:zoo_member"}
 
 
 def check_label(label: object, what: str) -> str:
@@ -292,10 +292,11 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
     where = f"model {label!r}"
     extra = {key: _table(table.pop(key), f"{where}: {key}") for key in ("metadata", "params", "resources")
              if key in table}
-    sources = [key for key in ("path", "hub", "loader", "factory", *FACTORIES) if key in table]
+    factories = model_factories()  # registered by the packages that build models (geolens.zoo: zoo =)
+    sources = [key for key in ("path", "hub", "loader", "factory", *factories) if key in table]
     if len(sources) != 1:
-        raise ValueError(f"{where}: give exactly one of path=, hub=, loader=, factory= or "
-                         f"{', '.join(f'{k}=' for k in FACTORIES)}; got {sources or 'none'}")
+        choices = ", ".join(f"{key}=" for key in ("path", "hub", "loader", "factory", *factories))
+        raise ValueError(f"{where}: give exactly one of {choices}; got {sources or 'none'}")
     source = sources[0]
     revisions = [key for key in ("revision", "revisions", "checkpoints", "steps") if key in table]
     if len(revisions) > 1:
@@ -318,7 +319,7 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
             factory = _resolve_import(table.pop("factory"), where)
             args = dict(_table(table.pop("args", {}), f"{where}: args"))
         else:
-            factory = _resolve_import(FACTORIES[source], where)
+            factory = factories[source]
             args = {source: _local_path(table.pop(source), base_dir)}
             args.update({key: table.pop(key) for key in list(table)})
         try:
