@@ -33,7 +33,7 @@ _FACTORIES: dict[str, Callable[..., Any]] = {}
 def register_model_factory(key: str, factory: Callable[..., Any]) -> None:
     """Make ``key = "folder"`` in a study file's model table call ``factory(key=folder, **other_keys)``.
 
-    Registering the same factory again under its key is a no-op (a module imported twice);
+    Registering the same factory again under its key (a module imported again) replaces it;
     another factory under a taken key raises ``ValueError``.
 
     Example:
@@ -51,9 +51,13 @@ def register_model_factory(key: str, factory: Callable[..., Any]) -> None:
     if not callable(factory):
         raise TypeError(f"factory must be callable (returning a ModelSpec), got {type(factory).__name__}")
     known = _FACTORIES.get(key)
-    if known is not None and known is not factory:
-        raise ValueError(f"model factory key {key!r} is taken by {known.__module__}.{known.__qualname__}")
+    if known is not None and _name(known) != _name(factory):  # the same function (a module reloaded) replaces
+        raise ValueError(f"model factory key {key!r} is taken by {_name(known)}")
     _FACTORIES[key] = factory
+
+
+def _name(factory: Callable[..., Any]) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', type(factory).__name__)}"
 
 
 def model_factories() -> dict[str, Callable[..., Any]]:

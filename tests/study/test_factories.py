@@ -36,6 +36,10 @@ def test_a_registered_key_names_a_folder_relative_to_the_study_file(registry, tm
 
 def test_keys_are_checked(registry, tmp_path):
     registry.register_model_factory("mine", _member)  # the same factory again: nothing changes
+    reloaded = lambda mine: _member(mine)  # noqa: E731 -- the same module and name, a new object (a reload)
+    reloaded.__qualname__ = _member.__qualname__
+    registry.register_model_factory("mine", reloaded)
+    assert registry.model_factories()["mine"] is reloaded
     with pytest.raises(ValueError, match="key 'mine' is taken by tests.study.test_factories._member"):
         registry.register_model_factory("mine", print)
     with pytest.raises(ValueError, match="key 'path' is a key of every model table"):
