@@ -27,6 +27,7 @@ from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens.data import available_models, default_texts, load_default_model, load_model
+from geolens import zoo  # imported so it registers ``zoo = "folder"`` with the study engine (geolens.study.factories)
 
 __version__ = "0.3.0"
 

@@ -1,6 +1,7 @@
 """``geolens.over_checkpoints``: the same analyses on a sequence of training checkpoints, one model in memory at a time.
 
-See docs/methods.md §B.8.
+See docs/methods.md §B.8. It runs on the grid engine a study's cells run on (:mod:`geolens.analyses.grid`),
+in memory: the rows come back as one table instead of a Parquet dataset.
 
 Example (Pythia's training revisions need the Hugging Face hub):
     >>> load = geolens.pythia_checkpoint_loader("EleutherAI/pythia-70m")   # needs the hub  # doctest: +SKIP
@@ -21,8 +22,6 @@ Example (Pythia's training revisions need the Hugging Face hub):
 
 from __future__ import annotations
 
-import gc
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 
@@ -30,6 +29,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from geolens.analyses.grid import free_memory, resolve_jobs, route_options, run_jobs
 from geolens.analyses.pga import pga
 from geolens.analyses.spectrum import spectrum, weight_geometry
 from geolens.model import boot_bridge
@@ -44,7 +44,6 @@ ANALYSES: dict[str, tuple[Callable[..., Result], bool]] = {
     "spectrum": (spectrum, True),
     "weights": (weight_geometry, False),
 }
-
 
 
 @dataclass(repr=False)
@@ -77,61 +76,8 @@ class CheckpointResult(Result):
         return plotting.checkpoint_figure(self.to_pandas(), metrics=metrics, title=self._summary())
 
 
-
-
-
-
-def _resolve(analyses: Iterable[str | Callable[..., Result]]) -> list[tuple[str, Callable[..., Result], bool]]:
-    if isinstance(analyses, str) or callable(analyses):
-        analyses = (analyses,)
-    out = []
-    for entry in analyses:
-        if callable(entry):
-            out.append((getattr(entry, "__name__", "analysis"), entry, True))
-        elif entry in ANALYSES:
-            fn, takes_tokens = ANALYSES[entry]
-            out.append((entry, fn, takes_tokens))
-        else:
-            raise ValueError(f"unknown analysis {entry!r}; choose from {sorted(ANALYSES)} or pass a callable")
-    if not out:
-        raise ValueError("no analyses given")
-    names = [name for name, _, _ in out]
-    if len(set(names)) != len(names):
-        raise ValueError(f"analyses repeat a name: {names}")
-    return out
-
-
-def _route_kwargs(jobs, kwargs: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per-analysis keyword arguments: ``name=dict(...)`` goes to that analysis, any other keyword to every
-    analysis whose signature takes it. A keyword no analysis takes raises ``TypeError``."""
-    names = {name for name, _, _ in jobs}
-    routed: dict[str, dict[str, Any]] = {name: {} for name in names}
-    shared = {k: v for k, v in kwargs.items() if k not in names}
-    for name, fn, _ in jobs:
-        accepted = inspect.signature(fn).parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-        routed[name].update({k: v for k, v in shared.items() if takes_any or k in accepted})
-        own = kwargs.get(name, {})
-        if not isinstance(own, dict):
-            raise TypeError(f"{name}= must be a dict of keyword arguments for that analysis, got {type(own).__name__}")
-        unknown = [k for k in own if k not in accepted and not takes_any]
-        if unknown:
-            raise TypeError(f"{name}() takes no keyword arguments {unknown}")
-        routed[name].update(own)
-    unused = [k for k in shared if not any(k in routed[n] for n in names)]
-    if unused:
-        raise TypeError(f"no analysis among {sorted(names)} takes the keyword arguments {unused}")
-    return routed
-
-
 def _long_rows(label: Any, order: int, analysis: str, result: Result) -> list[dict[str, Any]]:
     return [{"checkpoint": label, "order": order, **row} for row in result.long_rows(analysis)]
-
-
-def _free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def over_checkpoints(
@@ -161,6 +107,9 @@ def over_checkpoints(
         **kwargs: keywords for the analyses: ``pga=dict(ccr=[0, 1])`` goes to one
             analysis; any other keyword (``n_tokens=512``, ``seed=1``) to every
             analysis that takes it; a keyword that none takes raises ``TypeError``.
+            The options are routed, and ``n_tokens``, ``seed``, ``batch_size`` and
+            ``max_length`` checked, before any checkpoint loads, as a study's are
+            (:func:`geolens.analyses.grid.route_options`).
 
     Returns:
         :class:`CheckpointResult`: ``checkpoint, order, analysis, site, layer, ccr, metric, value``;
@@ -175,17 +124,15 @@ def over_checkpoints(
         >>> erank[["checkpoint", "layer"]].values.tolist()
         [['a', 0], ['a', 1], ['a', 2], ['b', 0], ['b', 1], ['b', 2]]
     """
-    jobs = _resolve(analyses)
-    routed = _route_kwargs(jobs, kwargs)
-    for name, fn, _ in jobs:
-        if "progress" in inspect.signature(fn).parameters and "progress" not in routed[name]:
-            routed[name]["progress"] = progress
+    jobs = resolve_jobs(analyses, ANALYSES)
+    names = {job.name for job in jobs}
+    routed = route_options(jobs, own={k: v for k, v in kwargs.items() if k in names},
+                           shared={k: v for k, v in kwargs.items() if k not in names})
     rows: list[dict[str, Any]] = []
     labels: list[Any] = []
     analysis_params: dict[str, dict[str, Any]] = {}
-    items = iter(checkpoints)
     bar = tqdm(desc="checkpoints", disable=not progress, leave=False)
-    for order, item in enumerate(items):
+    for order, item in enumerate(checkpoints):
         if load is None:
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise TypeError(f"without load=, checkpoints must be (label, model) pairs; got {type(item).__name__}")
@@ -195,23 +142,22 @@ def over_checkpoints(
         item = None  # drop the pair's reference too, so the model can be freed below
         labels.append(label)
         bar.set_postfix_str(str(label))
-        for name, fn, takes_tokens in jobs:
-            try:
-                result = fn(model, tokens, **routed[name]) if takes_tokens else fn(model, **routed[name])
-            except (ValueError, TypeError) as err:
-                if type(err) not in (ValueError, TypeError):
-                    raise
-                raise type(err)(f"checkpoint {label!r}, {name}: {err}") from err
-            rows.extend(_long_rows(label, order, name, result))
-            analysis_params.setdefault(name, {k: v for k, v in result.params.items() if k != "processing"})
-            del result
+        for outcome in run_jobs(model, tokens, jobs, routed, progress=progress):
+            err = outcome.error
+            if err is not None:
+                if type(err) in (ValueError, TypeError):
+                    raise type(err)(f"checkpoint {label!r}, {outcome.name}: {err}") from err
+                raise err
+            rows.extend(_long_rows(label, order, outcome.name, outcome.result))
+            analysis_params.setdefault(outcome.name, outcome.params)
+            del outcome  # one result alive at a time
         del model
-        _free_memory()
+        free_memory()
         bar.update()
     bar.close()
     if not labels:
         raise ValueError("checkpoints is empty")
-    params = {"checkpoints": [str(label) for label in labels], "analyses": [name for name, _, _ in jobs],
+    params = {"checkpoints": [str(label) for label in labels], "analyses": [job.name for job in jobs],
               "analysis_params": analysis_params}
     return CheckpointResult(rows=rows, params=params)
 

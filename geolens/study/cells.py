@@ -29,10 +29,11 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from geolens._io import atomic_file, atomic_write_text
 from geolens._validation import UpperBound
+from geolens.analyses.grid import SHARED_OPTIONS, Job, free_memory, run_jobs
 from geolens.capture import capture
 from geolens.model import as_adapter
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
@@ -129,8 +130,7 @@ def tidy_cell(out_dir: str | os.PathLike, cell: Cell) -> None:
 
 def _capture_key(options: dict[str, Any]) -> tuple:
     # "at most 1024" and "exactly 1024" are different captures when the text is short
-    return tuple((options.get(k), isinstance(options.get(k), UpperBound))
-                 for k in ("n_tokens", "seed", "batch_size", "max_length"))
+    return tuple((options.get(k), isinstance(options.get(k), UpperBound)) for k in SHARED_OPTIONS)
 
 
 def _shared_sites(cell: Cell) -> dict[tuple, list[str]]:
@@ -167,27 +167,29 @@ def _phase_rows(result) -> list[dict[str, Any]]:
              "value": float(value) if value is not None else nan} for key, value in values.items()]
 
 
-def _run_analysis(adapter, cell: Cell, name: str, states: dict[tuple, Any], sites: dict[tuple, list[str]]):
-    """One analysis of the cell: on the shared states where it can (captured on first use), else by itself."""
-    fn, takes_tokens = STUDY_ANALYSES[name]
-    options = dict(cell.analyses[name])
-    key = _capture_key(options)
-    if name in _STATE_ANALYSES and options.get("layers") is None and key in sites:
-        if key not in states:  # a capture that raises fails the analyses that need it, and only them
+def _shared_states(adapter, cell: Cell) -> Callable[[Job, dict[str, Any]], Any]:
+    """What each analysis of the cell reads: pga and spectrum the states captured once for both (on first use),
+    the others the cell's texts. A capture that raises fails the analyses that need it, and only them."""
+    sites = _shared_sites(cell)
+    states: dict[tuple, Any] = {}
+    texts = list(cell.texts)
+
+    def inputs(job: Job, options: dict[str, Any]) -> Any:
+        key = _capture_key(options)
+        if job.name not in _STATE_ANALYSES or options.get("layers") is not None or key not in sites:
+            return texts  # an analysis given its own layers (or not scored on states) reads the texts itself
+        if key not in states:
             _, seed, batch_size, max_length = (value for value, _ in key)
             try:
-                states[key] = capture(adapter, list(cell.texts), sites=tuple(sites[key]),
-                                      n_tokens=options.get("n_tokens"), seed=seed, batch_size=batch_size,
-                                      max_length=max_length, progress=False)
+                states[key] = capture(adapter, texts, sites=tuple(sites[key]), n_tokens=options.get("n_tokens"),
+                                      seed=seed, batch_size=batch_size, max_length=max_length, progress=False)
             except Exception as err:
                 states[key] = err
         if isinstance(states[key], Exception):
             raise states[key]
-        # the sampling options were used by the capture; seed also seeds PGA's nulls
-        return fn(adapter, states[key], progress=False, **options)
-    if takes_tokens:
-        return fn(adapter, list(cell.texts), progress=False, **options)
-    return fn(adapter, progress=False, **options)
+        return states[key]  # the sampling options were used by the capture; seed also seeds PGA's nulls
+
+    return inputs
 
 
 def _failure(err: BaseException, **extra: Any) -> dict[str, Any]:
@@ -199,7 +201,8 @@ def compute_cell(cell: Cell) -> dict[str, Any]:
     """Every analysis of one cell: ``{"n_layers", "d_model", "analyses": {name: outcome}}``.
 
     Loads the model (an error there propagates: the cell has nothing to compute), captures the
-    states pga and spectrum share once, runs each analysis with its options (progress bars off).
+    states pga and spectrum share once, runs each analysis with its options (progress bars off)
+    on the grid engine :func:`geolens.over_checkpoints` runs on (:func:`geolens.analyses.grid.run_jobs`).
     An analysis that raises is caught: its outcome is ``{"ok": False, "error", "error_type",
     "traceback"}`` and the other analyses go on; one that succeeds gives ``{"ok": True, "rows",
     "params", "seconds"}`` (its rows in the long format). The model is freed when this returns
@@ -207,26 +210,29 @@ def compute_cell(cell: Cell) -> dict[str, Any]:
     """
     adapter = as_adapter(cell.load())
     n_layers, d_model = adapter.n_layers, adapter.d_model
-    states: dict[tuple, Any] = {}
-    sites = _shared_sites(cell)
+    jobs = [Job(name, *STUDY_ANALYSES[name]) for name in cell.analyses]
     outcomes: dict[str, dict[str, Any]] = {}
-    for name in cell.analyses:
-        started = time.perf_counter()
+    for outcome in run_jobs(adapter, list(cell.texts), jobs, cell.analyses, inputs=_shared_states(adapter, cell),
+                            progress=False):
+        name, begun = outcome.name, time.perf_counter()
+        if outcome.error is not None:  # this analysis fails alone; the others keep their rows
+            outcomes[name] = _failure(outcome.error, seconds=round(outcome.seconds, 3))
+            continue
         try:
-            result = _run_analysis(adapter, cell, name, states, sites)
-            rows = result.long_rows(name)
+            rows = outcome.result.long_rows(name)
             if name == "phases":
-                result.params.setdefault("n_layers", n_layers)
-                rows += _phase_rows(result)
-        except Exception as err:  # this analysis fails alone; the others keep their rows
-            outcomes[name] = _failure(err, seconds=round(time.perf_counter() - started, 3))
+                outcome.result.params.setdefault("n_layers", n_layers)
+                rows += _phase_rows(outcome.result)
+        except Exception as err:  # its rows could not be made: it fails alone too
+            outcomes[name] = _failure(err, seconds=round(outcome.seconds + time.perf_counter() - begun, 3))
             continue
         for row in rows:
             layer = row["layer"]
             row.update(step=cell.step, n_layers=n_layers, d_model=d_model,
                        relative_depth=None if layer is None else layer / n_layers)
-        outcomes[name] = {"ok": True, "rows": rows, "seconds": round(time.perf_counter() - started, 3),
-                          "params": {k: v for k, v in result.params.items() if k != "processing"}}
+        seconds = round(outcome.seconds + time.perf_counter() - begun, 3)
+        outcomes[name] = {"ok": True, "rows": rows, "seconds": seconds, "params": outcome.params}
+        del outcome  # one result alive at a time
     return {"n_layers": n_layers, "d_model": d_model, "analyses": outcomes}
 
 
@@ -239,8 +245,6 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     with :func:`finish_cell`, so workers need no shared filesystem. The model is freed before it
     returns (one model in memory at a time).
     """
-    from geolens.analyses.checkpoints import _free_memory
-
     started = time.perf_counter()
     try:
         info = compute_cell(cell)
@@ -252,7 +256,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
             outcome["error_type"] = next(analyses[name]["error_type"] for name in failed)
     except Exception as err:  # the model did not load: the cell is recorded as failed; the others go on
         outcome = _failure(err)
-    _free_memory()  # the model (and the traceback's frames) are gone by now
+    free_memory()  # the model (and the traceback's frames) are gone by now
     outcome["seconds"] = round(time.perf_counter() - started, 3)
     return outcome
 

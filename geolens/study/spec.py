@@ -17,8 +17,10 @@ Model entries (``Study.models``, label -> entry):
   for a member of the width zoo;
 * in a TOML file, a table: ``path =`` (a local folder, relative to the file's; one that does not exist
   fails its cell naming the folder) or ``hub =`` (a hub name) (with ``revisions = [...]``), ``zoo = "folder"``
-  with ``width =`` (and ``steps =``), or ``factory = "module:function"`` with ``args = {...}`` (a
-  function returning a :class:`ModelSpec`); plus ``metadata``, ``params`` and ``resources`` tables.
+  with ``width =`` (and ``steps =``; any key registered with
+  :func:`~geolens.study.factories.register_model_factory` works so), or ``factory = "module:function"``
+  with ``args = {...}`` (a function returning a :class:`ModelSpec`); plus ``metadata``, ``params`` and
+  ``resources`` tables.
 
 Example:
     >>> spec = Study(models={"small": "path/to/a", "big": ("path/to/b", ["step1", "step2"])},
@@ -35,7 +37,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
-import inspect
 import json
 import math
 import numbers
@@ -46,10 +47,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_int
+from geolens._validation import DEFAULT_N_TOKENS, UpperBound
 from geolens.analyses.checkpoints import ANALYSES
+from geolens.analyses.grid import SHARED_OPTIONS, check_shared_options, resolve_jobs, route_options
 from geolens.analyses.phases import phases
 from geolens.analyses.updates import updates
+from geolens.study.factories import model_factories
 
 __all__ = ["CELL_FORMAT", "RESERVED_COLUMNS", "STUDY_ANALYSES", "Cell", "ModelSpec", "Study", "parse_checkpoint_step"]
 
@@ -59,10 +62,6 @@ STUDY_ANALYSES: dict[str, tuple[Callable[..., Any], bool]] = {
     "updates": (updates, True),
     "phases": (phases, True),
 }
-# Options every analysis that takes them gets from the study (an analysis's own table overrides them).
-# A sample size the user did not set goes out as an upper bound (geolens._validation.UpperBound), as the
-# analyses' own defaults are: with less text, the analysis uses what there is and records it.
-SHARED_OPTIONS = ("n_tokens", "seed", "batch_size", "max_length")
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")  # resources: Ray custom ones, {name: amount}
 # Columns of the long table and of metadata.parquet (``order``); metadata keys may not take these names.
 RESERVED_COLUMNS = ("model", "checkpoint", "step", "n_layers", "d_model", "analysis", "site", "ccr", "layer",
@@ -74,9 +73,6 @@ MAIN = "main"
 # study.json says it is a geolens study with this (other tools write files of that name too).
 STUDY_KIND = "geolens.study"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-# Short names of model factories usable from TOML (``zoo = "folder"``): resolved when used, so the
-# study engine does not import the zoo (which sits above it and builds on it).
-FACTORIES = {"zoo": "geolens.zoo.members:zoo_member"}
 
 
 def check_label(label: object, what: str) -> str:
@@ -292,10 +288,11 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
     where = f"model {label!r}"
     extra = {key: _table(table.pop(key), f"{where}: {key}") for key in ("metadata", "params", "resources")
              if key in table}
-    sources = [key for key in ("path", "hub", "loader", "factory", *FACTORIES) if key in table]
+    factories = model_factories()  # registered by the packages that build models (geolens.zoo: zoo =)
+    sources = [key for key in ("path", "hub", "loader", "factory", *factories) if key in table]
     if len(sources) != 1:
-        raise ValueError(f"{where}: give exactly one of path=, hub=, loader=, factory= or "
-                         f"{', '.join(f'{k}=' for k in FACTORIES)}; got {sources or 'none'}")
+        choices = ", ".join(f"{key}=" for key in ("path", "hub", "loader", "factory", *factories))
+        raise ValueError(f"{where}: give exactly one of {choices}; got {sources or 'none'}")
     source = sources[0]
     revisions = [key for key in ("revision", "revisions", "checkpoints", "steps") if key in table]
     if len(revisions) > 1:
@@ -318,7 +315,7 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
             factory = _resolve_import(table.pop("factory"), where)
             args = dict(_table(table.pop("args", {}), f"{where}: args"))
         else:
-            factory = _resolve_import(FACTORIES[source], where)
+            factory = factories[source]
             args = {source: _local_path(table.pop(source), base_dir)}
             args.update({key: table.pop(key) for key in list(table)})
         try:
@@ -435,16 +432,6 @@ class Cell:
         return boot_bridge(self.path, revision=revision, device=self.device, dtype=getattr(torch, self.dtype))
 
 
-def _route(name: str, fn: Callable[..., Any], own: Mapping[str, Any], shared: Mapping[str, Any]) -> dict[str, Any]:
-    """The options one analysis gets: the shared ones its signature takes, then its own (checked)."""
-    accepted = inspect.signature(fn).parameters
-    _table(own, f"analysis {name!r}: options")
-    unknown = [k for k in own if k not in accepted or k in ("model", "tokens", "progress")]
-    if unknown:
-        raise ValueError(f"analysis {name!r} takes no options {unknown}")
-    return {**{k: v for k, v in shared.items() if k in accepted}, **dict(own)}
-
-
 @dataclass
 class Study:
     """Models x checkpoints x analyses, declared as data; run it with :func:`geolens.study.run_study`.
@@ -524,15 +511,10 @@ class Study:
         return replace(study, **overrides) if overrides else study
 
     def _shared_options(self) -> dict[str, Any]:
-        """``n_tokens, seed, batch_size, max_length``, checked (``n_tokens`` stays an upper bound if it is one)."""
-        n_tokens = self.n_tokens
-        if n_tokens is not None:
-            bound = isinstance(n_tokens, UpperBound)
-            n_tokens = check_int(n_tokens, "n_tokens", low=3)
-            n_tokens = UpperBound(n_tokens) if bound else n_tokens
-        return {"n_tokens": n_tokens, "seed": check_int(self.seed, "seed", low=0),
-                "batch_size": check_int(self.batch_size, "batch_size", low=1),
-                "max_length": None if self.max_length is None else check_int(self.max_length, "max_length", low=1)}
+        """``n_tokens, seed, batch_size, max_length``, offered to every analysis that takes them (its own table
+        overrides them); checked, ``n_tokens`` stays an upper bound if it is one (the default): with less text,
+        an analysis uses what there is and records it."""
+        return check_shared_options({name: getattr(self, name) for name in SHARED_OPTIONS})
 
     def model_specs(self) -> dict[str, ModelSpec]:
         """Every model entry as a :class:`ModelSpec`, labels checked."""
@@ -568,12 +550,13 @@ class Study:
             if isinstance(options.get("lens_texts"), Mapping):
                 options["lens_texts"] = _texts_from(options["lens_texts"], self.base_dir,
                                                     f"analyses[{name!r}].lens_texts")
+        jobs = resolve_jobs(list(self.analyses), STUDY_ANALYSES)
         cells = []
         for label, spec in self.model_specs().items():
             metadata = _scalar_metadata({**spec.metadata, **self.metadata.get(label, {})}, f"model {label!r}")
-            analyses = {name: _route(name, STUDY_ANALYSES[name][0],
-                                     {**study_options[name], **spec.params.get(name, {})}, shared)
-                        for name in self.analyses}
+            own = {name: {**study_options[name], **spec.params.get(name, {})} for name in self.analyses}
+            # the study's sample sizes mean nothing to some analyses (weights): not strict
+            analyses = route_options(jobs, own, shared, strict=False, reserved=("progress",))
             own_resources = {**resources, **_check_resources(spec.resources, f"model {label!r} resources")}
             labels = [MAIN if c is None else check_label(c, f"model {label!r} checkpoint") for c in spec.checkpoints]
             if len(set(labels)) != len(labels):

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from geolens.study.factories import register_model_factory
 from geolens.study.spec import ModelSpec
 from geolens.zoo.train import Zoo
 
@@ -74,3 +75,8 @@ def zoo_member(zoo: Zoo | str | os.PathLike, width: int, steps: str | Sequence[i
         own[name] = {**own.get(name, {}), **options}
     return ModelSpec(loader=functools.partial(load_zoo_checkpoint, str(zoo.root), int(width)),
                      checkpoints=tuple(chosen), metadata=metadata, checkpoint_metadata=per_step, params=own)
+
+
+# A study file's ``zoo = "folder"`` (with ``width =``, ``steps =``) names a member: the study engine sits below
+# the zoo, so the zoo hands it the factory.
+register_model_factory("zoo", zoo_member)
