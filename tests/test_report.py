@@ -333,15 +333,16 @@ def test_convergence_section_compares_with_a_second_model_by_relative_depth(neox
     paths, meta, saved = _convergence_report(neox_bridge, tmp_path, texts, convergence_model=native_bridge)
     # Two tables, each with only its own columns: the self grid has no null columns, nothing is padded with NaN.
     own, cross = pd.read_csv(paths["convergence.csv"]), pd.read_csv(paths["convergence_cross_family.csv"])
-    assert len(own) == (neox_bridge.cfg.n_layers + 1) ** 2 and "rho_random_mean" not in own
+    assert len(own) == (neox_bridge.cfg.n_layers + 1) ** 2 and "spearman_random_mean" not in own
     assert not own.isna().any().any() and not cross.isna().any().any()
     pd.testing.assert_frame_equal(pd.DataFrame(saved["rows"]), own, check_dtype=False)
     pd.testing.assert_frame_equal(pd.DataFrame(saved["cross_rows"]), cross, check_dtype=False)
     assert cross[["layer_a", "layer_b"]].values.tolist() == [[0, 0], [1, 1], [2, 2]]  # matching relative depth
-    for prefix in ("rho", "cka", "mknn"):
+    for prefix in ("spearman", "cka", "mknn"):
         for column in ("full", "readout", "random_mean", "random_std"):
             assert cross[f"{prefix}_{column}"].notna().all(), (prefix, column)
-    assert cross.z_readout.notna().all() and cross.cka_z_readout.notna().all() and cross.mknn_z_readout.notna().all()
+    for prefix in ("spearman", "cka", "mknn"):
+        assert cross[f"{prefix}_readout_z"].notna().all(), prefix
     params = saved["params"]
     assert params["cross_family"]["model_b"] == "native" and params["cross_family"]["n_null"] == 4
     assert meta["settings"]["convergence_model"] == "native"  # a model is recorded by its name

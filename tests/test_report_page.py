@@ -83,7 +83,7 @@ def test_convergence_tables_are_apart_and_hold_no_nan(tiny_report):
     paths, meta, page, written = tiny_report
     own, cross = pd.read_csv(paths["convergence.csv"]), pd.read_csv(paths["convergence_cross_family.csv"])
     assert not own.isna().any().any() and not cross.isna().any().any()
-    assert "rho_random_mean" not in own and "rho_random_mean" in cross
+    assert "spearman_random_mean" not in own and "spearman_random_mean" in cross
     assert len(written["convergence"]["rows"]) == len(own) and len(written["convergence"]["cross_rows"]) == len(cross)
     section = _section(page, "convergence")
     assert f"Full table: self ({len(own)} rows)" in section

@@ -14,10 +14,18 @@ that a tokenizer merges with the following punctuation are dropped for both.
 Three measures compare the two clouds of states (each centred and CCR-corrected
 on its own), each in full space, in each model's readout subspace and in pairs
 of Haar-random subspaces (the null): ``"spearman"`` (of the cosine-distance
-vectors; columns ``rho_*`` and ``z_readout``), ``"cka"`` (linear CKA,
-:func:`geolens.metrics.linear_cka`; columns ``cka_*``) and ``"mutual_knn"``
-(mutual k-NN alignment under the cosine, :func:`geolens.metrics.mutual_knn`;
-columns ``mknn_*``).
+vectors), ``"cka"`` (linear CKA, :func:`geolens.metrics.linear_cka`) and
+``"mutual_knn"`` (mutual k-NN alignment under the cosine,
+:func:`geolens.metrics.mutual_knn`).
+
+Columns are named ``<measure>_<space>[_<statistic>]``: the measure (``spearman``,
+``cka``, ``mknn``), then the space (``full``, ``readout``, ``random``), then, where
+the column is a statistic of that space, the statistic: ``spearman_full``,
+``spearman_readout``, ``spearman_random_mean``, ``spearman_random_std`` and
+``spearman_readout_z = (spearman_readout - spearman_random_mean) / spearman_random_std``
+(the readout value in sd of the null); likewise ``cka_*`` and ``mknn_*``.
+Files saved with the column names of geolens < 0.3 (``rho_full``, ``z_readout``,
+``cka_z_readout``, ...) load under the new names (:data:`RENAMED_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -43,11 +51,17 @@ from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["MEASURES", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs", "word_end_offsets"]
+__all__ = ["MEASURES", "RENAMED_COLUMNS", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs", "word_end_offsets"]
 
 MEASURES = ("spearman", "cka", "mutual_knn")
-# Column prefix of each measure: rho_full, cka_full, mknn_full, ... (Spearman keeps its original names).
-PREFIX = {"spearman": "rho", "cka": "cka", "mutual_knn": "mknn"}
+# Column prefix of each measure: spearman_full, cka_readout, mknn_readout_z, ... (<measure>_<space>[_<statistic>]).
+PREFIX = {"spearman": "spearman", "cka": "cka", "mutual_knn": "mknn"}
+# Column names before 0.3 -> their names now (saved results load under the new names).
+RENAMED_COLUMNS = {
+    "rho_full": "spearman_full", "rho_readout": "spearman_readout", "rho_random_mean": "spearman_random_mean",
+    "rho_random_std": "spearman_random_std", "z_readout": "spearman_readout_z", "cka_z_readout": "cka_readout_z",
+    "mknn_z_readout": "mknn_readout_z",
+}
 MAX_POSITIONS = 1024
 
 
@@ -151,9 +165,9 @@ class ConvergenceResult(Result):
 
     One row per compared layer pair: ``layer_a, layer_b, depth_a, depth_b`` (``layer / n_layers``)
     and, per measure, its value in full space, in the readout subspaces and, without ``grid``,
-    the random-subspace null: ``rho_full, rho_readout, rho_random_mean, rho_random_std,
-    z_readout`` (Spearman), ``cka_*`` and ``cka_z_readout`` (linear CKA), ``mknn_*`` and
-    ``mknn_z_readout`` (mutual k-NN).
+    the random-subspace null, named ``<measure>_<space>[_<statistic>]`` (see the module
+    docstring): ``spearman_full, spearman_readout, spearman_random_mean, spearman_random_std,
+    spearman_readout_z`` (Spearman), ``cka_*`` (linear CKA), ``mknn_*`` (mutual k-NN).
 
     ``cross_rows`` holds a second table of the same columns where one result carries two
     comparisons (the report's: the model with itself on a grid in ``rows``, then against a
@@ -161,10 +175,10 @@ class ConvergenceResult(Result):
     each with only its own columns.
 
     Example:
-        >>> res = ConvergenceResult(rows=[{"layer_a": 0, "layer_b": 0, "rho_full": 1.0}],
-        ...                         cross_rows=[{"layer_a": 0, "layer_b": 0, "rho_full": 0.4, "z_readout": 3.0}])
+        >>> res = ConvergenceResult(rows=[{"layer_a": 0, "layer_b": 0, "spearman_full": 1.0}],
+        ...                         cross_rows=[{"layer_a": 0, "layer_b": 0, "spearman_full": 0.4, "spearman_readout_z": 3.0}])
         >>> {name: list(table) for name, table in res.tables().items()}
-        {'self': ['layer_a', 'layer_b', 'rho_full'], 'cross_family': ['layer_a', 'layer_b', 'rho_full', 'z_readout']}
+        {'self': ['layer_a', 'layer_b', 'spearman_full'], 'cross_family': ['layer_a', 'layer_b', 'spearman_full', 'spearman_readout_z']}
     """
 
     cross_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -178,10 +192,28 @@ class ConvergenceResult(Result):
             return {"": self.to_pandas()}
         return {"self": self.to_pandas(), "cross_family": pd.DataFrame(self.cross_rows)}
 
-    def plot(self, value: str = "rho_full"):
+    @classmethod
+    def load(cls, path):
+        """:meth:`Result.load`, with the column names of geolens < 0.3 renamed (:data:`RENAMED_COLUMNS`)."""
+        result = super().load(path)
+        result.rows = [_renamed(row) for row in result.rows]
+        result.cross_rows = [_renamed(row) for row in result.cross_rows]
+        return result
+
+    def plot(self, value: str = "spearman_full"):
         """Heatmap of ``value`` over (layer_a, layer_b) for a grid; otherwise full/readout/random of
-        ``value``'s measure (``rho``, ``cka`` or ``mknn``): bars for one pair, curves by relative depth for several."""
+        ``value``'s measure (``spearman``, ``cka`` or ``mknn``): bars for one pair, curves by relative depth for several."""
         return plotting.convergence_figure(self, value=value)
+
+
+def _renamed(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with the column names of geolens < 0.3 renamed.
+
+    Example:
+        >>> _renamed({"layer_a": 0, "rho_full": 0.5, "z_readout": 2.0, "cka_z_readout": 1.0})
+        {'layer_a': 0, 'spearman_full': 0.5, 'spearman_readout_z': 2.0, 'cka_readout_z': 1.0}
+    """
+    return {RENAMED_COLUMNS.get(key, key): value for key, value in row.items()}
 
 
 def depth_pairs(n_layers_a: int, n_layers_b: int) -> tuple[list[int], list[int]]:
@@ -293,12 +325,12 @@ def convergence(
 
     Example:
         >>> res = convergence(model, texts, other_model, k=4, n_null=5, n_positions=None, knn_k=3, progress=False)
-        >>> res.to_pandas()[["layer_a", "layer_b", "rho_full", "cka_full", "mknn_full"]].shape
+        >>> res.to_pandas()[["layer_a", "layer_b", "spearman_full", "cka_full", "mknn_full"]].shape
         (1, 5)
         >>> res.params["n_positions"]   # word ends shared by both tokenizations
         25
         >>> grid = convergence(model, texts, k=4, grid=True, n_positions=None, knn_k=3, progress=False)
-        >>> grid.to_pandas().pivot(index="layer_a", columns="layer_b", values="rho_full").shape
+        >>> grid.to_pandas().pivot(index="layer_a", columns="layer_b", values="spearman_full").shape
         (3, 3)
     """
     if _is_model(tokens) and not _is_model(other):
@@ -436,8 +468,8 @@ def _with_depths(rows: list[dict], n_layers_a: int, n_layers_b: int) -> list[dic
     """Each row with ``depth_a``, ``depth_b`` (``layer / n_layers``), the four layer columns first.
 
     Example:
-        >>> _with_depths([{"layer_a": 1, "layer_b": 3, "rho_full": 0.5}], 2, 4)
-        [{'layer_a': 1, 'layer_b': 3, 'depth_a': 0.5, 'depth_b': 0.75, 'rho_full': 0.5}]
+        >>> _with_depths([{"layer_a": 1, "layer_b": 3, "spearman_full": 0.5}], 2, 4)
+        [{'layer_a': 1, 'layer_b': 3, 'depth_a': 0.5, 'depth_b': 0.75, 'spearman_full': 0.5}]
     """
     order = ("layer_a", "layer_b", "depth_a", "depth_b")
     out = []
@@ -484,16 +516,16 @@ def _null_scores(measure: str, score, pa: torch.Tensor, pb: torch.Tensor, nulls_
     return torch.tensor([score(pa @ nulls_a[r], pb @ nulls_b[r]) for r in range(n_null)], dtype=torch.float64)
 
 
-def _null_columns(prefix: str, measure: str, readout_value: float, null: torch.Tensor) -> dict[str, float]:
+def _null_columns(prefix: str, readout_value: float, null: torch.Tensor) -> dict[str, float]:
     """The null's mean and sample sd and the readout's z against it, as columns of ``prefix``.
 
     Example:
-        >>> _null_columns("cka", "cka", 0.9, torch.tensor([0.1, 0.3], dtype=torch.float64))
-        {'cka_random_mean': 0.2, 'cka_random_std': 0.1414213562373095, 'cka_z_readout': 4.949747468305833}
+        >>> _null_columns("cka", 0.9, torch.tensor([0.1, 0.3], dtype=torch.float64))
+        {'cka_random_mean': 0.2, 'cka_random_std': 0.1414213562373095, 'cka_readout_z': 4.949747468305833}
     """
     mean, std = float(null.mean()), float(null.std(unbiased=True))
-    z_name = "z_readout" if measure == "spearman" else f"{prefix}_z_readout"
-    return {f"{prefix}_random_mean": mean, f"{prefix}_random_std": std, z_name: (readout_value - mean) / std}
+    z = (readout_value - mean) / std
+    return {f"{prefix}_random_mean": mean, f"{prefix}_random_std": std, f"{prefix}_readout_z": z}
 
 
 def _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measures, options, *, n_null, seed):
@@ -528,7 +560,7 @@ def _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measu
             row[f"{prefix}_readout"] = float(score(pa @ qa, pb @ qb))
             if nulls_a is not None:
                 null = _null_scores(measure, score, pa, pb, nulls_a, nulls_b)
-                row.update(_null_columns(prefix, measure, row[f"{prefix}_readout"], null))
+                row.update(_null_columns(prefix, row[f"{prefix}_readout"], null))
         rows.append(row)
     return rows
 

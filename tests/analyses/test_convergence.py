@@ -59,14 +59,14 @@ def test_model_converges_with_itself(neox_bridge, texts):
     res = geolens.convergence(neox_bridge, neox_bridge, list(texts) * 3, layer_a=1, layer_b=1, k=4, n_null=5,
                               n_positions=None, progress=False)
     row = res.to_pandas().iloc[0]
-    assert row.rho_full == pytest.approx(1.0, abs=1e-9) and row.rho_readout == pytest.approx(1.0, abs=1e-9)
-    assert row.rho_random_mean < 1.0
+    assert row.spearman_full == pytest.approx(1.0, abs=1e-9) and row.spearman_readout == pytest.approx(1.0, abs=1e-9)
+    assert row.spearman_random_mean < 1.0
     grid = geolens.convergence(neox_bridge, neox_bridge, list(texts) * 3, k=4, grid=True, n_positions=None,
                                progress=False)
     table = grid.to_pandas()
     assert len(table) == (neox_bridge.cfg.n_layers + 1) ** 2
     diagonal = table[table.layer_a == table.layer_b]
-    assert (diagonal.rho_full - 1.0).abs().max() < 1e-9
+    assert (diagonal.spearman_full - 1.0).abs().max() < 1e-9
     assert len(grid.plot().data) == 1 and len(res.plot().data) == 1
 
 
@@ -123,8 +123,8 @@ def test_every_measure_equals_direct_computation_in_each_space(neox_bridge, nati
         xa, xb = states_a.layer("resid_post", la), states_b.layer("resid_post", lb)
         assert (row.depth_a, row.depth_b) == (la / 2, lb / 2)
         spearman = distance_convergence(xa, xb, qa, qb, n_null=n_null, ccr=ccr, seed=0)
-        assert row.rho_full == pytest.approx(spearman["rho_full"], abs=1e-12)
-        assert row.z_readout == pytest.approx(spearman["z_readout"], abs=1e-9)
+        assert row.spearman_full == pytest.approx(spearman["spearman_full"], abs=1e-12)
+        assert row.spearman_readout_z == pytest.approx(spearman["spearman_readout_z"], abs=1e-9)
         pa, pb = remove_common_components(xa, ccr), remove_common_components(xb, ccr)
         for prefix, score in (("cka", linear_cka), ("mknn", lambda x, y: mutual_knn(x, y, k=3))):
             assert getattr(row, f"{prefix}_full") == pytest.approx(score(pa, pb), abs=1e-9)
@@ -133,7 +133,7 @@ def test_every_measure_equals_direct_computation_in_each_space(neox_bridge, nati
             assert getattr(row, f"{prefix}_random_mean") == pytest.approx(float(null.mean()), abs=1e-9)
             assert getattr(row, f"{prefix}_random_std") == pytest.approx(float(null.std()), abs=1e-9)
             z = (getattr(row, f"{prefix}_readout") - null.mean()) / null.std()
-            assert getattr(row, f"{prefix}_z_readout") == pytest.approx(float(z), abs=1e-6)
+            assert getattr(row, f"{prefix}_readout_z") == pytest.approx(float(z), abs=1e-6)
     assert 0 <= table.cka_full.min() and table.mknn_full.max() <= 1
 
 
@@ -151,10 +151,10 @@ def test_grid_of_every_measure_equals_direct_computation(neox_bridge, native_bri
         for space, (x, y) in (("full", (pa, pb)), ("readout", (pa @ qa, pb @ qb))):
             # Spearman of the float32 cosines as the metric ranks them (repeated tokens tie at layer 0)
             rho = float(centred_unit_ranks(x) @ centred_unit_ranks(y))
-            assert getattr(row, f"rho_{space}") == pytest.approx(rho, abs=1e-9)
+            assert getattr(row, f"spearman_{space}") == pytest.approx(rho, abs=1e-9)
             if row.layer_a > 0 and row.layer_b > 0:  # no exact ties: scipy on float64 agrees closely
                 ref = spearmanr(pdist(x.double().numpy(), "cosine"), pdist(y.double().numpy(), "cosine")).statistic
-                assert getattr(row, f"rho_{space}") == pytest.approx(ref, abs=1e-4)
+                assert getattr(row, f"spearman_{space}") == pytest.approx(ref, abs=1e-4)
             assert getattr(row, f"cka_{space}") == pytest.approx(linear_cka(x, y, debiased=debiased), abs=1e-9)
             assert getattr(row, f"mknn_{space}") == pytest.approx(mutual_knn(x, y, k=4), abs=1e-12)
     assert len(res.plot("cka_full").data) == 1 and len(res.plot("mknn_readout").data) == 1
@@ -164,15 +164,15 @@ def test_self_grid_diagonal_is_one_for_every_measure(neox_bridge):
     table = geolens.convergence(neox_bridge, WORDS, grid=True, k=4, knn_k=3, debiased=True, n_positions=None,
                                 progress=False).to_pandas()
     diagonal = table[table.layer_a == table.layer_b]
-    for column in ("rho_full", "rho_readout", "cka_full", "cka_readout", "mknn_full", "mknn_readout"):
+    for column in ("spearman_full", "spearman_readout", "cka_full", "cka_readout", "mknn_full", "mknn_readout"):
         assert (diagonal[column] - 1.0).abs().max() < 1e-9, column
 
 
 def test_measures_option_selects_columns_and_bad_names_raise(neox_bridge):
     table = geolens.convergence(neox_bridge, WORDS, measures="cka", k=4, n_null=3, n_positions=None,
                                 progress=False).to_pandas()
-    assert [c for c in table.columns if c.startswith(("rho", "z_", "cka", "mknn"))] == [
-        "cka_full", "cka_readout", "cka_random_mean", "cka_random_std", "cka_z_readout"]
+    assert [c for c in table.columns if c.startswith(("rho", "z_", "spearman", "cka", "mknn"))] == [
+        "cka_full", "cka_readout", "cka_random_mean", "cka_random_std", "cka_readout_z"]
     with pytest.raises(ValueError, match=r"unknown measures \['pearson'\]"):
         geolens.convergence(neox_bridge, WORDS, measures=("spearman", "pearson"), k=4, progress=False)
     with pytest.raises(ValueError, match="measures is empty"):
