@@ -218,13 +218,15 @@ def _updates_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings)
     return result, [result.plot()]
 
 
-def _report_lens(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> TunedLens:
-    """The tuned lens of the lens and phases sections: trained once on default texts the report does not score."""
+def _report_lens(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> tuple[TunedLens, int]:
+    """The tuned lens of the lens and phases sections, trained once on default texts the report does not
+    score, and the number of those texts."""
     budget = dict(s.as_dict()["lens_budget"])
     lens_texts = _lens_texts(texts, s.seed, budget.pop("n_train_texts"))
     # With its halves (the phases section's stability), so the two sections share one fit.
     halves = budget.get("method", "fast") == "fast"
-    return cached_tuned_lens(adapter, lens_texts, seed=s.seed, progress=s.progress, halves=halves, **budget)
+    lens = cached_tuned_lens(adapter, lens_texts, seed=s.seed, progress=s.progress, halves=halves, **budget)
+    return lens, len(lens_texts)
 
 
 def _lens_texts(texts: list[str], seed: int, n: int) -> list[str]:
@@ -238,11 +240,12 @@ def _lens_texts(texts: list[str], seed: int, n: int) -> list[str]:
 def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     # The same cached lens as the phases section, evaluated on the report's texts cut to
     # max_length like every other section, at the positions the other sections captured.
-    lens = _report_lens(adapter, texts, s)
+    lens, n_lens_texts = _report_lens(adapter, texts, s)
     result = evaluate(adapter, texts, lens=lens, n_tokens=min(s.lens_positions, s.n_tokens), seed=s.seed,
                       progress=s.progress, max_length=s.max_length, states=_states(adapter, texts, s))
-    # evaluate() records how the lens was fitted (params["training"]); the report adds where it is and its budget.
-    result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
+    # evaluate() records how the lens was fitted, its budget included (params["training"]); the report adds
+    # where the lens is and how many texts it was fitted on, and nothing twice.
+    result.params.update(lens_dir=lens.cache_dir, n_lens_texts=n_lens_texts)
     return result, [result.plot(), lens.plot_history()]
 
 
@@ -256,8 +259,8 @@ def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     result = phases(adapter, texts, lens_texts=lens_texts, lens_budget=budget, n_tokens=s.n_tokens, seed=s.seed,
                     progress=s.progress, max_length=s.max_length, lens_evaluation=evaluation,
                     update_geometry=s.results.get("updates"))
-    lens = _report_lens(adapter, texts, s)
-    result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
+    # phases() records the lens's fit (params["lens_training"]) and its number of texts; the report adds where it is.
+    result.params["lens_dir"] = _report_lens(adapter, texts, s)[0].cache_dir
     return result, [result.plot()]
 
 

@@ -291,8 +291,14 @@ def test_lens_and_phases_sections_train_once_and_cache(neox_bridge, tmp_path, te
     phases = written["phases"]
     assert phases["params"]["found"] is False and "needs at least" in phases["params"]["reason"]  # 2 layers only
     assert phases["params"]["lens_dir"] == written["lens"]["params"]["lens_dir"]
-    for section in (phases, written["lens"]):
-        assert section["params"]["lens_budget"] == REPORT_LENS_BUDGET
+    # the budget is recorded once, as the lens's fit ran it: in "training" (lens) and "lens_training" (phases)
+    for section, key in ((phases, "lens_training"), (written["lens"], "training")):
+        assert "lens_budget" not in section["params"]
+        training = section["params"][key]
+        assert {k: training[k] for k in ("method", "n_tokens", "max_steps", "max_seconds")} == {
+            k: REPORT_LENS_BUDGET[k] for k in ("method", "n_tokens", "max_steps", "max_seconds")}
+        assert 0 < section["params"]["n_lens_texts"] <= REPORT_LENS_BUDGET["n_train_texts"]
+    assert phases["params"]["n_lens_texts"] == written["lens"]["params"]["n_lens_texts"]
     assert "NaN" in [row["rss"] for row in phases["rows"]]
 
 
@@ -301,7 +307,8 @@ def test_quick_lens_budget_is_small_and_cached_apart(neox_bridge, tmp_path, text
     paths = report(neox_bridge, list(texts) * 4, tmp_path / "r", sections=["lens"], quick=True, n_tokens=30,
                    progress=False)
     lens = json.loads(paths["lens.json"].read_text())
-    assert lens["params"]["lens_budget"]["n_tokens"] == QUICK["lens_budget"]["n_tokens"]
+    assert lens["params"]["training"]["n_tokens"] == QUICK["lens_budget"]["n_tokens"]
+    assert lens["params"]["training"]["max_steps"] == QUICK["lens_budget"]["max_steps"] == 0
     assert "-L2-" in lens["params"]["lens_dir"]
 
 
