@@ -210,3 +210,85 @@ def test_default_n_positions_is_an_upper_bound(neox_bridge):
         geolens.convergence(neox_bridge, WORDS, k=4, n_positions=1024, progress=False)
     assert geolens.convergence(neox_bridge, WORDS, k=4, n_null=3, knn_k=3, n_positions=20,
                                progress=False).params["n_positions"] == 20
+
+
+# ---------------------------------------------------------------- the steps of convergence(), one at a time
+
+def test_sample_positions_is_seeded_bounded_and_sorted():
+    from geolens._validation import UpperBound
+    from geolens.analyses.convergence import _DEFAULT_POSITIONS, _sample_positions
+
+    pick = _sample_positions(50, 10, seed=3)
+    assert pick.tolist() == sorted(set(pick.tolist())) and len(pick) == 10 and 0 <= int(pick.min())
+    assert int(pick.max()) < 50 and torch.equal(pick, _sample_positions(50, 10, seed=3))
+    assert not torch.equal(pick, _sample_positions(50, 10, seed=4))
+    reference = torch.randperm(50, generator=torch.Generator().manual_seed(3))[:10].sort().values
+    assert torch.equal(pick, reference)  # the draw convergence() always made
+    assert _sample_positions(50, None, seed=0) is None
+    for bound in (_DEFAULT_POSITIONS, UpperBound(80)):  # an upper bound: fewer available -> all, with a warning
+        with pytest.warns(UserWarning, match="only 50 aligned positions"):
+            assert _sample_positions(50, bound, seed=0) is None
+    assert len(_sample_positions(50, UpperBound(20), seed=0)) == 20
+    with pytest.raises(ValueError, match="n_positions = 60"):
+        _sample_positions(50, 60, seed=0)
+    with pytest.raises(ValueError, match="only 2 word ends"):
+        _sample_positions(2, None, seed=0)
+
+
+def test_layer_pairs_broadcast_an_int_and_refuse_unequal_lists(neox_bridge, native_bridge):
+    from geolens.analyses.convergence import _layer_pairs
+
+    a, b = geolens.as_adapter(neox_bridge), geolens.as_adapter(native_bridge)
+    assert _layer_pairs(a, b, None, None) == ([a.n_layers // 2], [b.n_layers // 2])
+    assert _layer_pairs(a, b, [0, 2], 1) == ([0, 2], [1, 1]) and _layer_pairs(a, b, 2, [0, 1]) == ([2, 2], [0, 1])
+    with pytest.raises(ValueError, match="pairwise"):
+        _layer_pairs(a, b, [0, 1], [0, 1, 2])
+    with pytest.raises(ValueError, match="layer_b"):
+        _layer_pairs(a, b, 0, [])
+
+
+def test_null_scores_and_columns_equal_a_direct_loop():
+    import numpy as np
+
+    from geolens.analyses.convergence import _null_columns, _null_scores, _scorer
+    from geolens.metrics.distances import condensed_indices
+
+    g = torch.Generator().manual_seed(0)
+    pa, pb = torch.randn(12, 6, generator=g, dtype=torch.float64), torch.randn(12, 5, generator=g, dtype=torch.float64)
+    nulls_a = random_subspaces(6, 2, 11, seed=0, dtype=torch.float64)  # 11: the last chunk of 8 is partial
+    nulls_b = random_subspaces(5, 2, 11, seed=1, dtype=torch.float64)
+    score = _scorer("spearman", {}, condensed_indices(12))
+    null = _null_scores("spearman", score, pa, pb, nulls_a, nulls_b)
+    reference = [spearmanr(pdist((pa @ nulls_a[r]).numpy(), "cosine"), pdist((pb @ nulls_b[r]).numpy(), "cosine"))
+                 .statistic for r in range(11)]
+    np.testing.assert_allclose(null.numpy(), reference, atol=1e-9)
+    cka = _null_scores("cka", _scorer("cka", {"debiased": False}, None), pa, pb, nulls_a, nulls_b)
+    np.testing.assert_allclose(cka.numpy(), [linear_cka(pa @ nulls_a[r], pb @ nulls_b[r]) for r in range(11)])
+    columns = _null_columns("spearman", 0.5, null)
+    assert list(columns) == ["spearman_random_mean", "spearman_random_std", "spearman_readout_z"]
+    assert columns["spearman_random_std"] == pytest.approx(np.std(reference, ddof=1), abs=1e-9)
+    assert columns["spearman_readout_z"] == pytest.approx((0.5 - np.mean(reference)) / np.std(reference, ddof=1),
+                                                          abs=1e-6)
+
+
+def test_every_column_follows_measure_space_statistic(neox_bridge, native_bridge):
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, k=4, n_null=3, knn_k=3, n_positions=None,
+                              progress=False)
+    measures = [c for c in res.to_pandas().columns if c not in ("layer_a", "layer_b", "depth_a", "depth_b")]
+    expected = [f"{m}_{part}" for m in ("spearman", "cka", "mknn")
+                for part in ("full", "readout", "random_mean", "random_std", "readout_z")]
+    assert measures == expected
+
+
+def test_results_saved_with_the_old_column_names_load_under_the_new_ones(tmp_path):
+    from geolens.analyses.convergence import RENAMED_COLUMNS, ConvergenceResult
+
+    old = {name: float(i) for i, name in enumerate(RENAMED_COLUMNS)}
+    path = ConvergenceResult(rows=[{"layer_a": 0, "layer_b": 1, **old}], cross_rows=[{"layer_a": 2, **old}],
+                             params={"grid": False}).save(tmp_path / "old.json")
+    loaded = ConvergenceResult.load(path)
+    new = {RENAMED_COLUMNS[name]: value for name, value in old.items()}
+    assert loaded.rows == [{"layer_a": 0, "layer_b": 1, **new}] and loaded.cross_rows == [{"layer_a": 2, **new}]
+    assert set(RENAMED_COLUMNS.values()) == {f"spearman_{p}" for p in ("full", "readout", "random_mean",
+                                                                      "random_std", "readout_z")} | {
+        "cka_readout_z", "mknn_readout_z"}
