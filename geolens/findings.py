@@ -310,7 +310,7 @@ def convergence_findings(result: Any) -> list[str]:
         ...         for l, f, z, c in ((0, 0.2, 3.0, 0.5), (1, 0.5, -2.5, 2.2), (2, 0.4, 4.0, 2.0))]
         >>> for line in convergence_findings(Result(rows=rows, params={"model_a": "A", "model_b": "B"})):
         ...     print(line)
-        A against B at 3 layer pairs: Spearman between the distance structures in full space runs from 0.20 (layer 0 with layer 0) to 0.50 (layer 1 with layer 1).
+        A against B at 3 layer pairs: the Spearman correlation between their distance structures in full space runs from 0.20 (layer 0 with layer 0) to 0.50 (layer 1 with layer 1).
         In the readout subspaces the two models agree more than in random subspaces (z > 1.96) at 2 of the 3 pairs by Spearman and 2 by linear CKA, and less (z < −1.96) at 1 and 0 respectively.
     """
     tables = result.tables() if hasattr(result, "tables") else {"": result.to_pandas()}
@@ -343,8 +343,8 @@ def _cross_findings(table: Any, model_a: Any, model_b: Any, how: str = "") -> li
     n = len(table)
     if n == 1:
         row = table.iloc[0]
-        line = (f"{who} (layer {int(row['layer_a'])} with layer {int(row['layer_b'])}): Spearman between the distance "
-                f"structures {row['spearman_full']:.2f} in full space")
+        line = (f"{who} (layer {int(row['layer_a'])} with layer {int(row['layer_b'])}): the Spearman correlation "
+                f"between their distance structures is {row['spearman_full']:.2f} in full space")
         if "spearman_readout" in row:
             line += f", {row['spearman_readout']:.2f} in the readout subspaces"
         lines = [line + "."]
@@ -354,8 +354,8 @@ def _cross_findings(table: Any, model_a: Any, model_b: Any, how: str = "") -> li
         def pair(row: Any) -> str:
             return f"{row['spearman_full']:.2f} (layer {int(row['layer_a'])} with layer {int(row['layer_b'])})"
 
-        lines = [f"{who} at {n} layer pairs{' ' + how if how else ''}: Spearman between the distance structures in "
-                 f"full space runs from {pair(low)} to {pair(high)}."]
+        lines = [f"{who} at {n} layer pairs{' ' + how if how else ''}: the Spearman correlation between their "
+                 f"distance structures in full space runs from {pair(low)} to {pair(high)}."]
     measures = [m for m in _CONVERGENCE_NAMES if f"{m}_readout_z" in table and table[f"{m}_readout_z"].notna().any()]
     if not measures:
         return lines

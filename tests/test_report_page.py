@@ -135,8 +135,8 @@ def test_cross_family_summary_reads_as_english(tiny_report):
     lines = [line for line in re.findall(r"<li>(.*?)</li>", page.replace("&#x27;", "'"), flags=re.S)
              if "against native" in line]
     assert len(lines) == 1 and lines[0].startswith(f"{model_a} against native at {len(cross)} layer pairs of "
-                                                       "matching relative depth: Spearman between the distance "
-                                                       "structures in full space runs from ")
+                                                       "matching relative depth: the Spearman correlation "
+                                                       "between their distance structures in full space runs from ")
     low, high = cross.loc[cross.spearman_full.idxmin()], cross.loc[cross.spearman_full.idxmax()]
     assert (f"from {low.spearman_full:.2f} (layer {int(low.layer_a)} with layer {int(low.layer_b)}) to "
             f"{high.spearman_full:.2f} (layer {int(high.layer_a)} with layer {int(high.layer_b)})") in lines[0]
