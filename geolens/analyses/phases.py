@@ -161,7 +161,7 @@ def phases(
         >>> res.to_pandas()[["layer", "rss"]].values.tolist()   # an untrained lens: identical readout subspaces
         [[0.0, 1.0], [1.0, 1.0], [2.0, nan]]
         >>> res.params["found"], res.params["reason"]   # two layers are too few for phases
-        (False, 'the curve has 1 points; phase detection needs at least 5')
+        (False, 'the curve has 1 point; phase detection needs at least 5')
     """
     adapter = as_adapter(model)
     stability_report, n_lens_texts = None, None
