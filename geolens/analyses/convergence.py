@@ -321,7 +321,9 @@ def convergence(
         attention_mask: must be ``None`` (texts carry no mask).
 
     Returns:
-        :class:`ConvergenceResult`.
+        :class:`ConvergenceResult`: one row per layer pair, its columns named
+        ``<measure>_<space>[_<statistic>]`` (module docstring), e.g. ``spearman_full``,
+        ``cka_readout``, ``mknn_readout_z``.
 
     Example:
         >>> res = convergence(model, texts, other_model, k=4, n_null=5, n_positions=None, knn_k=3, progress=False)
