@@ -206,7 +206,8 @@ def _effect_rows(clean: list[dict], ablated: list[dict]) -> list[dict]:
     Example:
         >>> _effect_rows([{"layer": 2, "site": "resid_post", "z": 3.0, "rho_readout": 0.5}],
         ...              [{"layer": 2, "site": "resid_post", "z": 1.0, "rho_readout": 0.25}])
-        [{'layer': 2, 'site': 'resid_post', 'z_clean': 3.0, 'z_ablated': 1.0, 'delta_z': -2.0, 'rho_clean': 0.5, 'rho_ablated': 0.25}]
+        [{'layer': 2, 'site': 'resid_post', 'z_clean': 3.0, 'z_ablated': 1.0, 'delta_z': -2.0, 'rho_clean': 0.5,
+          'rho_ablated': 0.25}]
     """
     rows = []
     for before, after in zip(clean, ablated):

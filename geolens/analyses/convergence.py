@@ -51,7 +51,8 @@ from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["MEASURES", "RENAMED_COLUMNS", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs", "word_end_offsets"]
+__all__ = ["MEASURES", "RENAMED_COLUMNS", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs",
+           "word_end_offsets"]
 
 MEASURES = ("spearman", "cka", "mutual_knn")
 # Column prefix of each measure: spearman_full, cka_readout, mknn_readout_z, ... (<measure>_<space>[_<statistic>]).
@@ -176,9 +177,11 @@ class ConvergenceResult(Result):
 
     Example:
         >>> res = ConvergenceResult(rows=[{"layer_a": 0, "layer_b": 0, "spearman_full": 1.0}],
-        ...                         cross_rows=[{"layer_a": 0, "layer_b": 0, "spearman_full": 0.4, "spearman_readout_z": 3.0}])
+        ...                         cross_rows=[{"layer_a": 0, "layer_b": 0, "spearman_full": 0.4,
+        ...                                      "spearman_readout_z": 3.0}])
         >>> {name: list(table) for name, table in res.tables().items()}
-        {'self': ['layer_a', 'layer_b', 'spearman_full'], 'cross_family': ['layer_a', 'layer_b', 'spearman_full', 'spearman_readout_z']}
+        {'self': ['layer_a', 'layer_b', 'spearman_full'],
+         'cross_family': ['layer_a', 'layer_b', 'spearman_full', 'spearman_readout_z']}
     """
 
     cross_rows: list[dict[str, Any]] = field(default_factory=list)
