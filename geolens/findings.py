@@ -292,21 +292,91 @@ def probes_findings(result: Any) -> list[str]:
             f"(chance {best['chance']:.2f})."]
 
 
+# Convergence measures as a sentence names them (the column prefix of each, see geolens.convergence).
+_CONVERGENCE_NAMES = {"spearman": "Spearman", "cka": "linear CKA", "mknn": "mutual k-NN"}
+
+
+def _and(parts: Sequence[str]) -> str:
+    """``["a", "b", "c"]`` -> ``"a, b and c"``."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def convergence_findings(result: Any) -> list[str]:
-    table = result.to_pandas()
-    if not {"layer_a", "layer_b", "rho_full"} <= set(table):
+    """The self grid's neighbouring layers, then the comparison of two models (a second table, or the only one).
+
+    Example:
+        >>> from geolens.results import Result
+        >>> rows = [{"layer_a": l, "layer_b": l, "spearman_full": f, "spearman_readout_z": z, "cka_readout_z": c}
+        ...         for l, f, z, c in ((0, 0.2, 3.0, 0.5), (1, 0.5, -2.5, 2.2), (2, 0.4, 4.0, 2.0))]
+        >>> for line in convergence_findings(Result(rows=rows, params={"model_a": "A", "model_b": "B"})):
+        ...     print(line)
+        A against B at 3 layer pairs: the Spearman correlation between their distance structures in full space runs from 0.20 (layer 0 with layer 0) to 0.50 (layer 1 with layer 1).
+        In the readout subspaces the two models agree more than in random subspaces (z > 1.96) at 2 of the 3 pairs by Spearman and 2 by linear CKA, and less (z < −1.96) at 1 and 0 respectively.
+    """
+    tables = result.tables() if hasattr(result, "tables") else {"": result.to_pandas()}
+    table = next(iter(tables.values()))
+    if not {"layer_a", "layer_b", "spearman_full"} <= set(table):
         return []
-    if result.params.get("grid") and result.params.get("model_a") == result.params.get("model_b"):
-        adjacent = table[table["layer_b"] == table["layer_a"] + 1]
-        if len(adjacent):
-            low = adjacent.loc[adjacent["rho_full"].idxmin()]
-            return [f"Across depth, neighbouring layers agree at Spearman {adjacent['rho_full'].min():.2f}–"
-                    f"{adjacent['rho_full'].max():.2f}; the sharpest reorganisation is between layers "
-                    f"{int(low['layer_a'])} and {int(low['layer_b'])}."]
+    params = result.params
+    if not (params.get("grid") and params.get("model_a") == params.get("model_b")):
+        return _cross_findings(table, params.get("model_a"), params.get("model_b"))
+    lines = []
+    adjacent = table[table["layer_b"] == table["layer_a"] + 1]
+    if len(adjacent):
+        low = adjacent.loc[adjacent["spearman_full"].idxmin()]
+        lines.append(f"Across depth, the distance structures of neighbouring layers agree at Spearman "
+                     f"{adjacent['spearman_full'].min():.2f}–{adjacent['spearman_full'].max():.2f} in full space; "
+                     f"the sharpest reorganisation is between layers {int(low['layer_a'])} and {int(low['layer_b'])}.")
+    cross = tables.get("cross_family")
+    if cross is not None and len(cross):
+        described = params.get("cross_family")
+        other = described.get("model_b") if isinstance(described, dict) else None
+        lines += _cross_findings(cross, params.get("model_a"), other, "of matching relative depth")
+    return lines
+
+
+def _cross_findings(table: Any, model_a: Any, model_b: Any, how: str = "") -> list[str]:
+    """Full-space Spearman over the compared layer pairs, then how the readout subspaces fare against the null."""
+    if table.empty or "spearman_full" not in table:
         return []
-    row = table.iloc[0]
-    return [f"{result.params.get('model_a')} vs {result.params.get('model_b')}: Spearman {row['rho_full']:.2f} in full "
-            "space" + (f", {row['rho_readout']:.2f} in the readout subspaces" if "rho_readout" in row else "") + "."]
+    who = f"{model_a or 'model A'} against {model_b or 'model B'}"
+    n = len(table)
+    if n == 1:
+        row = table.iloc[0]
+        line = (f"{who} (layer {int(row['layer_a'])} with layer {int(row['layer_b'])}): the Spearman correlation "
+                f"between their distance structures is {row['spearman_full']:.2f} in full space")
+        if "spearman_readout" in row:
+            line += f", {row['spearman_readout']:.2f} in the readout subspaces"
+        lines = [line + "."]
+    else:
+        low, high = table.loc[table["spearman_full"].idxmin()], table.loc[table["spearman_full"].idxmax()]
+
+        def pair(row: Any) -> str:
+            return f"{row['spearman_full']:.2f} (layer {int(row['layer_a'])} with layer {int(row['layer_b'])})"
+
+        lines = [f"{who} at {n} layer pairs{' ' + how if how else ''}: the Spearman correlation between their "
+                 f"distance structures in full space runs from {pair(low)} to {pair(high)}."]
+    measures = [m for m in _CONVERGENCE_NAMES if f"{m}_readout_z" in table and table[f"{m}_readout_z"].notna().any()]
+    if not measures:
+        return lines
+    if n == 1:
+        row = table.iloc[0]
+
+        def verdict(m: str) -> str:
+            z = float(row[f"{m}_readout_z"])
+            where = "more than" if z > Z_CHANCE else "less than" if z < -Z_CHANCE else "about as much as"
+            return f"{where} in random subspaces by {_CONVERGENCE_NAMES[m]} (z = {_fmt(z)})"
+
+        lines.append(f"In the readout subspaces the two models agree {_and([verdict(m) for m in measures])}.")
+        return lines
+    above = [f"{int((table[f'{m}_readout_z'] > Z_CHANCE).sum())}" for m in measures]
+    below = [f"{int((table[f'{m}_readout_z'] < -Z_CHANCE).sum())}" for m in measures]
+    named = [f"{count} by {_CONVERGENCE_NAMES[m]}" for count, m in zip(above, measures)]
+    named[0] = f"{above[0]} of the {n} pairs by {_CONVERGENCE_NAMES[measures[0]]}"
+    respectively = " respectively" if len(measures) > 1 else ""
+    lines.append(f"In the readout subspaces the two models agree more than in random subspaces (z > 1.96) at "
+                 f"{_and(named)}, and less (z < −1.96) at {_and(below)}{respectively}.")
+    return lines
 
 
 FINDINGS: dict[str, Callable[[Any], list[str]]] = {

@@ -130,7 +130,7 @@ SITES: dict[str, str] = {"resid_pre": "residual stream (block input)", "resid_po
                          "resid_mid": "residual stream (after attention)", "attn_out": "attention output",
                          "mlp_out": "MLP output", "final": "final state (after ln_final)", "embed": "embeddings"}
 
-_CONVERGENCE_MEASURES = {"rho": ("Spearman ρ of distances", "ρ"), "cka": ("linear CKA", "CKA"),
+_CONVERGENCE_MEASURES = {"spearman": ("Spearman ρ of distances", "ρ"), "cka": ("linear CKA", "CKA"),
                          "mknn": ("mutual k-NN overlap", "mutual k-NN")}
 _CONVERGENCE_PARTS = {"full": "full space", "readout": "readout subspaces", "random_mean": "random subspaces"}
 _PHASE_COLOURS = ("rgba(0,114,178,0.10)", "rgba(0,158,115,0.10)", "rgba(213,94,0,0.10)")
@@ -413,9 +413,9 @@ def ablation_figure(result) -> go.Figure:
     return fig
 
 
-def convergence_figure(result, value: str = "rho_full") -> go.Figure:
+def convergence_figure(result, value: str = "spearman_full") -> go.Figure:
     """Heatmap of ``value`` over (layer_a, layer_b) for a grid; otherwise full/readout/random of ``value``'s
-    measure (prefix ``rho``, ``cka`` or ``mknn``): bars for one layer pair, curves by relative depth for several."""
+    measure (prefix ``spearman``, ``cka`` or ``mknn``): bars for one layer pair, curves by relative depth for several."""
     table = result.to_pandas()
     params = result.params
     prefix = value.split("_")[0]

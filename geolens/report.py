@@ -219,13 +219,15 @@ def _updates_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings)
     return result, [result.plot()]
 
 
-def _report_lens(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> TunedLens:
-    """The tuned lens of the lens and phases sections: trained once on default texts the report does not score."""
+def _report_lens(adapter: ModelAdapter, texts: list[str], s: ReportSettings) -> tuple[TunedLens, int]:
+    """The tuned lens of the lens and phases sections, trained once on default texts the report does not
+    score, and the number of those texts."""
     budget = dict(s.as_dict()["lens_budget"])
     lens_texts = _lens_texts(texts, s.seed, budget.pop("n_train_texts"))
     # With its halves (the phases section's stability), so the two sections share one fit.
     halves = budget.get("method", "fast") == "fast"
-    return cached_tuned_lens(adapter, lens_texts, seed=s.seed, progress=s.progress, halves=halves, **budget)
+    lens = cached_tuned_lens(adapter, lens_texts, seed=s.seed, progress=s.progress, halves=halves, **budget)
+    return lens, len(lens_texts)
 
 
 def _lens_texts(texts: list[str], seed: int, n: int) -> list[str]:
@@ -239,11 +241,12 @@ def _lens_texts(texts: list[str], seed: int, n: int) -> list[str]:
 def _lens_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     # The same cached lens as the phases section, evaluated on the report's texts cut to
     # max_length like every other section, at the positions the other sections captured.
-    lens = _report_lens(adapter, texts, s)
+    lens, n_lens_texts = _report_lens(adapter, texts, s)
     result = evaluate(adapter, texts, lens=lens, n_tokens=min(s.lens_positions, s.n_tokens), seed=s.seed,
                       progress=s.progress, max_length=s.max_length, states=_states(adapter, texts, s))
-    # evaluate() records how the lens was fitted (params["training"]); the report adds where it is and its budget.
-    result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
+    # evaluate() records how the lens was fitted, its budget included (params["training"]); the report adds
+    # where the lens is and how many texts it was fitted on, and nothing twice.
+    result.params.update(lens_dir=lens.cache_dir, n_lens_texts=n_lens_texts)
     return result, [result.plot(), lens.plot_history()]
 
 
@@ -257,8 +260,8 @@ def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     result = phases(adapter, texts, lens_texts=lens_texts, lens_budget=budget, n_tokens=s.n_tokens, seed=s.seed,
                     progress=s.progress, max_length=s.max_length, lens_evaluation=evaluation,
                     update_geometry=s.results.get("updates"))
-    lens = _report_lens(adapter, texts, s)
-    result.params.update(lens_dir=lens.cache_dir, lens_budget=s.as_dict()["lens_budget"])
+    # phases() records the lens's fit (params["lens_training"]) and its number of texts; the report adds where it is.
+    result.params["lens_dir"] = _report_lens(adapter, texts, s)[0].cache_dir
     return result, [result.plot()]
 
 
@@ -284,7 +287,7 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
     own = convergence(adapter, texts, grid=True, **common)
     # Two tables, each with its own columns: the grid has no null, the cross-family pairs have one.
     rows, cross_rows = list(own.rows), []
-    figures = [own.plot("rho_full"), own.plot("rho_readout"), own.plot("cka_full"), own.plot("mknn_full")]
+    figures = [own.plot("spearman_full"), own.plot("spearman_readout"), own.plot("cka_full"), own.plot("mknn_full")]
     params = {"comparison": "the model with itself, every layer against every layer; then, by relative depth, "
                             "against a model of another family",
               **own.params}
@@ -297,7 +300,7 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
         cross = convergence(adapter, texts, other, layer_a=layers_a, layer_b=layers_b, n_null=s.convergence_null,
                             **common)
         cross_rows = list(cross.rows)
-        figures += [cross.plot("rho_full"), cross.plot("cka_full"), cross.plot("mknn_full")]
+        figures += [cross.plot("spearman_full"), cross.plot("cka_full"), cross.plot("mknn_full")]
         params["cross_family"] = {"model_b": cross.params["model_b"], "n_layers_b": cross.params["n_layers_b"],
                                   "pairs": "every layer of the shallower model with the nearest relative depth",
                                   "n_positions": cross.params["n_positions"], "n_null": s.convergence_null,

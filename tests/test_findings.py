@@ -80,3 +80,44 @@ def test_pga_interval_findings_verdicts_and_a_few_texts_note():
     nan = float("nan")
     fallback = pga_findings(_interval_result({1: [(3.0, nan, nan), (-3.0, nan, nan)]}))
     assert fallback[0].startswith("CCR-1: the readout subspace keeps more")
+
+
+def test_convergence_findings_read_the_self_grid_and_the_cross_family_pairs():
+    from geolens.analyses.convergence import ConvergenceResult
+    from geolens.findings import convergence_findings
+
+    grid = [{"layer_a": a, "layer_b": b, "spearman_full": 1.0 if a == b else value}
+            for a, b, value in ((0, 0, 1), (0, 1, 0.6), (1, 0, 0.6), (1, 1, 1), (1, 2, 0.9), (2, 1, 0.9), (2, 2, 1),
+                                (0, 2, 0.5), (2, 0, 0.5))]
+    cross = [{"layer_a": a, "layer_b": b, "spearman_full": f, "spearman_readout_z": zs, "cka_readout_z": zc,
+              "mknn_readout_z": zk}
+             for a, b, f, zs, zc, zk in ((0, 0, 0.3, 2.5, -3.0, 0.0), (1, 2, 0.6, 1.0, 2.0, -2.0),
+                                         (2, 4, 0.45, 5.0, 2.1, 1.9))]
+    params = {"grid": True, "model_a": "A", "model_b": "A", "cross_family": {"model_b": "B"}}
+    lines = convergence_findings(ConvergenceResult(rows=grid, params=params, cross_rows=cross))
+    assert lines == [
+        "Across depth, the distance structures of neighbouring layers agree at Spearman 0.60–0.90 in full space; "
+        "the sharpest reorganisation is between layers 0 and 1.",
+        "A against B at 3 layer pairs of matching relative depth: the Spearman correlation between their distance "
+        "structures in full space runs from 0.30 (layer 0 with layer 0) to 0.60 (layer 1 with layer 2).",
+        "In the readout subspaces the two models agree more than in random subspaces (z > 1.96) at 2 of the 3 pairs "
+        "by Spearman, 2 by linear CKA and 0 by mutual k-NN, and less (z < −1.96) at 0, 1 and 1 respectively.",
+    ]
+    alone = convergence_findings(ConvergenceResult(rows=grid, params=params))  # no second model: one line
+    assert alone == lines[:1]
+
+
+def test_convergence_findings_of_one_layer_pair_name_each_verdict():
+    from geolens.findings import convergence_findings
+
+    row = {"layer_a": 4, "layer_b": 9, "spearman_full": 0.41, "spearman_readout": 0.52, "spearman_readout_z": 3.04,
+           "cka_readout_z": 0.5, "mknn_readout_z": -2.5}
+    (full, null) = convergence_findings(Result(rows=[row], params={"model_a": "A", "model_b": "B", "grid": False}))
+    assert full == ("A against B (layer 4 with layer 9): the Spearman correlation between their distance structures "
+                    "is 0.41 in full space, 0.52 in the readout subspaces.")
+    assert null == ("In the readout subspaces the two models agree more than in random subspaces by Spearman "
+                    "(z = 3.0), about as much as in random subspaces by linear CKA (z = 0.5) and less than in "
+                    "random subspaces by mutual k-NN (z = -2.5).")
+    no_null = {key: value for key, value in row.items() if not key.endswith("_z")}
+    assert len(convergence_findings(Result(rows=[no_null], params={"model_a": "A", "model_b": "B"}))) == 1
+    assert convergence_findings(Result(rows=[{"layer_a": 0, "layer_b": 0, "rho_full": 0.3}])) == []

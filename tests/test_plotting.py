@@ -85,16 +85,16 @@ def lens_result() -> LensResult:
 
 
 def convergence_grid() -> ConvergenceResult:
-    rows = [{"comparison": "self", "layer_a": a, "layer_b": b, "rho_full": 1 - abs(a - b) / L,
-             "rho_readout": 1 - abs(a - b) / (2 * L), "cka_full": 0.5, "mknn_full": 0.3}
+    rows = [{"comparison": "self", "layer_a": a, "layer_b": b, "spearman_full": 1 - abs(a - b) / L,
+             "spearman_readout": 1 - abs(a - b) / (2 * L), "cka_full": 0.5, "mknn_full": 0.3}
             for a in range(L + 1) for b in range(L + 1)]
     return ConvergenceResult(rows=rows, params={"grid": True, "model_a": MODEL, "model_b": MODEL, "ccr": 1, "k": 100,
                                                 "n_positions": 512})
 
 
 def convergence_depth() -> ConvergenceResult:
-    rows = [{"layer_a": a, "layer_b": a, "depth_a": a / L, "rho_full": 0.5, "rho_readout": 0.4, "rho_random_mean": 0.1,
-             "rho_random_std": 0.02} for a in range(L + 1)]
+    rows = [{"layer_a": a, "layer_b": a, "depth_a": a / L, "spearman_full": 0.5, "spearman_readout": 0.4,
+             "spearman_random_mean": 0.1, "spearman_random_std": 0.02} for a in range(L + 1)]
     return ConvergenceResult(rows=rows, params={"model_a": MODEL, "model_b": "google/gemma-3-270m", "ccr": 1})
 
 
@@ -180,10 +180,10 @@ def every_figure():
         "lens": lens_result().plot(),
         "lens history": plotting.lens_history_figure(history(), title=MODEL),
         "lens history empty": plotting.lens_history_figure(history().iloc[:0], title=MODEL),
-        "convergence grid": convergence_grid().plot("rho_full"),
-        "convergence grid readout": convergence_grid().plot("rho_readout"),
-        "convergence depth": convergence_depth().plot("rho_full"),
-        "convergence pair": ConvergenceResult(rows=convergence_depth().rows[:1], params={}).plot("rho_full"),
+        "convergence grid": convergence_grid().plot("spearman_full"),
+        "convergence grid readout": convergence_grid().plot("spearman_readout"),
+        "convergence depth": convergence_depth().plot("spearman_full"),
+        "convergence pair": ConvergenceResult(rows=convergence_depth().rows[:1], params={}).plot("spearman_full"),
         "compare": compare_result().plot(),
         "ablation": ablation_result().plot(),
         "patching": patch_result().plot(),
@@ -244,7 +244,8 @@ def test_every_axis_is_titled(name):
 
 @pytest.mark.parametrize("name", list(FIGURES))
 def test_no_raw_column_name_in_titles_axes_or_legend(name):
-    columns = set(SPECTRAL_METRICS) | set(UPDATE_SUMMARY_KEYS) | {"rho_full", "rho_readout", "z_clean", "resid_post",
+    columns = set(SPECTRAL_METRICS) | set(UPDATE_SUMMARY_KEYS) | {"rho_full", "rho_readout", "spearman_full",
+                                                                   "spearman_readout", "z_clean", "resid_post",
                                                                    "resid_pre", "attn_out", "mlp_out", "held_out"}
     for text in _texts(FIGURES[name]):
         words = set(RAW.findall(text)) - ALLOWED

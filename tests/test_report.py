@@ -291,8 +291,14 @@ def test_lens_and_phases_sections_train_once_and_cache(neox_bridge, tmp_path, te
     phases = written["phases"]
     assert phases["params"]["found"] is False and "needs at least" in phases["params"]["reason"]  # 2 layers only
     assert phases["params"]["lens_dir"] == written["lens"]["params"]["lens_dir"]
-    for section in (phases, written["lens"]):
-        assert section["params"]["lens_budget"] == REPORT_LENS_BUDGET
+    # the budget is recorded once, as the lens's fit ran it: in "training" (lens) and "lens_training" (phases)
+    for section, key in ((phases, "lens_training"), (written["lens"], "training")):
+        assert "lens_budget" not in section["params"]
+        training = section["params"][key]
+        assert {k: training[k] for k in ("method", "n_tokens", "max_steps", "max_seconds")} == {
+            k: REPORT_LENS_BUDGET[k] for k in ("method", "n_tokens", "max_steps", "max_seconds")}
+        assert 0 < section["params"]["n_lens_texts"] <= REPORT_LENS_BUDGET["n_train_texts"]
+    assert phases["params"]["n_lens_texts"] == written["lens"]["params"]["n_lens_texts"]
     assert "NaN" in [row["rss"] for row in phases["rows"]]
 
 
@@ -301,7 +307,8 @@ def test_quick_lens_budget_is_small_and_cached_apart(neox_bridge, tmp_path, text
     paths = report(neox_bridge, list(texts) * 4, tmp_path / "r", sections=["lens"], quick=True, n_tokens=30,
                    progress=False)
     lens = json.loads(paths["lens.json"].read_text())
-    assert lens["params"]["lens_budget"]["n_tokens"] == QUICK["lens_budget"]["n_tokens"]
+    assert lens["params"]["training"]["n_tokens"] == QUICK["lens_budget"]["n_tokens"]
+    assert lens["params"]["training"]["max_steps"] == QUICK["lens_budget"]["max_steps"] == 0
     assert "-L2-" in lens["params"]["lens_dir"]
 
 
@@ -333,15 +340,16 @@ def test_convergence_section_compares_with_a_second_model_by_relative_depth(neox
     paths, meta, saved = _convergence_report(neox_bridge, tmp_path, texts, convergence_model=native_bridge)
     # Two tables, each with only its own columns: the self grid has no null columns, nothing is padded with NaN.
     own, cross = pd.read_csv(paths["convergence.csv"]), pd.read_csv(paths["convergence_cross_family.csv"])
-    assert len(own) == (neox_bridge.cfg.n_layers + 1) ** 2 and "rho_random_mean" not in own
+    assert len(own) == (neox_bridge.cfg.n_layers + 1) ** 2 and "spearman_random_mean" not in own
     assert not own.isna().any().any() and not cross.isna().any().any()
     pd.testing.assert_frame_equal(pd.DataFrame(saved["rows"]), own, check_dtype=False)
     pd.testing.assert_frame_equal(pd.DataFrame(saved["cross_rows"]), cross, check_dtype=False)
     assert cross[["layer_a", "layer_b"]].values.tolist() == [[0, 0], [1, 1], [2, 2]]  # matching relative depth
-    for prefix in ("rho", "cka", "mknn"):
+    for prefix in ("spearman", "cka", "mknn"):
         for column in ("full", "readout", "random_mean", "random_std"):
             assert cross[f"{prefix}_{column}"].notna().all(), (prefix, column)
-    assert cross.z_readout.notna().all() and cross.cka_z_readout.notna().all() and cross.mknn_z_readout.notna().all()
+    for prefix in ("spearman", "cka", "mknn"):
+        assert cross[f"{prefix}_readout_z"].notna().all(), prefix
     params = saved["params"]
     assert params["cross_family"]["model_b"] == "native" and params["cross_family"]["n_null"] == 4
     assert meta["settings"]["convergence_model"] == "native"  # a model is recorded by its name

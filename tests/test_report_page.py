@@ -83,7 +83,7 @@ def test_convergence_tables_are_apart_and_hold_no_nan(tiny_report):
     paths, meta, page, written = tiny_report
     own, cross = pd.read_csv(paths["convergence.csv"]), pd.read_csv(paths["convergence_cross_family.csv"])
     assert not own.isna().any().any() and not cross.isna().any().any()
-    assert "rho_random_mean" not in own and "rho_random_mean" in cross
+    assert "spearman_random_mean" not in own and "spearman_random_mean" in cross
     assert len(written["convergence"]["rows"]) == len(own) and len(written["convergence"]["cross_rows"]) == len(cross)
     section = _section(page, "convergence")
     assert f"Full table: self ({len(own)} rows)" in section
@@ -108,11 +108,46 @@ def test_lens_json_records_the_training_parameters_once(tiny_report):
     assert "history" not in params["training"] and "losses" not in params["training"]
     steps = [key for key, value in params.items() if isinstance(value, dict) and "steps" in value]
     assert steps == ["training"]
-    assert set(params["lens_budget"]) & set(params["training"]) <= {"method", "n_tokens", "max_steps",
-                                                                       "max_seconds", "seq_len"}
+    assert "lens_budget" not in params  # the budget is in "training", as it ran
+    budget = meta["settings"]["lens_budget"]
+    assert {k: params["training"][k] for k in ("method", "n_tokens", "max_steps", "max_seconds")} == {
+        k: budget[k] for k in ("method", "n_tokens", "max_steps", "max_seconds")}
     (line,) = [line for line in lens_findings(Result(rows=written["lens"]["rows"], params=params))
                if "refinement" in line or "closed form" in line]
     assert line in page.replace("&#x27;", "'") and "stopped on steps" not in line and "None" not in line
+
+
+def test_phases_json_records_the_lens_settings_once_and_the_page_shows_them_once(tiny_report):
+    paths, meta, page, written = tiny_report
+    for name, key in (("lens", "training"), ("phases", "lens_training")):
+        params = written[name]["params"]
+        assert "lens_budget" not in params and params["n_lens_texts"] > 0
+        holders = [k for k, value in params.items() if isinstance(value, dict) and "max_steps" in value]
+        assert holders == [key], (name, holders)
+        assert _section(page, name).count("<th>max_steps</th>") == 1, name
+    assert written["phases"]["params"]["lens_training"] == written["lens"]["params"]["training"]  # one shared lens
+
+
+def test_cross_family_summary_reads_as_english(tiny_report):
+    paths, meta, page, written = tiny_report
+    cross = pd.read_csv(paths["convergence_cross_family.csv"])
+    model_a = written["convergence"]["params"]["model_a"]
+    lines = [line for line in re.findall(r"<li>(.*?)</li>", page.replace("&#x27;", "'"), flags=re.S)
+             if "against native" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"{model_a} against native at {len(cross)} layer pairs of "
+                                                       "matching relative depth: the Spearman correlation "
+                                                       "between their distance structures in full space runs from ")
+    low, high = cross.loc[cross.spearman_full.idxmin()], cross.loc[cross.spearman_full.idxmax()]
+    assert (f"from {low.spearman_full:.2f} (layer {int(low.layer_a)} with layer {int(low.layer_b)}) to "
+            f"{high.spearman_full:.2f} (layer {int(high.layer_a)} with layer {int(high.layer_b)})") in lines[0]
+    above = [int((cross[f"{m}_readout_z"] > 1.96).sum()) for m in ("spearman", "cka", "mknn")]
+    below = [int((cross[f"{m}_readout_z"] < -1.96).sum()) for m in ("spearman", "cka", "mknn")]
+    null_line = (f"In the readout subspaces the two models agree more than in random subspaces (z &gt; 1.96) at "
+                 f"{above[0]} of the {len(cross)} pairs by Spearman, {above[1]} by linear CKA and {above[2]} by "
+                 f"mutual k-NN, and less (z &lt; −1.96) at {below[0]}, {below[1]} and {below[2]} respectively.")
+    assert null_line in page
+    for line in lines + [null_line]:
+        assert "_" not in line.replace(model_a, "") and "nan" not in line and "None" not in line
 
 
 @pytest.mark.parametrize("stopped, steps, expected", [

@@ -169,27 +169,15 @@ def ablation_effect(
     loss = next_token_effect(adapter, batch, hooks, batch_size=batch_size, progress=progress)
     bar.update()
 
-    # resid_post layer l, or a block site of layer l (block l-1): resid_post l onwards changes.
-    downstream = list(range(layer, adapter.n_layers + 1))
-    capture_kw = dict(sites=(RESIDUAL_SITE, FINAL_SITE), layers=downstream, n_tokens=n_tokens, seed=seed,
-                      batch_size=batch_size, progress=False, attention_mask=batch.attention_mask)
-    clean_states = capture(adapter, batch.tokens, **capture_kw)
-    with adapter.hooks(hooks):  # capture's own hooks nest inside; all removed on exit
-        ablated_states = capture(adapter, batch.tokens, **capture_kw)
+    clean_states, ablated_states = _downstream_states(adapter, batch, hooks, layer, n_tokens=n_tokens, seed=seed,
+                                                      batch_size=batch_size)
     bar.update()
     readout_q = readout_basis(adapter.unembed_matrix(readout), k)
     clean_pga = _score_states(clean_states, readout_q, n_null=n_null, ccr=ccr, seed=seed, progress=False)
     ablated_pga = _score_states(ablated_states, readout_q, n_null=n_null, ccr=ccr, seed=seed, progress=False)
     bar.update()
     bar.close()
-
-    rows = []
-    for before, after in zip(clean_pga.rows, ablated_pga.rows):
-        rows.append({
-            "layer": before["layer"], "site": before["site"],
-            "z_clean": before["z"], "z_ablated": after["z"], "delta_z": after["z"] - before["z"],
-            "rho_clean": before["rho_readout"], "rho_ablated": after["rho_readout"],
-        })
+    rows = _effect_rows(clean_pga.rows, ablated_pga.rows)
     q = readout_q.to(basis.dtype)
     energy = ((q.T @ basis) ** 2).sum(dim=0).tolist()
     params = {
@@ -198,3 +186,37 @@ def ablation_effect(
         **loss, "pc_readout_energy": energy, "random_energy": k / adapter.d_model,
     }
     return AblationResult(rows=rows, params=params)
+
+
+def _downstream_states(adapter, batch, hooks, layer: int, *, n_tokens, seed: int, batch_size: int):
+    """The residual stream from ``layer`` on and the final state, clean and with ``hooks`` on, at the same
+    sampled positions. A block site of layer ``l`` (block ``l - 1``) changes ``resid_post`` ``l`` onwards."""
+    capture_kw = dict(sites=(RESIDUAL_SITE, FINAL_SITE), layers=list(range(layer, adapter.n_layers + 1)),
+                      n_tokens=n_tokens, seed=seed, batch_size=batch_size, progress=False,
+                      attention_mask=batch.attention_mask)
+    clean_states = capture(adapter, batch.tokens, **capture_kw)
+    with adapter.hooks(hooks):  # capture's own hooks nest inside; all removed on exit
+        ablated_states = capture(adapter, batch.tokens, **capture_kw)
+    return clean_states, ablated_states
+
+
+def _effect_rows(clean: list[dict], ablated: list[dict]) -> list[dict]:
+    """PGA z and rho of each (site, layer) before and after the ablation, and the change of z.
+
+    Example:
+        >>> _effect_rows([{"layer": 2, "site": "resid_post", "z": 3.0, "rho_readout": 0.5}],
+        ...              [{"layer": 2, "site": "resid_post", "z": 1.0, "rho_readout": 0.25}])
+        [{'layer': 2, 'site': 'resid_post', 'z_clean': 3.0, 'z_ablated': 1.0, 'delta_z': -2.0, 'rho_clean': 0.5,
+          'rho_ablated': 0.25}]
+    """
+    rows = []
+    for before, after in zip(clean, ablated):
+        if (before["site"], before["layer"]) != (after["site"], after["layer"]):
+            raise ValueError(f"clean and ablated rows differ: {before['site']} layer {before['layer']} vs "
+                             f"{after['site']} layer {after['layer']}")
+        rows.append({
+            "layer": before["layer"], "site": before["site"],
+            "z_clean": before["z"], "z_ablated": after["z"], "delta_z": after["z"] - before["z"],
+            "rho_clean": before["rho_readout"], "rho_ablated": after["rho_readout"],
+        })
+    return rows

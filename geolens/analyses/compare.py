@@ -109,6 +109,29 @@ def compare(
         raise ValueError(f"spectrum_result has several sites {sites}; "
                          "select one (e.g. geolens.spectrum(model, states, site=...))")
     site = sites[0]
+    ccr, pga_part = _pga_column(pga_table, site, ccr)
+    chosen = _spectral_columns(spec_table, metrics)
+    joined = pga_part.merge(spec_table[["layer", *chosen]], on="layer", how="inner").sort_values("layer")
+    if len(joined) < 2:
+        raise ValueError(
+            f"PGA and spectrum share {len(joined)} layers at site {site!r} (PGA layers "
+            f"{sorted(pga_part['layer'])}, spectrum layers {sorted(spec_table['layer'])}); need at least 2"
+        )
+    columns = ["pga_z", *chosen]
+    ranges, flat = _standardise(joined, columns)
+    params: dict[str, Any] = {
+        "site": site, "ccr": int(ccr), "columns": columns, "range": ranges, "flat": flat,
+        "n_layers_compared": int(len(joined)),
+    }
+    for key in ("model", "k", "n_null", "n_tokens"):
+        for source in (pga_result, spectrum_result):
+            if isinstance(source, Result) and key in source.params and key not in params:
+                params[key] = source.params[key]
+    return CompareResult(rows=joined.to_dict("records"), params=params)
+
+
+def _pga_column(pga_table: pd.DataFrame, site: str, ccr: int | None) -> tuple[int, pd.DataFrame]:
+    """``(ccr, table of layer, pga_z)``: PGA z at ``site`` and ``ccr`` (default: the table's first CCR)."""
     ccrs = list(dict.fromkeys(pga_table["ccr"]))
     ccr = ccrs[0] if ccr is None else ccr
     if ccr not in ccrs:
@@ -117,20 +140,29 @@ def compare(
     pga_part = pga_part.rename(columns={"z": "pga_z"})
     if pga_part["layer"].duplicated().any():
         raise ValueError("the PGA result has several rows per layer at this site and ccr")
+    return ccr, pga_part
 
+
+def _spectral_columns(spec_table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
+    """The spectral metrics to compare: ``metrics``, else every known metric the table has (less the skipped)."""
     default = [m for m in METRICS if m not in _SKIPPED and m in spec_table.columns]
     chosen = list(metrics) if metrics is not None else default
     unknown = [m for m in chosen if m not in spec_table.columns or m in ("layer", "site")]
     if unknown:
         available = [c for c in spec_table.columns if c in METRICS]
         raise ValueError(f"unknown spectral metrics {unknown}; available: {available}")
-    joined = pga_part.merge(spec_table[["layer", *chosen]], on="layer", how="inner").sort_values("layer")
-    if len(joined) < 2:
-        raise ValueError(
-            f"PGA and spectrum share {len(joined)} layers at site {site!r} (PGA layers "
-            f"{sorted(pga_part['layer'])}, spectrum layers {sorted(spec_table['layer'])}); need at least 2"
-        )
-    columns = ["pga_z", *chosen]
+    return chosen
+
+
+def _standardise(joined: pd.DataFrame, columns: Sequence[str]) -> tuple[dict[str, float], list[str]]:
+    """Add ``<column>_sd = (x - mean) / sd`` (sample sd over layers) for each column, in place; a column with
+    no spread gets 0. Returns each column's range (max - min) and the flat columns.
+
+    Example:
+        >>> table = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [5.0, 5.0, 5.0]})
+        >>> _standardise(table, ["a", "b"]), table["a_sd"].tolist(), table["b_sd"].tolist()
+        (({'a': 2.0, 'b': 0.0}, ['b']), [-1.0, 0.0, 1.0], [0.0, 0.0, 0.0])
+    """
     ranges, flat = {}, []
     for col in columns:
         values = joined[col].astype(float)
@@ -141,12 +173,4 @@ def compare(
             joined[col + STANDARDISED_SUFFIX] = 0.0
         else:
             joined[col + STANDARDISED_SUFFIX] = (values - values.mean()) / spread
-    params: dict[str, Any] = {
-        "site": site, "ccr": int(ccr), "columns": columns, "range": ranges, "flat": flat,
-        "n_layers_compared": int(len(joined)),
-    }
-    for key in ("model", "k", "n_null", "n_tokens"):
-        for source in (pga_result, spectrum_result):
-            if isinstance(source, Result) and key in source.params and key not in params:
-                params[key] = source.params[key]
-    return CompareResult(rows=joined.to_dict("records"), params=params)
+    return ranges, flat

@@ -14,10 +14,18 @@ that a tokenizer merges with the following punctuation are dropped for both.
 Three measures compare the two clouds of states (each centred and CCR-corrected
 on its own), each in full space, in each model's readout subspace and in pairs
 of Haar-random subspaces (the null): ``"spearman"`` (of the cosine-distance
-vectors; columns ``rho_*`` and ``z_readout``), ``"cka"`` (linear CKA,
-:func:`geolens.metrics.linear_cka`; columns ``cka_*``) and ``"mutual_knn"``
-(mutual k-NN alignment under the cosine, :func:`geolens.metrics.mutual_knn`;
-columns ``mknn_*``).
+vectors), ``"cka"`` (linear CKA, :func:`geolens.metrics.linear_cka`) and
+``"mutual_knn"`` (mutual k-NN alignment under the cosine,
+:func:`geolens.metrics.mutual_knn`).
+
+Columns are named ``<measure>_<space>[_<statistic>]``: the measure (``spearman``,
+``cka``, ``mknn``), then the space (``full``, ``readout``, ``random``), then, where
+the column is a statistic of that space, the statistic: ``spearman_full``,
+``spearman_readout``, ``spearman_random_mean``, ``spearman_random_std`` and
+``spearman_readout_z = (spearman_readout - spearman_random_mean) / spearman_random_std``
+(the readout value in sd of the null); likewise ``cka_*`` and ``mknn_*``.
+Files saved with the column names of geolens < 0.3 (``rho_full``, ``z_readout``,
+``cka_z_readout``, ...) load under the new names (:data:`RENAMED_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -43,11 +51,18 @@ from geolens.model import ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["MEASURES", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs", "word_end_offsets"]
+__all__ = ["MEASURES", "RENAMED_COLUMNS", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs",
+           "word_end_offsets"]
 
 MEASURES = ("spearman", "cka", "mutual_knn")
-# Column prefix of each measure: rho_full, cka_full, mknn_full, ... (Spearman keeps its original names).
-PREFIX = {"spearman": "rho", "cka": "cka", "mutual_knn": "mknn"}
+# Column prefix of each measure: spearman_full, cka_readout, mknn_readout_z, ... (<measure>_<space>[_<statistic>]).
+PREFIX = {"spearman": "spearman", "cka": "cka", "mutual_knn": "mknn"}
+# Column names before 0.3 -> their names now (saved results load under the new names).
+RENAMED_COLUMNS = {
+    "rho_full": "spearman_full", "rho_readout": "spearman_readout", "rho_random_mean": "spearman_random_mean",
+    "rho_random_std": "spearman_random_std", "z_readout": "spearman_readout_z", "cka_z_readout": "cka_readout_z",
+    "mknn_z_readout": "mknn_readout_z",
+}
 MAX_POSITIONS = 1024
 
 
@@ -151,9 +166,9 @@ class ConvergenceResult(Result):
 
     One row per compared layer pair: ``layer_a, layer_b, depth_a, depth_b`` (``layer / n_layers``)
     and, per measure, its value in full space, in the readout subspaces and, without ``grid``,
-    the random-subspace null: ``rho_full, rho_readout, rho_random_mean, rho_random_std,
-    z_readout`` (Spearman), ``cka_*`` and ``cka_z_readout`` (linear CKA), ``mknn_*`` and
-    ``mknn_z_readout`` (mutual k-NN).
+    the random-subspace null, named ``<measure>_<space>[_<statistic>]`` (see the module
+    docstring): ``spearman_full, spearman_readout, spearman_random_mean, spearman_random_std,
+    spearman_readout_z`` (Spearman), ``cka_*`` (linear CKA), ``mknn_*`` (mutual k-NN).
 
     ``cross_rows`` holds a second table of the same columns where one result carries two
     comparisons (the report's: the model with itself on a grid in ``rows``, then against a
@@ -161,10 +176,12 @@ class ConvergenceResult(Result):
     each with only its own columns.
 
     Example:
-        >>> res = ConvergenceResult(rows=[{"layer_a": 0, "layer_b": 0, "rho_full": 1.0}],
-        ...                         cross_rows=[{"layer_a": 0, "layer_b": 0, "rho_full": 0.4, "z_readout": 3.0}])
+        >>> res = ConvergenceResult(rows=[{"layer_a": 0, "layer_b": 0, "spearman_full": 1.0}],
+        ...                         cross_rows=[{"layer_a": 0, "layer_b": 0, "spearman_full": 0.4,
+        ...                                      "spearman_readout_z": 3.0}])
         >>> {name: list(table) for name, table in res.tables().items()}
-        {'self': ['layer_a', 'layer_b', 'rho_full'], 'cross_family': ['layer_a', 'layer_b', 'rho_full', 'z_readout']}
+        {'self': ['layer_a', 'layer_b', 'spearman_full'],
+         'cross_family': ['layer_a', 'layer_b', 'spearman_full', 'spearman_readout_z']}
     """
 
     cross_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -178,10 +195,28 @@ class ConvergenceResult(Result):
             return {"": self.to_pandas()}
         return {"self": self.to_pandas(), "cross_family": pd.DataFrame(self.cross_rows)}
 
-    def plot(self, value: str = "rho_full"):
+    @classmethod
+    def load(cls, path):
+        """:meth:`Result.load`, with the column names of geolens < 0.3 renamed (:data:`RENAMED_COLUMNS`)."""
+        result = super().load(path)
+        result.rows = [_renamed(row) for row in result.rows]
+        result.cross_rows = [_renamed(row) for row in result.cross_rows]
+        return result
+
+    def plot(self, value: str = "spearman_full"):
         """Heatmap of ``value`` over (layer_a, layer_b) for a grid; otherwise full/readout/random of
-        ``value``'s measure (``rho``, ``cka`` or ``mknn``): bars for one pair, curves by relative depth for several."""
+        ``value``'s measure (``spearman``, ``cka`` or ``mknn``): bars for one pair, curves by relative depth for several."""
         return plotting.convergence_figure(self, value=value)
+
+
+def _renamed(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with the column names of geolens < 0.3 renamed.
+
+    Example:
+        >>> _renamed({"layer_a": 0, "rho_full": 0.5, "z_readout": 2.0, "cka_z_readout": 1.0})
+        {'layer_a': 0, 'spearman_full': 0.5, 'spearman_readout_z': 2.0, 'cka_readout_z': 1.0}
+    """
+    return {RENAMED_COLUMNS.get(key, key): value for key, value in row.items()}
 
 
 def depth_pairs(n_layers_a: int, n_layers_b: int) -> tuple[list[int], list[int]]:
@@ -289,28 +324,25 @@ def convergence(
         attention_mask: must be ``None`` (texts carry no mask).
 
     Returns:
-        :class:`ConvergenceResult`.
+        :class:`ConvergenceResult`: one row per layer pair, its columns named
+        ``<measure>_<space>[_<statistic>]`` (module docstring), e.g. ``spearman_full``,
+        ``cka_readout``, ``mknn_readout_z``.
 
     Example:
         >>> res = convergence(model, texts, other_model, k=4, n_null=5, n_positions=None, knn_k=3, progress=False)
-        >>> res.to_pandas()[["layer_a", "layer_b", "rho_full", "cka_full", "mknn_full"]].shape
+        >>> res.to_pandas()[["layer_a", "layer_b", "spearman_full", "cka_full", "mknn_full"]].shape
         (1, 5)
         >>> res.params["n_positions"]   # word ends shared by both tokenizations
         25
         >>> grid = convergence(model, texts, k=4, grid=True, n_positions=None, knn_k=3, progress=False)
-        >>> grid.to_pandas().pivot(index="layer_a", columns="layer_b", values="rho_full").shape
+        >>> grid.to_pandas().pivot(index="layer_a", columns="layer_b", values="spearman_full").shape
         (3, 3)
     """
     if _is_model(tokens):  # the order of geolens < 0.3, convergence(model_a, model_b, texts)
         raise TypeError("tokens is a model: call convergence(model_a, texts, model_b)")
     a = as_adapter(model)
     b = a if other is None else as_adapter(other)
-    texts = tokens
-    if isinstance(texts, torch.Tensor) or attention_mask is not None:
-        raise TypeError("convergence aligns positions on the texts' characters across two tokenizers: "
-                        "pass tokens as a list of str (token ids and attention_mask are not accepted)")
-    if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
-        raise ValueError("tokens must be a non-empty list of strings")
+    texts = _check_texts(tokens, attention_mask)
     measures = _check_measures(measures)
     if not isinstance(debiased, bool):
         raise TypeError(f"debiased must be a bool, got {type(debiased).__name__}")
@@ -318,47 +350,20 @@ def convergence(
     knn_k = check_int(knn_k, "knn_k", low=1)
     if max_length is not None:
         max_length = check_int(max_length, "max_length", low=1)
-    k = default_k(min(a.d_model, b.d_model)) if k is None else check_int(k, "k", low=1)
-    if k >= min(a.d_model, b.d_model):
-        raise ValueError(f"k must be < min(d_model) = {min(a.d_model, b.d_model)}, got {k}")
-    if grid:
-        layers_a, layers_b = list(range(a.n_layers + 1)), list(range(b.n_layers + 1))
-    else:
-        pairs_a = _check_layers(layer_a, a.n_layers // 2, a.n_layers, "layer_a")
-        pairs_b = _check_layers(layer_b, b.n_layers // 2, b.n_layers, "layer_b")
-        if len(pairs_a) == 1:
-            pairs_a = pairs_a * len(pairs_b)
-        if len(pairs_b) == 1:
-            pairs_b = pairs_b * len(pairs_a)
-        if len(pairs_a) != len(pairs_b):
-            raise ValueError(f"layer_a and layer_b are compared pairwise: give lists of equal length "
-                             f"(got {len(pairs_a)} and {len(pairs_b)})")
-        layers_a, layers_b = sorted(set(pairs_a)), sorted(set(pairs_b))
+    k = _check_k(k, a, b)
+    pairs = None if grid else _layer_pairs(a, b, layer_a, layer_b)
+    layers_a, layers_b = ((list(range(a.n_layers + 1)), list(range(b.n_layers + 1))) if grid
+                          else (sorted(set(pairs[0])), sorted(set(pairs[1]))))
     (tok_a, tok_b), (mask_a, mask_b), (pos_a, pos_b), _ = aligned_positions([a, b], list(texts), max_length=max_length)
     available = pos_a.shape[0]
-    if available < 3:
-        raise ValueError(f"only {available} word ends are shared by both tokenizations; need at least 3")
-    if (n_positions is _DEFAULT_POSITIONS or isinstance(n_positions, UpperBound)) and available < n_positions:
-        warnings.warn(f"the texts give only {available} aligned positions (fewer than the default n_positions = "
-                      f"{int(n_positions)}): using all of them", UserWarning, stacklevel=2)
-        n_positions = None
-    if n_positions is not None:
-        n_positions = check_int(n_positions, "n_positions", low=3)
-        if n_positions > available:
-            raise ValueError(f"n_positions = {n_positions} but the texts give only {available} aligned positions")
-        pick = torch.randperm(available, generator=torch.Generator().manual_seed(0 if seed is None else seed))
-        pick = pick[:n_positions].sort().values
+    pick = _sample_positions(available, n_positions, seed)
+    if pick is not None:
         pos_a, pos_b = pos_a[pick], pos_b[pick]
     n = int(pos_a.shape[0])
     if "mutual_knn" in measures and knn_k > n - 1:
         raise ValueError(f"knn_k must be < n_positions = {n}, got {knn_k}")
-    common = dict(sites=(RESIDUAL_SITE,), batch_size=batch_size, progress=progress)
-    states_a = capture(a, tok_a, layers=layers_a, attention_mask=mask_a, positions=(pos_a[:, 0], pos_a[:, 1]), **common)
-    if b.model is a.model and set(layers_b) <= set(layers_a):
-        states_b = states_a  # the same model at the same positions: one capture serves both sides
-    else:
-        states_b = capture(b, tok_b, layers=layers_b, attention_mask=mask_b, positions=(pos_b[:, 0], pos_b[:, 1]),
-                           **common)
+    states_a, states_b = _capture_pair(a, b, (tok_a, mask_a, pos_a, layers_a), (tok_b, mask_b, pos_b, layers_b),
+                                       batch_size=batch_size, progress=progress)
     readout_a = readout_basis(a.unembed_matrix(readout), k)
     readout_b = readout_basis(b.unembed_matrix(readout), k)
     params = {"model_a": a.name, "model_b": b.name, "n_layers_a": a.n_layers, "n_layers_b": b.n_layers,
@@ -373,15 +378,108 @@ def convergence(
     if grid:
         rows = _grid_rows(states_a, states_b, layers_a, layers_b, readout_a, readout_b, measures, options)
     else:
-        rows = _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measures, options,
+        rows = _pair_rows(states_a, states_b, *pairs, readout_a, readout_b, measures, options,
                           n_null=n_null, seed=seed)
+    return ConvergenceResult(rows=_with_depths(rows, a.n_layers, b.n_layers), params=params)
+
+
+# ----------------------------------------------------------------------------- the steps of convergence()
+def _check_texts(tokens: object, attention_mask: torch.Tensor | None) -> list[str]:
+    """``tokens`` as a non-empty list of str (ids and masks refused: alignment needs the characters).
+
+    Example:
+        >>> _check_texts(("a b", "c"), None)
+        ['a b', 'c']
+    """
+    if isinstance(tokens, torch.Tensor) or attention_mask is not None:
+        raise TypeError("convergence aligns positions on the texts' characters across two tokenizers: "
+                        "pass tokens as a list of str (token ids and attention_mask are not accepted)")
+    if isinstance(tokens, str) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ValueError("tokens must be a non-empty list of strings")
+    return list(tokens)
+
+
+def _check_k(k: int | None, a: ModelAdapter, b: ModelAdapter) -> int:
+    """The readout dimension of both models: ``k``, or the default of the narrower one; below both widths."""
+    width = min(a.d_model, b.d_model)
+    k = default_k(width) if k is None else check_int(k, "k", low=1)
+    if k >= width:
+        raise ValueError(f"k must be < min(d_model) = {width}, got {k}")
+    return k
+
+
+def _layer_pairs(a: ModelAdapter, b: ModelAdapter, layer_a: int | Sequence[int] | None,
+                 layer_b: int | Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """The compared ``(layers of A, layers of B)`` pairwise, an int repeated to the other side's length."""
+    pairs_a = _check_layers(layer_a, a.n_layers // 2, a.n_layers, "layer_a")
+    pairs_b = _check_layers(layer_b, b.n_layers // 2, b.n_layers, "layer_b")
+    if len(pairs_a) == 1:
+        pairs_a = pairs_a * len(pairs_b)
+    if len(pairs_b) == 1:
+        pairs_b = pairs_b * len(pairs_a)
+    if len(pairs_a) != len(pairs_b):
+        raise ValueError(f"layer_a and layer_b are compared pairwise: give lists of equal length "
+                         f"(got {len(pairs_a)} and {len(pairs_b)})")
+    return pairs_a, pairs_b
+
+
+def _sample_positions(available: int, n_positions: int | None, seed: int | None) -> torch.Tensor | None:
+    """Sorted indices of the aligned positions to keep (seeded), or ``None`` for all of them.
+
+    The default ``n_positions`` is an upper bound: fewer available positions are all used, with a
+    warning. An explicit number larger than available raises.
+
+    Example:
+        >>> _sample_positions(10, 4, seed=0).tolist() == sorted(_sample_positions(10, 4, seed=0).tolist())
+        True
+        >>> _sample_positions(10, None, seed=0) is None
+        True
+    """
+    if available < 3:
+        raise ValueError(f"only {available} word ends are shared by both tokenizations; need at least 3")
+    if (n_positions is _DEFAULT_POSITIONS or isinstance(n_positions, UpperBound)) and available < n_positions:
+        warnings.warn(f"the texts give only {available} aligned positions (fewer than the default n_positions = "
+                      f"{int(n_positions)}): using all of them", UserWarning, stacklevel=3)
+        n_positions = None
+    if n_positions is None:
+        return None
+    n_positions = check_int(n_positions, "n_positions", low=3)
+    if n_positions > available:
+        raise ValueError(f"n_positions = {n_positions} but the texts give only {available} aligned positions")
+    pick = torch.randperm(available, generator=torch.Generator().manual_seed(0 if seed is None else seed))
+    return pick[:n_positions].sort().values
+
+
+def _capture_pair(a: ModelAdapter, b: ModelAdapter, side_a: tuple, side_b: tuple, *, batch_size: int,
+                  progress: bool):
+    """Residual states of both models at their aligned positions; ``side = (tokens, mask, positions, layers)``.
+
+    The same model at the same positions is captured once and serves both sides.
+    """
+    common = dict(sites=(RESIDUAL_SITE,), batch_size=batch_size, progress=progress)
+    (tok_a, mask_a, pos_a, layers_a), (tok_b, mask_b, pos_b, layers_b) = side_a, side_b
+    states_a = capture(a, tok_a, layers=layers_a, attention_mask=mask_a, positions=(pos_a[:, 0], pos_a[:, 1]), **common)
+    if b.model is a.model and set(layers_b) <= set(layers_a):
+        return states_a, states_a
+    states_b = capture(b, tok_b, layers=layers_b, attention_mask=mask_b, positions=(pos_b[:, 0], pos_b[:, 1]),
+                       **common)
+    return states_a, states_b
+
+
+def _with_depths(rows: list[dict], n_layers_a: int, n_layers_b: int) -> list[dict]:
+    """Each row with ``depth_a``, ``depth_b`` (``layer / n_layers``), the four layer columns first.
+
+    Example:
+        >>> _with_depths([{"layer_a": 1, "layer_b": 3, "spearman_full": 0.5}], 2, 4)
+        [{'layer_a': 1, 'layer_b': 3, 'depth_a': 0.5, 'depth_b': 0.75, 'spearman_full': 0.5}]
+    """
+    order = ("layer_a", "layer_b", "depth_a", "depth_b")
+    out = []
     for row in rows:
-        row["depth_a"] = row["layer_a"] / a.n_layers
-        row["depth_b"] = row["layer_b"] / b.n_layers
-    order = ["layer_a", "layer_b", "depth_a", "depth_b"]
-    rows = [{**{key: row[key] for key in order}, **{key: v for key, v in row.items() if key not in order}}
-            for row in rows]
-    return ConvergenceResult(rows=rows, params=params)
+        depths = {"depth_a": row["layer_a"] / n_layers_a, "depth_b": row["layer_b"] / n_layers_b}
+        full = {**row, **depths}
+        out.append({**{key: full[key] for key in order}, **{key: v for key, v in row.items() if key not in order}})
+    return out
 
 
 # ----------------------------------------------------------------------------- one layer pair at a time, with nulls
@@ -389,6 +487,47 @@ def _similarity(measure: str, options: dict):
     if measure == "cka":
         return lambda x, y: linear_cka(x, y, debiased=options["debiased"])
     return lambda x, y: mutual_knn(x, y, k=options["knn_k"])
+
+
+def _scorer(measure: str, options: dict, flat_index: torch.Tensor | None):
+    """``score(x, y)`` of one measure; Spearman takes ``[..., N, d]`` stacks (one score per leading index).
+
+    Example:
+        >>> x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+        >>> round(float(_scorer("spearman", {}, condensed_indices(6))(x, x)), 6)
+        1.0
+    """
+    if measure != "spearman":
+        return _similarity(measure, options)
+
+    def score(x, y):
+        return (centred_unit_ranks(x, flat_index) * centred_unit_ranks(y, flat_index)).sum(dim=-1)
+    return score
+
+
+def _null_scores(measure: str, score, pa: torch.Tensor, pb: torch.Tensor, nulls_a: torch.Tensor,
+                 nulls_b: torch.Tensor) -> torch.Tensor:
+    """``score`` of A and B projected on each pair of null subspaces ``(nulls_a[r], nulls_b[r])``, float64.
+
+    Spearman scores 8 subspaces at a time, as :func:`geolens.metrics.distance_convergence` does.
+    """
+    n_null = nulls_a.shape[0]
+    if measure == "spearman":
+        return torch.cat([score(pa @ nulls_a[r : r + 8], pb @ nulls_b[r : r + 8]).cpu()
+                          for r in range(0, n_null, 8)]).to(torch.float64)
+    return torch.tensor([score(pa @ nulls_a[r], pb @ nulls_b[r]) for r in range(n_null)], dtype=torch.float64)
+
+
+def _null_columns(prefix: str, readout_value: float, null: torch.Tensor) -> dict[str, float]:
+    """The null's mean and sample sd and the readout's z against it, as columns of ``prefix``.
+
+    Example:
+        >>> _null_columns("cka", 0.9, torch.tensor([0.1, 0.3], dtype=torch.float64))
+        {'cka_random_mean': 0.2, 'cka_random_std': 0.1414213562373095, 'cka_readout_z': 4.949747468305833}
+    """
+    mean, std = float(null.mean()), float(null.std(unbiased=True))
+    z = (readout_value - mean) / std
+    return {f"{prefix}_random_mean": mean, f"{prefix}_random_std": std, f"{prefix}_readout_z": z}
 
 
 def _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measures, options, *, n_null, seed):
@@ -410,33 +549,20 @@ def _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measu
         nulls_a = random_subspaces(sample_a.shape[1], k, n_null, seed=base_seed, dtype=dtype, device=device)
         nulls_b = random_subspaces(sample_b.shape[1], k, n_null, seed=base_seed + 1, dtype=dtype, device=device)
     flat_index = condensed_indices(sample_a.shape[0], device=device) if "spearman" in measures else None
+    scorers = {measure: _scorer(measure, options, flat_index) for measure in measures}
     rows = []
     for la, lb in zip(pairs_a, pairs_b):
         pa = remove_common_components(states_a.layer(RESIDUAL_SITE, la).to(dtype), ccr)
         pb = remove_common_components(states_b.layer(RESIDUAL_SITE, lb).to(dtype=dtype, device=device), ccr)
         qa, qb = readout_a.to(pa), readout_b.to(pb)
         row: dict = {"layer_a": la, "layer_b": lb}
-        for measure in measures:
+        for measure, score in scorers.items():
             prefix = PREFIX[measure]
-            if measure == "spearman":
-                def score(x, y):
-                    return (centred_unit_ranks(x, flat_index) * centred_unit_ranks(y, flat_index)).sum(dim=-1)
-            else:
-                score = _similarity(measure, options)
             row[f"{prefix}_full"] = float(score(pa, pb))
             row[f"{prefix}_readout"] = float(score(pa @ qa, pb @ qb))
-            if nulls_a is None:
-                continue
-            if measure == "spearman":  # 8 subspaces at a time, as distance_convergence does
-                null = torch.cat([score(pa @ nulls_a[r : r + 8], pb @ nulls_b[r : r + 8]).cpu()
-                                  for r in range(0, n_null, 8)]).to(torch.float64)
-            else:
-                null = torch.tensor([score(pa @ nulls_a[r], pb @ nulls_b[r]) for r in range(n_null)],
-                                    dtype=torch.float64)
-            mean, std = float(null.mean()), float(null.std(unbiased=True))
-            z_name = "z_readout" if measure == "spearman" else f"{prefix}_z_readout"
-            row.update({f"{prefix}_random_mean": mean, f"{prefix}_random_std": std,
-                        z_name: (row[f"{prefix}_readout"] - mean) / std})
+            if nulls_a is not None:
+                null = _null_scores(measure, score, pa, pb, nulls_a, nulls_b)
+                row.update(_null_columns(prefix, row[f"{prefix}_readout"], null))
         rows.append(row)
     return rows
 

@@ -239,73 +239,33 @@ def _score_states(
 ) -> PGAResult:
     """Subspace PGA of captured :class:`~geolens.capture.States` against a ``[d, k]`` orthonormal readout basis."""
     ccrs = _ccr_list(ccr)
-    any_site = states.sites[0]
-    reference = states[any_site]
+    reference = states[states.sites[0]]
     d, k = reference.shape[-1], readout.shape[-1]
     readout = readout.to(device=reference.device, dtype=reference.dtype)
     nulls = random_subspaces(d, k, n_null, seed=seed, dtype=reference.dtype, device=reference.device)
-    jobs = [(site, layer) for site in states.sites for layer in states.layers[site]]
     columns = _SCORE_COLUMNS if n_pairs is None else _APPROX_COLUMNS
-    used_pairs = None
-    rows, null_rhos = [], []
-    bar = tqdm(total=len(jobs) * len(ccrs), desc="PGA", disable=not progress, leave=False)
-    degenerate: list[str] = []
-    for site, layer in jobs:
-        layer_states = states.layer(site, layer)
-        for m in ccrs:
-            try:
-                score = subspace_pga(layer_states, readout, ccr=m, null_subspaces=nulls, seed=seed, n_pairs=n_pairs)
-            except DegenerateError as err:
-                # One degenerate cell (e.g. CCR-10 of an embedding layer with few distinct tokens) is
-                # flagged in its row; the rest of the sweep still stands. All degenerate: nothing to show.
-                degenerate.append(f"{site} layer {layer} (ccr={m}): {err}")
-                rows.append({"layer": layer, "site": site, "ccr": m, **dict.fromkeys(columns, math.nan),
-                             "degenerate": str(err)})
-                null_rhos.append({"site": site, "layer": layer, "ccr": m, "rhos": []})
-                bar.update()
-                continue
-            except ValueError as err:
-                raise ValueError(f"{site} layer {layer} (ccr={m}): {err}") from err
-            values = {"rho_readout": score.rho_readout, "rho_se": score.rho_se, "null_mean": score.null_mean,
-                      "null_std": score.null_std, "null_std_raw": score.null_std_raw,
-                      "pair_noise_std": score.pair_noise_std, "z": score.z, "z_se": score.z_se, "p_value": score.p_value,
-                      "pc1_readout_energy": score.pc1_readout_energy, "random_energy": score.random_energy}
-            rows.append({"layer": layer, "site": site, "ccr": m, **{c: values[c] for c in columns}})
+    cells = [(site, layer, m) for site in states.sites for layer in states.layers[site] for m in ccrs]
+    rows, null_rhos, degenerate, used_pairs = [], [], [], None
+    for site, layer, m in tqdm(cells, desc="PGA", disable=not progress, leave=False):
+        row, rhos, score = _score_cell(states.layer(site, layer), readout, nulls, site=site, layer=layer, ccr=m,
+                                       seed=seed, n_pairs=n_pairs, columns=columns)
+        rows.append(row)
+        null_rhos.append({"site": site, "layer": layer, "ccr": m, "rhos": rhos})
+        if score is None:
+            degenerate.append(f"{site} layer {layer} (ccr={m}): {row['degenerate']}")
+        else:
             used_pairs = score.n_pairs
-            null_rhos.append({"site": site, "layer": layer, "ccr": m, "rhos": score.null_rhos.tolist()})
-            bar.update()
-    bar.close()
-    if degenerate and len(degenerate) == len(rows):
-        raise DegenerateError(f"every layer is degenerate, e.g. {degenerate[0]}")
-    if degenerate:
-        warnings.warn(f"{len(degenerate)} of {len(rows)} PGA scores are undefined (NaN, reason in the 'degenerate' "
-                      f"column), e.g. {degenerate[0]}", stacklevel=3)
-        for row in rows:
-            row.setdefault("degenerate", "")
+    _flag_degenerate(rows, degenerate)
     params = {"k": k, "n_null": n_null, "ccr": ccrs if len(ccrs) > 1 else ccrs[0], "n_tokens": states.n_tokens,
               "seed": seed}
     if n_pairs is not None:
-        n = states.n_tokens
-        params["n_pairs"] = used_pairs if used_pairs is not None else min(n_pairs, n * (n - 1) // 2)
-        params["exact"] = params["n_pairs"] == n * (n - 1) // 2
-        if not params["exact"]:
-            params["null_std"] = "pair-sampling noise subtracted (jackknife; docs/methods.md §A.4a)"
+        params.update(_pair_params(n_pairs, used_pairs, states.n_tokens))
     resampled: list[dict] = []
     if n_resamples:
         pairs = bootstrap_pairs if bootstrap_pairs is not None else n_pairs
         resampled = _bootstrap(states, readout, nulls, ccrs, rows, n_resamples=n_resamples, n_pairs=pairs, seed=seed,
                                progress=progress)
-        failed = sum(int(np.isnan(r["z"]).sum()) for r, row in zip(resampled, rows) if math.isfinite(row["z"]))
-        scorable = [r for r, row in zip(resampled, rows) if math.isfinite(row["z"])]
-        for row, r in zip(rows, resampled):
-            row["z_low"], row["z_high"] = _percentile_interval(np.asarray(r["z"], dtype=float))
-        if failed:
-            warnings.warn(f"n_resamples: {failed} of {len(scorable) * n_resamples} resampled PGA scores are undefined "
-                          "(degenerate resamples); each interval uses the others (NaN below 80 %)", stacklevel=3)
-        columns = list(columns)
-        at = columns.index("z_se" if "z_se" in columns else "z") + 1
-        order = ["layer", "site", "ccr", *columns[:at], "z_low", "z_high", *columns[at:]]
-        rows[:] = [{key: row[key] for key in [*order, *(c for c in row if c not in order)]} for row in rows]
+        failed = _add_intervals(rows, resampled, columns, n_resamples)
         n_texts = int(torch.unique(states.batch_index).numel())
         params["n_resamples"] = n_resamples
         params["bootstrap"] = {
@@ -317,6 +277,81 @@ def _score_states(
             "few_texts": n_texts < MIN_BOOTSTRAP_TEXTS,
         }
     return PGAResult(rows=rows, params=params, null_rhos=null_rhos, resampled_z=resampled)
+
+
+def _score_cell(layer_states: torch.Tensor, readout: torch.Tensor, nulls: torch.Tensor, *, site: str, layer: int,
+                ccr: int, seed: int, n_pairs: int | None, columns: Sequence[str]):
+    """One (site, layer, CCR) cell: ``(row, null rhos, score)``; a degenerate cell gives a row of NaN with the
+    reason in ``degenerate``, no null rhos and ``score = None``. Other bad input raises, naming the cell."""
+    try:
+        score = subspace_pga(layer_states, readout, ccr=ccr, null_subspaces=nulls, seed=seed, n_pairs=n_pairs)
+    except DegenerateError as err:
+        # One degenerate cell (e.g. CCR-10 of an embedding layer with few distinct tokens) is
+        # flagged in its row; the rest of the sweep still stands.
+        return {"layer": layer, "site": site, "ccr": ccr, **dict.fromkeys(columns, math.nan),
+                "degenerate": str(err)}, [], None
+    except ValueError as err:
+        raise ValueError(f"{site} layer {layer} (ccr={ccr}): {err}") from err
+    values = {"rho_readout": score.rho_readout, "rho_se": score.rho_se, "null_mean": score.null_mean,
+              "null_std": score.null_std, "null_std_raw": score.null_std_raw,
+              "pair_noise_std": score.pair_noise_std, "z": score.z, "z_se": score.z_se, "p_value": score.p_value,
+              "pc1_readout_energy": score.pc1_readout_energy, "random_energy": score.random_energy}
+    row = {"layer": layer, "site": site, "ccr": ccr, **{c: values[c] for c in columns}}
+    return row, score.null_rhos.tolist(), score
+
+
+def _flag_degenerate(rows: list[dict], degenerate: list[str]) -> None:
+    """Every row gets a ``degenerate`` column (``""`` where scored) when any cell is; all degenerate raises.
+
+    Example:
+        >>> rows = [{"z": 1.0}, {"z": float("nan"), "degenerate": "one distinct state"}]
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _flag_degenerate(rows, ["resid_post layer 0 (ccr=1): one distinct state"])
+        >>> rows[0]["degenerate"], len(caught)
+        ('', 1)
+    """
+    if not degenerate:
+        return
+    if len(degenerate) == len(rows):  # nothing to show
+        raise DegenerateError(f"every layer is degenerate, e.g. {degenerate[0]}")
+    warnings.warn(f"{len(degenerate)} of {len(rows)} PGA scores are undefined (NaN, reason in the 'degenerate' "
+                  f"column), e.g. {degenerate[0]}", stacklevel=4)
+    for row in rows:
+        row.setdefault("degenerate", "")
+
+
+def _pair_params(n_pairs: int, used_pairs: int | None, n_tokens: int) -> dict[str, Any]:
+    """``n_pairs`` as used (all ``N(N-1)/2`` at most), whether that is exact, and how the null spread was corrected.
+
+    Example:
+        >>> _pair_params(10_000, None, 100)
+        {'n_pairs': 4950, 'exact': True}
+    """
+    total = n_tokens * (n_tokens - 1) // 2
+    out: dict[str, Any] = {"n_pairs": used_pairs if used_pairs is not None else min(n_pairs, total)}
+    out["exact"] = out["n_pairs"] == total
+    if not out["exact"]:
+        out["null_std"] = "pair-sampling noise subtracted (jackknife; docs/methods.md §A.4a)"
+    return out
+
+
+def _add_intervals(rows: list[dict], resampled: list[dict], columns: Sequence[str], n_resamples: int) -> int:
+    """Each row's 95 % interval of z over the resamples (``z_low``, ``z_high`` after ``z_se``, else after ``z``),
+    in place; returns how many resampled scores of scorable cells were undefined (a warning says so)."""
+    failed = sum(int(np.isnan(r["z"]).sum()) for r, row in zip(resampled, rows) if math.isfinite(row["z"]))
+    scorable = [r for r, row in zip(resampled, rows) if math.isfinite(row["z"])]
+    for row, r in zip(rows, resampled):
+        row["z_low"], row["z_high"] = _percentile_interval(np.asarray(r["z"], dtype=float))
+    if failed:
+        warnings.warn(f"n_resamples: {failed} of {len(scorable) * n_resamples} resampled PGA scores are undefined "
+                      "(degenerate resamples); each interval uses the others (NaN below 80 %)", stacklevel=4)
+    columns = list(columns)
+    at = columns.index("z_se" if "z_se" in columns else "z") + 1
+    order = ["layer", "site", "ccr", *columns[:at], "z_low", "z_high", *columns[at:]]
+    rows[:] = [{key: row[key] for key in [*order, *(c for c in row if c not in order)]} for row in rows]
+    return failed
 
 
 def _check_bootstrap(n_resamples: object, bootstrap_pairs: object) -> tuple[int, int | None]:

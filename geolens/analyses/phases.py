@@ -161,97 +161,184 @@ def phases(
         >>> res.to_pandas()[["layer", "rss"]].values.tolist()   # an untrained lens: identical readout subspaces
         [[0.0, 1.0], [1.0, 1.0], [2.0, nan]]
         >>> res.params["found"], res.params["reason"]   # two layers are too few for phases
-        (False, 'the curve has 1 points; phase detection needs at least 5')
+        (False, 'the curve has 1 point; phase detection needs at least 5')
     """
     adapter = as_adapter(model)
-    stability_report = None
+    stability_report, n_lens_texts = None, None
     if lens is None:
-        train_texts = lens_texts if lens_texts is not None else tokens
-        if isinstance(train_texts, str):
-            train_texts = [train_texts]
-        if not isinstance(train_texts, (list, tuple)):
-            raise TypeError("phases: without lens= it trains a tuned lens on text; pass lens_texts= (a list of str) "
-                            "or tokens as texts")
-        train_texts = list(train_texts)
-        budget = dict(lens_budget or {})
-        # A budget written in the reference recipe's terms (steps, tokens_per_step) asks for that recipe.
-        budget.setdefault("method", "reference" if {"steps", "tokens_per_step"} & set(budget) else "fast")
-        # The fast method fits the halves from the lens's own capture (one forward pass for all three);
-        # the reference recipe trains a lens on each half of the texts.
-        with_halves = stability and len(train_texts) >= 4 and budget["method"] == "fast"
-        lens = cached_tuned_lens(adapter, train_texts, cache_dir=cache_dir, seed=seed, progress=progress,
-                                 halves=with_halves, **budget)
-        if with_halves:
-            stability_report = phase_stability(*lens.halves, smoothing=smoothing, sensitivity=sensitivity)
-        elif stability and len(train_texts) >= 4:
-            halves = [cached_tuned_lens(adapter, train_texts[i::2], cache_dir=cache_dir, seed=seed,
-                                        progress=progress, **budget) for i in (0, 1)]
-            stability_report = phase_stability(*halves, smoothing=smoothing, sensitivity=sensitivity)
+        lens, stability_report, n_lens_texts = _fit_lens(
+            adapter, lens_texts if lens_texts is not None else tokens, lens_budget, cache_dir=cache_dir,
+            stability=stability, seed=seed, progress=progress, smoothing=smoothing, sensitivity=sensitivity)
+    _check_lens(lens, adapter)
+    sweep, chosen = _resolution(lens, fractions, k_fraction)
+    split, unstable = _stable_split(chosen["rss"], smoothing, sensitivity, stability_report)
+    common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
+                  attention_mask=attention_mask, progress=progress)
+    upd = _update_table(adapter, tokens, update_geometry, common)
+    evaluated = _lens_quality(adapter, tokens, lens, lens_evaluation, common)
+    hits = {kind: part.set_index("layer") for kind, part in evaluated.to_pandas().groupby("lens")}
+    rows = _layer_rows(adapter.n_layers, chosen, sweep, split, upd, hits)
+    params = {
+        "model": adapter.name, "k": chosen["k"], "k_fraction": chosen["fraction"], "b1": split.b1, "b2": split.b2,
+        "found": split.found, "reason": split.reason, "smoothing": smoothing, "sensitivity": sensitivity,
+        "sweep": [{key: entry[key] for key in ("fraction", "k", "energy", "visibility")} for entry in sweep],
+        "lens_training": {k: v for k, v in getattr(lens, "training_info", {}).items() if k not in ("losses", "history")},
+        "n_lens_texts": n_lens_texts, "seed": seed, "stability": stability_report, "unstable_breakpoints": unstable,
+        "n_tokens": evaluated.params["n_tokens"], "max_length": max_length,
+    }
+    if split.found:
+        params["phase_share"] = _phase_share(split, adapter.n_layers)
+    return PhasesResult(rows=rows, params=params)
+
+
+# ----------------------------------------------------------------------------- the steps of phases()
+def _fit_lens(adapter, texts, lens_budget: dict[str, Any] | None, *, cache_dir, stability: bool, seed: int,
+              progress: bool, smoothing: float, sensitivity: float) -> tuple[TunedLens, dict | None, int]:
+    """A cached tuned lens of ``adapter`` on ``texts``, the stability of its phases (or ``None``), the number of texts.
+
+    With ``stability`` and at least 4 texts, lenses on each half of the texts (every other text)
+    are compared by :func:`phase_stability`: the fast method fits them from the lens's own capture
+    (``lens.halves``), the reference recipe trains one on each half.
+    """
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError("phases: without lens= it trains a tuned lens on text; pass lens_texts= (a list of str) "
+                        "or tokens as texts")
+    texts = list(texts)
+    budget = _lens_budget(lens_budget)
+    halves_wanted = stability and len(texts) >= 4
+    with_halves = halves_wanted and budget["method"] == "fast"  # one forward pass for the lens and both halves
+    lens = cached_tuned_lens(adapter, texts, cache_dir=cache_dir, seed=seed, progress=progress,
+                             halves=with_halves, **budget)
+    if not halves_wanted:
+        return lens, None, len(texts)
+    if with_halves:
+        halves = lens.halves
+    else:
+        halves = [cached_tuned_lens(adapter, texts[i::2], cache_dir=cache_dir, seed=seed, progress=progress,
+                                    **budget) for i in (0, 1)]
+    return lens, phase_stability(*halves, smoothing=smoothing, sensitivity=sensitivity), len(texts)
+
+
+def _lens_budget(lens_budget: dict[str, Any] | None) -> dict[str, Any]:
+    """``lens_budget`` with its ``method``: a budget in the reference recipe's terms (``steps``,
+    ``tokens_per_step``) asks for that recipe, any other for the fast method.
+
+    Example:
+        >>> _lens_budget({"steps": 2})["method"], _lens_budget(None)["method"], _lens_budget({"method": "fast"})
+        ('reference', 'fast', {'method': 'fast'})
+    """
+    budget = dict(lens_budget or {})
+    budget.setdefault("method", "reference" if {"steps", "tokens_per_step"} & set(budget) else "fast")
+    return budget
+
+
+def _check_lens(lens: object, adapter) -> None:
+    """``TypeError``/``ValueError`` unless ``lens`` is a finite tuned lens of ``adapter``'s shape."""
     if not isinstance(lens, TunedLens):
         raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
     if lens.n_layers != adapter.n_layers or lens.d_model != adapter.d_model:
         raise ValueError(f"the lens was made for a model of another shape (n_layers {lens.n_layers}, d_model "
                          f"{lens.d_model}; the model has {adapter.n_layers}, {adapter.d_model})")
     lens.check_finite("lens")  # a NaN translator would surface as a LinAlgError deep in the sweep
+
+
+def _resolution(lens: TunedLens, fractions: Sequence[float], k_fraction: float | None) -> tuple[list[dict], dict]:
+    """The resolution sweep of the lens's translators over ``fractions`` (plus ``k_fraction``) and the chosen entry:
+    ``k_fraction``'s, else the visibility/energy choice (:func:`~geolens.metrics.subspaces.choose_resolution`)."""
     fractions = list(fractions) + ([k_fraction] if k_fraction is not None and k_fraction not in fractions else [])
-    maps = torch.stack([lens.linear_map(layer) for layer in range(adapter.n_layers)])
+    maps = torch.stack([lens.linear_map(layer) for layer in range(lens.n_layers)])
     sweep = resolution_sweep(maps, fractions)
     if k_fraction is None:
-        chosen = choose_resolution(sweep)
-    else:
-        chosen = next(row for row in sweep if row["fraction"] == float(k_fraction))
-    split = _split(chosen["rss"], smoothing, sensitivity)
-    unstable = None
-    if split.found and stability_report is not None and not stability_report["stable"]:
-        unstable = (split.b1, split.b2)
-        split = PhaseSplit(False, None, None, split.peak, [None] * len(split.phases), split.smoothed,
-                           f"no stable phases: lenses on the two halves of the text disagree "
-                           f"({stability_report['reason']})")
+        return sweep, choose_resolution(sweep)
+    return sweep, next(row for row in sweep if row["fraction"] == float(k_fraction))
 
-    common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
-                  attention_mask=attention_mask, progress=progress)
+
+def _stable_split(rss: torch.Tensor, smoothing: float, sensitivity: float,
+                  stability_report: dict | None) -> tuple[PhaseSplit, tuple[int, int] | None]:
+    """The phases of ``rss`` and, where lenses on the two halves of the text disagree, no phases instead:
+    ``(split, (b1, b2))`` with the breakpoints set aside, else ``(split, None)``.
+
+    Example:
+        >>> x = torch.arange(20.0)
+        >>> rss = torch.minimum(torch.minimum(x / 4, torch.ones(20)), (19 - x) / 4 + 0.2)   # rise, plateau, fall
+        >>> _stable_split(rss, 0.0, 1.0, {"stable": True})[0].found
+        True
+        >>> split, unstable = _stable_split(rss, 0.0, 1.0, {"stable": False, "reason": "k = 4: breakpoints differ"})
+        >>> split.found, split.b1, unstable == (_split(rss, 0.0, 1.0).b1, _split(rss, 0.0, 1.0).b2)
+        (False, None, True)
+        >>> split.reason
+        'no stable phases: lenses on the two halves of the text disagree (k = 4: breakpoints differ)'
+    """
+    split = _split(rss, smoothing, sensitivity)
+    if not (split.found and stability_report is not None and not stability_report["stable"]):
+        return split, None
+    unstable = (split.b1, split.b2)
+    split = PhaseSplit(False, None, None, split.peak, [None] * len(split.phases), split.smoothed,
+                       f"no stable phases: lenses on the two halves of the text disagree "
+                       f"({stability_report['reason']})")
+    return split, unstable
+
+
+def _update_table(adapter, tokens, update_geometry: Result | None, common: dict):
+    """The per-layer update diagnostics indexed by layer: ``update_geometry`` checked, else :func:`updates` run."""
     if update_geometry is None:
         update_geometry = updates(adapter, tokens, **common)
     elif update_geometry.params.get("n_layers") != adapter.n_layers or not {"layer", "update_norm"} <= set(
             update_geometry.to_pandas().columns):
         raise ValueError("update_geometry must be an updates() result of this model, got "
                          f"{type(update_geometry).__name__} for {update_geometry.params.get('n_layers')} layers")
-    upd = update_geometry.to_pandas().set_index("layer")
-    if lens_evaluation is None:
-        evaluated = evaluate(adapter, tokens, lens=lens, **common)
-    else:
-        lenses = lens_evaluation.params.get("lenses", [])
-        if "tuned" not in lenses or lens_evaluation.params.get("n_layers") != adapter.n_layers:
-            raise ValueError("lens_evaluation must be an evaluate() result of a tuned lens of this model, "
-                             f"got lenses {lenses} for {lens_evaluation.params.get('n_layers')} layers")
-        evaluated = lens_evaluation
-    quality = evaluated.to_pandas()
-    hits = {kind: part.set_index("layer") for kind, part in quality.groupby("lens")}
+    return update_geometry.to_pandas().set_index("layer")
 
+
+def _lens_quality(adapter, tokens, lens: TunedLens, lens_evaluation: Result | None, common: dict) -> Result:
+    """Hit@k of the tuned and the logit lens: ``lens_evaluation`` checked, else :func:`geolens.lens.evaluate` run."""
+    if lens_evaluation is None:
+        return evaluate(adapter, tokens, lens=lens, **common)
+    lenses = lens_evaluation.params.get("lenses", [])
+    if "tuned" not in lenses or lens_evaluation.params.get("n_layers") != adapter.n_layers:
+        raise ValueError("lens_evaluation must be an evaluate() result of a tuned lens of this model, "
+                         f"got lenses {lenses} for {lens_evaluation.params.get('n_layers')} layers")
+    return lens_evaluation
+
+
+def _layer_rows(n_layers: int, chosen: dict, sweep: list[dict], split: PhaseSplit, upd, hits: dict) -> list[dict]:
+    """One row per layer ``0..L``: RSS of the chosen ``k`` and of every ``k`` of the sweep, the phase, the
+    diagnostics. RSS point ``l`` belongs to layer ``l``; layer ``L`` has no RSS and takes the last point's phase.
+
+    Example:
+        >>> import pandas as pd
+        >>> entry = {"k": 2, "rss": torch.tensor([0.5, 0.7])}
+        >>> split = PhaseSplit(False, None, None, 1, [None, None], [0.5, 0.7], "")
+        >>> rows = _layer_rows(2, entry, [entry], split, pd.DataFrame(index=pd.Index([], name="layer")), {})
+        >>> [(row["layer"], row["rss"], row["rss@k=2"]) for row in rows]
+        [(0, 0.5, 0.5), (1, 0.7, 0.7), (2, nan, nan)]
+    """
     n_points = chosen["rss"].numel()
     rows = []
-    for layer in range(adapter.n_layers + 1):
+    for layer in range(n_layers + 1):
         point = min(layer, n_points - 1)
-        row = {"layer": layer, "rss": float(chosen["rss"][point]) if layer < adapter.n_layers else float("nan"),
+        row = {"layer": layer, "rss": float(chosen["rss"][point]) if layer < n_layers else float("nan"),
                "phase": split.phases[point]}
         for entry in sweep:
-            row[f"rss@k={entry['k']}"] = float(entry["rss"][point]) if layer < adapter.n_layers else float("nan")
+            row[f"rss@k={entry['k']}"] = float(entry["rss"][point]) if layer < n_layers else float("nan")
         for column in ("erank_states", "orthogonality", "ffn_mha_ratio", "update_norm"):
             row[column] = float(upd.loc[layer, column]) if layer in upd.index else float("nan")
         for kind in ("tuned", "logit"):
             for column in ("hit@1", "hit@5"):
                 row[f"{column}_{kind}"] = float(hits[kind].loc[layer, column]) if kind in hits else float("nan")
         rows.append(row)
-    params = {
-        "model": adapter.name, "k": chosen["k"], "k_fraction": chosen["fraction"], "b1": split.b1, "b2": split.b2,
-        "found": split.found, "reason": split.reason, "smoothing": smoothing, "sensitivity": sensitivity,
-        "sweep": [{key: entry[key] for key in ("fraction", "k", "energy", "visibility")} for entry in sweep],
-        "lens_training": {k: v for k, v in getattr(lens, "training_info", {}).items() if k not in ("losses", "history")},
-        "seed": seed, "stability": stability_report, "unstable_breakpoints": unstable,
-        "n_tokens": evaluated.params["n_tokens"], "max_length": max_length,
-    }
-    if split.found:
-        depth = adapter.n_layers + 1
-        params["phase_share"] = {PHASE_NAMES[0]: split.b1 / depth, PHASE_NAMES[1]: (split.b2 - split.b1) / depth,
-                                 PHASE_NAMES[2]: (depth - split.b2) / depth}
-    return PhasesResult(rows=rows, params=params)
+    return rows
+
+
+def _phase_share(split: PhaseSplit, n_layers: int) -> dict[str, float]:
+    """The share of the ``L + 1`` layers in each phase.
+
+    Example:
+        >>> list(_phase_share(PhaseSplit(True, 2, 6, 4, [], [], ""), 9).values())
+        [0.2, 0.4, 0.4]
+    """
+    depth = n_layers + 1
+    return {PHASE_NAMES[0]: split.b1 / depth, PHASE_NAMES[1]: (split.b2 - split.b1) / depth,
+            PHASE_NAMES[2]: (depth - split.b2) / depth}

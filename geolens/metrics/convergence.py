@@ -14,7 +14,7 @@ Example:
     >>> a = torch.randn(60, 16, dtype=torch.float64)
     >>> q = torch.linalg.qr(torch.randn(16, 16, dtype=torch.float64))[0]
     >>> out = distance_convergence(a, a @ q, n_null=0, ccr=0)        # a rotation of itself
-    >>> round(out["rho_full"], 6)
+    >>> round(out["spearman_full"], 6)
     1.0
 """
 
@@ -76,9 +76,9 @@ def distance_convergence(
     """Spearman between the distance structures of two clouds over the same N positions.
 
     Both clouds are centred and CCR-``ccr`` corrected on their own. Returns
-    ``rho_full``; with readouts also ``rho_readout``; with ``n_null >= 2`` also
-    ``rho_random_mean``/``rho_random_std`` (each null draw projects each side onto
-    its own Haar-random k-dim subspace) and ``z_readout`` (readout vs that null).
+    ``spearman_full``; with readouts also ``spearman_readout``; with ``n_null >= 2`` also
+    ``spearman_random_mean``/``spearman_random_std`` (each null draw projects each side onto
+    its own Haar-random k-dim subspace) and ``spearman_readout_z`` (readout vs that null).
 
     See docs/methods.md §E.2.
 
@@ -86,7 +86,7 @@ def distance_convergence(
         >>> import torch
         >>> _ = torch.manual_seed(0)
         >>> h = torch.randn(50, 8, dtype=torch.float64)
-        >>> round(distance_convergence(h, h, n_null=0, ccr=0)["rho_full"], 6)
+        >>> round(distance_convergence(h, h, n_null=0, ccr=0)["spearman_full"], 6)
         1.0
     """
     states_a, states_b = check_states(states_a, "states_a"), check_states(states_b, "states_b")
@@ -101,7 +101,7 @@ def distance_convergence(
     b = remove_common_components(states_b.to(dtype=dtype, device=a.device), ccr)
     flat_index = condensed_indices(n, device=a.device)
     out: dict[str, float] = {"n_positions": n, "ccr": ccr}
-    out["rho_full"] = float(centred_unit_ranks(a, flat_index) @ centred_unit_ranks(b, flat_index))
+    out["spearman_full"] = float(centred_unit_ranks(a, flat_index) @ centred_unit_ranks(b, flat_index))
     if (readout_a is None) != (readout_b is None):
         raise ValueError("give both readouts or neither")
     if readout_a is None:
@@ -114,7 +114,7 @@ def distance_convergence(
     k = qa.shape[1]
     out["k"] = k
     proj_a, proj_b = a @ qa.to(a), b @ qb.to(b)
-    out["rho_readout"] = float(centred_unit_ranks(proj_a, flat_index) @ centred_unit_ranks(proj_b, flat_index))
+    out["spearman_readout"] = float(centred_unit_ranks(proj_a, flat_index) @ centred_unit_ranks(proj_b, flat_index))
     if n_null < 2:
         return out
     base_seed = 0 if seed is None else int(seed)
@@ -126,8 +126,8 @@ def distance_convergence(
         units_b = centred_unit_ranks(b @ nulls_b[start : start + chunk], flat_index)
         rhos.append((units_a * units_b).sum(dim=-1))
     null = torch.cat(rhos).cpu()
-    out["rho_random_mean"] = float(null.mean())
-    out["rho_random_std"] = float(null.std(unbiased=True))
-    out["z_readout"] = (out["rho_readout"] - out["rho_random_mean"]) / out["rho_random_std"]
+    out["spearman_random_mean"] = float(null.mean())
+    out["spearman_random_std"] = float(null.std(unbiased=True))
+    out["spearman_readout_z"] = (out["spearman_readout"] - out["spearman_random_mean"]) / out["spearman_random_std"]
     out["n_null"] = n_null
     return out

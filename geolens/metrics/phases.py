@@ -93,7 +93,8 @@ def detect_phases(
     """
     y = np.asarray(torch.as_tensor(curve, dtype=torch.float64).cpu(), dtype=np.float64).reshape(-1)
     if y.size < 2 * min_side - 1:
-        raise ValueError(f"the curve has {y.size} points; phase detection needs at least {2 * min_side - 1}")
+        raise ValueError(f"the curve has {y.size} point{'' if y.size == 1 else 's'}; phase detection needs at least "
+                         f"{2 * min_side - 1}")
     if not np.isfinite(y).all():
         raise ValueError("the curve contains NaN or infinite values")
     smoothed = smooth_curve(y, smoothing)

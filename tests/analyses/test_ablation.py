@@ -80,3 +80,15 @@ def test_bad_arguments(native_bridge, tokens, kwargs, match):
     with pytest.raises(ValueError, match=match):
         ablation_effect(native_bridge, tokens, **args)
     assert hook_count(native_bridge) == before
+
+
+def test_effect_rows_pair_clean_and_ablated_cells_and_refuse_a_mismatch():
+    from geolens.analyses.ablation import _effect_rows
+
+    clean = [{"layer": l, "site": "resid_post", "z": 2.0 + l, "rho_readout": 0.1 * l} for l in (1, 2)]
+    ablated = [{"layer": l, "site": "resid_post", "z": -1.0 * l, "rho_readout": 0.05 * l} for l in (1, 2)]
+    rows = _effect_rows(clean, ablated)
+    assert [row["delta_z"] for row in rows] == [-1.0 - 3.0, -2.0 - 4.0]
+    assert [(row["rho_clean"], row["rho_ablated"]) for row in rows] == [(0.1, 0.05), (0.2, 0.1)]
+    with pytest.raises(ValueError, match="clean and ablated rows differ"):
+        _effect_rows(clean, ablated[::-1])

@@ -59,14 +59,14 @@ def test_model_converges_with_itself(neox_bridge, texts):
     res = geolens.convergence(neox_bridge, list(texts) * 3, neox_bridge, layer_a=1, layer_b=1, k=4, n_null=5,
                               n_positions=None, progress=False)
     row = res.to_pandas().iloc[0]
-    assert row.rho_full == pytest.approx(1.0, abs=1e-9) and row.rho_readout == pytest.approx(1.0, abs=1e-9)
-    assert row.rho_random_mean < 1.0
+    assert row.spearman_full == pytest.approx(1.0, abs=1e-9) and row.spearman_readout == pytest.approx(1.0, abs=1e-9)
+    assert row.spearman_random_mean < 1.0
     grid = geolens.convergence(neox_bridge, list(texts) * 3, neox_bridge, k=4, grid=True, n_positions=None,
                                progress=False)
     table = grid.to_pandas()
     assert len(table) == (neox_bridge.cfg.n_layers + 1) ** 2
     diagonal = table[table.layer_a == table.layer_b]
-    assert (diagonal.rho_full - 1.0).abs().max() < 1e-9
+    assert (diagonal.spearman_full - 1.0).abs().max() < 1e-9
     assert len(grid.plot().data) == 1 and len(res.plot().data) == 1
 
 
@@ -123,8 +123,8 @@ def test_every_measure_equals_direct_computation_in_each_space(neox_bridge, nati
         xa, xb = states_a.layer("resid_post", la), states_b.layer("resid_post", lb)
         assert (row.depth_a, row.depth_b) == (la / 2, lb / 2)
         spearman = distance_convergence(xa, xb, qa, qb, n_null=n_null, ccr=ccr, seed=0)
-        assert row.rho_full == pytest.approx(spearman["rho_full"], abs=1e-12)
-        assert row.z_readout == pytest.approx(spearman["z_readout"], abs=1e-9)
+        assert row.spearman_full == pytest.approx(spearman["spearman_full"], abs=1e-12)
+        assert row.spearman_readout_z == pytest.approx(spearman["spearman_readout_z"], abs=1e-9)
         pa, pb = remove_common_components(xa, ccr), remove_common_components(xb, ccr)
         for prefix, score in (("cka", linear_cka), ("mknn", lambda x, y: mutual_knn(x, y, k=3))):
             assert getattr(row, f"{prefix}_full") == pytest.approx(score(pa, pb), abs=1e-9)
@@ -133,7 +133,7 @@ def test_every_measure_equals_direct_computation_in_each_space(neox_bridge, nati
             assert getattr(row, f"{prefix}_random_mean") == pytest.approx(float(null.mean()), abs=1e-9)
             assert getattr(row, f"{prefix}_random_std") == pytest.approx(float(null.std()), abs=1e-9)
             z = (getattr(row, f"{prefix}_readout") - null.mean()) / null.std()
-            assert getattr(row, f"{prefix}_z_readout") == pytest.approx(float(z), abs=1e-6)
+            assert getattr(row, f"{prefix}_readout_z") == pytest.approx(float(z), abs=1e-6)
     assert 0 <= table.cka_full.min() and table.mknn_full.max() <= 1
 
 
@@ -151,10 +151,10 @@ def test_grid_of_every_measure_equals_direct_computation(neox_bridge, native_bri
         for space, (x, y) in (("full", (pa, pb)), ("readout", (pa @ qa, pb @ qb))):
             # Spearman of the float32 cosines as the metric ranks them (repeated tokens tie at layer 0)
             rho = float(centred_unit_ranks(x) @ centred_unit_ranks(y))
-            assert getattr(row, f"rho_{space}") == pytest.approx(rho, abs=1e-9)
+            assert getattr(row, f"spearman_{space}") == pytest.approx(rho, abs=1e-9)
             if row.layer_a > 0 and row.layer_b > 0:  # no exact ties: scipy on float64 agrees closely
                 ref = spearmanr(pdist(x.double().numpy(), "cosine"), pdist(y.double().numpy(), "cosine")).statistic
-                assert getattr(row, f"rho_{space}") == pytest.approx(ref, abs=1e-4)
+                assert getattr(row, f"spearman_{space}") == pytest.approx(ref, abs=1e-4)
             assert getattr(row, f"cka_{space}") == pytest.approx(linear_cka(x, y, debiased=debiased), abs=1e-9)
             assert getattr(row, f"mknn_{space}") == pytest.approx(mutual_knn(x, y, k=4), abs=1e-12)
     assert len(res.plot("cka_full").data) == 1 and len(res.plot("mknn_readout").data) == 1
@@ -164,15 +164,15 @@ def test_self_grid_diagonal_is_one_for_every_measure(neox_bridge):
     table = geolens.convergence(neox_bridge, WORDS, grid=True, k=4, knn_k=3, debiased=True, n_positions=None,
                                 progress=False).to_pandas()
     diagonal = table[table.layer_a == table.layer_b]
-    for column in ("rho_full", "rho_readout", "cka_full", "cka_readout", "mknn_full", "mknn_readout"):
+    for column in ("spearman_full", "spearman_readout", "cka_full", "cka_readout", "mknn_full", "mknn_readout"):
         assert (diagonal[column] - 1.0).abs().max() < 1e-9, column
 
 
 def test_measures_option_selects_columns_and_bad_names_raise(neox_bridge):
     table = geolens.convergence(neox_bridge, WORDS, measures="cka", k=4, n_null=3, n_positions=None,
                                 progress=False).to_pandas()
-    assert [c for c in table.columns if c.startswith(("rho", "z_", "cka", "mknn"))] == [
-        "cka_full", "cka_readout", "cka_random_mean", "cka_random_std", "cka_z_readout"]
+    assert [c for c in table.columns if c.startswith(("rho", "z_", "spearman", "cka", "mknn"))] == [
+        "cka_full", "cka_readout", "cka_random_mean", "cka_random_std", "cka_readout_z"]
     with pytest.raises(ValueError, match=r"unknown measures \['pearson'\]"):
         geolens.convergence(neox_bridge, WORDS, measures=("spearman", "pearson"), k=4, progress=False)
     with pytest.raises(ValueError, match="measures is empty"):
@@ -210,3 +210,85 @@ def test_default_n_positions_is_an_upper_bound(neox_bridge):
         geolens.convergence(neox_bridge, WORDS, k=4, n_positions=1024, progress=False)
     assert geolens.convergence(neox_bridge, WORDS, k=4, n_null=3, knn_k=3, n_positions=20,
                                progress=False).params["n_positions"] == 20
+
+
+# ---------------------------------------------------------------- the steps of convergence(), one at a time
+
+def test_sample_positions_is_seeded_bounded_and_sorted():
+    from geolens._validation import UpperBound
+    from geolens.analyses.convergence import _DEFAULT_POSITIONS, _sample_positions
+
+    pick = _sample_positions(50, 10, seed=3)
+    assert pick.tolist() == sorted(set(pick.tolist())) and len(pick) == 10 and 0 <= int(pick.min())
+    assert int(pick.max()) < 50 and torch.equal(pick, _sample_positions(50, 10, seed=3))
+    assert not torch.equal(pick, _sample_positions(50, 10, seed=4))
+    reference = torch.randperm(50, generator=torch.Generator().manual_seed(3))[:10].sort().values
+    assert torch.equal(pick, reference)  # the draw convergence() always made
+    assert _sample_positions(50, None, seed=0) is None
+    for bound in (_DEFAULT_POSITIONS, UpperBound(80)):  # an upper bound: fewer available -> all, with a warning
+        with pytest.warns(UserWarning, match="only 50 aligned positions"):
+            assert _sample_positions(50, bound, seed=0) is None
+    assert len(_sample_positions(50, UpperBound(20), seed=0)) == 20
+    with pytest.raises(ValueError, match="n_positions = 60"):
+        _sample_positions(50, 60, seed=0)
+    with pytest.raises(ValueError, match="only 2 word ends"):
+        _sample_positions(2, None, seed=0)
+
+
+def test_layer_pairs_broadcast_an_int_and_refuse_unequal_lists(neox_bridge, native_bridge):
+    from geolens.analyses.convergence import _layer_pairs
+
+    a, b = geolens.as_adapter(neox_bridge), geolens.as_adapter(native_bridge)
+    assert _layer_pairs(a, b, None, None) == ([a.n_layers // 2], [b.n_layers // 2])
+    assert _layer_pairs(a, b, [0, 2], 1) == ([0, 2], [1, 1]) and _layer_pairs(a, b, 2, [0, 1]) == ([2, 2], [0, 1])
+    with pytest.raises(ValueError, match="pairwise"):
+        _layer_pairs(a, b, [0, 1], [0, 1, 2])
+    with pytest.raises(ValueError, match="layer_b"):
+        _layer_pairs(a, b, 0, [])
+
+
+def test_null_scores_and_columns_equal_a_direct_loop():
+    import numpy as np
+
+    from geolens.analyses.convergence import _null_columns, _null_scores, _scorer
+    from geolens.metrics.distances import condensed_indices
+
+    g = torch.Generator().manual_seed(0)
+    pa, pb = torch.randn(12, 6, generator=g, dtype=torch.float64), torch.randn(12, 5, generator=g, dtype=torch.float64)
+    nulls_a = random_subspaces(6, 2, 11, seed=0, dtype=torch.float64)  # 11: the last chunk of 8 is partial
+    nulls_b = random_subspaces(5, 2, 11, seed=1, dtype=torch.float64)
+    score = _scorer("spearman", {}, condensed_indices(12))
+    null = _null_scores("spearman", score, pa, pb, nulls_a, nulls_b)
+    reference = [spearmanr(pdist((pa @ nulls_a[r]).numpy(), "cosine"), pdist((pb @ nulls_b[r]).numpy(), "cosine"))
+                 .statistic for r in range(11)]
+    np.testing.assert_allclose(null.numpy(), reference, atol=1e-9)
+    cka = _null_scores("cka", _scorer("cka", {"debiased": False}, None), pa, pb, nulls_a, nulls_b)
+    np.testing.assert_allclose(cka.numpy(), [linear_cka(pa @ nulls_a[r], pb @ nulls_b[r]) for r in range(11)])
+    columns = _null_columns("spearman", 0.5, null)
+    assert list(columns) == ["spearman_random_mean", "spearman_random_std", "spearman_readout_z"]
+    assert columns["spearman_random_std"] == pytest.approx(np.std(reference, ddof=1), abs=1e-9)
+    assert columns["spearman_readout_z"] == pytest.approx((0.5 - np.mean(reference)) / np.std(reference, ddof=1),
+                                                          abs=1e-6)
+
+
+def test_every_column_follows_measure_space_statistic(neox_bridge, native_bridge):
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, k=4, n_null=3, knn_k=3, n_positions=None,
+                              progress=False)
+    measures = [c for c in res.to_pandas().columns if c not in ("layer_a", "layer_b", "depth_a", "depth_b")]
+    expected = [f"{m}_{part}" for m in ("spearman", "cka", "mknn")
+                for part in ("full", "readout", "random_mean", "random_std", "readout_z")]
+    assert measures == expected
+
+
+def test_results_saved_with_the_old_column_names_load_under_the_new_ones(tmp_path):
+    from geolens.analyses.convergence import RENAMED_COLUMNS, ConvergenceResult
+
+    old = {name: float(i) for i, name in enumerate(RENAMED_COLUMNS)}
+    path = ConvergenceResult(rows=[{"layer_a": 0, "layer_b": 1, **old}], cross_rows=[{"layer_a": 2, **old}],
+                             params={"grid": False}).save(tmp_path / "old.json")
+    loaded = ConvergenceResult.load(path)
+    new = {RENAMED_COLUMNS[name]: value for name, value in old.items()}
+    assert loaded.rows == [{"layer_a": 0, "layer_b": 1, **new}] and loaded.cross_rows == [{"layer_a": 2, **new}]
+    assert set(RENAMED_COLUMNS.values()) == {f"spearman_{p}" for p in ("full", "readout", "random_mean",
+                                                                      "random_std", "readout_z")} | {
+        "cka_readout_z", "mknn_readout_z"}

@@ -256,3 +256,54 @@ def test_report_pga_section_draws_the_intervals_and_words_its_findings_by_them(n
                                 n_tokens=30, k=K, n_null=N_NULL, ccr=1, pga_resamples=12, progress=False)
     assert "z_low" not in pd.read_csv(one["pga.csv"]).columns
     assert "not run" in geolens.PGAResult.load(one["pga.json"]).params["bootstrap"]
+
+
+# ---------------------------------------------------------------- the steps of _score_states, one at a time
+
+def test_add_intervals_places_percentiles_after_z_se_and_counts_failed_resamples():
+    import math
+    import warnings
+
+    import numpy as np
+
+    from geolens.analyses.pga import _APPROX_COLUMNS, _add_intervals
+
+    rng = np.random.default_rng(0)
+    rows = [{"layer": l, "site": "resid_post", "ccr": 1, **{c: float(l) for c in _APPROX_COLUMNS}} for l in range(3)]
+    rows[2]["z"] = math.nan  # a degenerate cell: its failed resamples are not counted
+    rows[2]["degenerate"] = "one distinct state"
+    zs = [rng.normal(size=50), np.r_[rng.normal(size=45), [np.nan] * 5], np.full(50, np.nan)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        failed = _add_intervals(rows, [{"z": z} for z in zs], _APPROX_COLUMNS, 50)
+    assert failed == 5 and len(caught) == 1 and "5 of 100 resampled PGA scores" in str(caught[0].message)
+    for row, z in zip(rows[:2], zs):
+        finite = z[np.isfinite(z)]
+        assert (row["z_low"], row["z_high"]) == tuple(np.percentile(finite, [2.5, 97.5]))
+    assert math.isnan(rows[2]["z_low"]) and math.isnan(rows[2]["z_high"])
+    columns = list(rows[0])
+    assert columns[columns.index("z_se") + 1: columns.index("z_se") + 3] == ["z_low", "z_high"]
+    assert list(rows[2])[-1] == "degenerate"  # columns outside the order keep their place at the end
+
+
+def test_pair_params_say_whether_the_sample_was_exact():
+    from geolens.analyses.pga import _pair_params
+
+    assert _pair_params(10_000, None, 100) == {"n_pairs": 4950, "exact": True}
+    sampled = _pair_params(1000, 1000, 100)
+    assert sampled["n_pairs"] == 1000 and sampled["exact"] is False and "jackknife" in sampled["null_std"]
+    assert _pair_params(1000, None, 10)["exact"] is True  # 45 pairs: all of them
+
+
+def test_flag_degenerate_marks_every_row_and_refuses_all_degenerate():
+    from geolens._validation import DegenerateError
+    from geolens.analyses.pga import _flag_degenerate
+
+    rows = [{"z": 1.0}, {"z": 2.0}]
+    _flag_degenerate(rows, [])
+    assert rows == [{"z": 1.0}, {"z": 2.0}]  # nothing degenerate: no column
+    with pytest.raises(DegenerateError, match="every layer is degenerate, e.g. cell A"):
+        _flag_degenerate([{"degenerate": "x"}], ["cell A"])
+    with pytest.warns(UserWarning, match="1 of 2 PGA scores are undefined"):
+        _flag_degenerate(rows, ["cell B"])
+    assert [row["degenerate"] for row in rows] == ["", ""]

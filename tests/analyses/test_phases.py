@@ -169,3 +169,94 @@ def test_a_given_update_geometry_gives_the_same_table(deep_bridge, native_bridge
     other = geolens.updates(native_bridge, list(texts), n_tokens=None, progress=False)
     with pytest.raises(ValueError, match="update_geometry"):
         geolens.phases(deep_bridge, list(texts), update_geometry=other, **common)
+
+
+# ---------------------------------------------------------------- the steps of phases(), one at a time
+
+def test_lens_budget_names_the_recipe_its_keys_ask_for():
+    from geolens.analyses.phases import _lens_budget
+
+    assert _lens_budget(None) == {"method": "fast"}
+    assert _lens_budget({"steps": 3, "seq_len": 8}) == {"steps": 3, "seq_len": 8, "method": "reference"}
+    assert _lens_budget({"tokens_per_step": 64})["method"] == "reference"
+    assert _lens_budget({"method": "fast", "steps": 3})["method"] == "fast"  # an explicit method wins
+    given = {"n_tokens": 64}
+    _lens_budget(given)
+    assert given == {"n_tokens": 64}  # the caller's dict is not changed
+
+
+def test_resolution_takes_the_asked_fraction_or_the_front_choice(deep_bridge):
+    from geolens.analyses.phases import _resolution
+    from geolens.metrics.subspaces import choose_resolution
+
+    lens = _planted_lens(deep_bridge)
+    sweep, chosen = _resolution(lens, (0.25, 0.5), K / 32)
+    assert [row["fraction"] for row in sweep] == [0.25, 0.5, K / 32] and chosen["k"] == K
+    torch.testing.assert_close(chosen["rss"].double(), torch.tensor([math.cos(a) for a in ANGLES],
+                                                                     dtype=torch.float64), atol=1e-6, rtol=0)
+    sweep, chosen = _resolution(lens, (K / 32, 0.5), None)
+    assert len(sweep) == 2 and chosen["k"] == choose_resolution(sweep)["k"]
+
+
+def test_stable_split_sets_breakpoints_aside_only_when_the_halves_disagree():
+    from geolens.analyses.phases import _split, _stable_split
+
+    x = torch.arange(20.0)
+    rss = torch.minimum(torch.minimum(x / 4, torch.ones(20)), (19 - x) / 4 + 0.2)  # rise, plateau 4..15, fall
+    plain = _split(rss, 0.0, 1.0)
+    assert plain.found
+    for report in (None, {"stable": True, "reason": ""}):
+        split, unstable = _stable_split(rss, 0.0, 1.0, report)
+        assert split == plain and unstable is None
+    split, unstable = _stable_split(rss, 0.0, 1.0, {"stable": False, "reason": "k = 3: breakpoints (2, 9) vs (5, 9)"})
+    assert unstable == (plain.b1, plain.b2) and not split.found and split.b1 is None and split.b2 is None
+    assert split.phases == [None] * 20 and split.peak == plain.peak and split.smoothed == plain.smoothed
+    assert split.reason.endswith("(k = 3: breakpoints (2, 9) vs (5, 9))")
+    flat = torch.ones(20)  # no phases to set aside: the stability report changes nothing
+    assert _stable_split(flat, 0.0, 1.0, {"stable": False, "reason": "x"}) == (_split(flat, 0.0, 1.0), None)
+
+
+def test_layer_rows_attribute_rss_points_and_read_the_diagnostics():
+    import pandas as pd
+
+    from geolens.analyses.phases import _layer_rows
+    from geolens.metrics.phases import PhaseSplit
+
+    chosen = {"k": 2, "rss": torch.tensor([0.9, 0.5, 0.7])}
+    other = {"k": 4, "rss": torch.tensor([0.8, 0.6, 0.4])}
+    split = PhaseSplit(True, 1, 2, 1, ["I", "II", "III"], [0.9, 0.5, 0.7], "")
+    upd = pd.DataFrame({"layer": [1, 2, 3], "erank_states": [5.0, 6.0, 7.0], "orthogonality": [0.1, 0.2, 0.3],
+                        "ffn_mha_ratio": [1.0, 2.0, 3.0], "update_norm": [4.0, 5.0, 6.0]}).set_index("layer")
+    hits = {"tuned": pd.DataFrame({"layer": [0, 1, 2, 3], "hit@1": [0.1, 0.2, 0.3, 1.0],
+                                   "hit@5": [0.5, 0.6, 0.7, 1.0]}).set_index("layer")}
+    rows = pd.DataFrame(_layer_rows(3, chosen, [chosen, other], split, upd, hits))
+    assert rows.layer.tolist() == [0, 1, 2, 3]
+    assert rows.rss.tolist()[:3] == pytest.approx([0.9, 0.5, 0.7]) and math.isnan(rows.rss.iloc[3])
+    assert rows["rss@k=4"].tolist()[:3] == pytest.approx([0.8, 0.6, 0.4]) and math.isnan(rows["rss@k=4"].iloc[3])
+    assert rows.phase.tolist() == ["I", "II", "III", "III"]  # layer L takes the last point's phase
+    assert math.isnan(rows.update_norm.iloc[0]) and rows.update_norm.tolist()[1:] == [4.0, 5.0, 6.0]
+    assert rows["hit@1_tuned"].tolist() == [0.1, 0.2, 0.3, 1.0] and rows["hit@5_logit"].isna().all()
+
+
+def test_fit_lens_records_how_many_texts_and_skips_stability_when_asked(deep_bridge, texts, monkeypatch):
+    import geolens.analyses.phases as ph
+
+    lens = _planted_lens(deep_bridge)
+
+    def fitted(model, train_texts, *, halves=False, **kw):
+        lens.halves = (lens, lens) if halves else None
+        return lens
+
+    monkeypatch.setattr(ph, "cached_tuned_lens", fitted)
+    common = dict(cache_dir=None, seed=0, progress=False, smoothing=0.0, sensitivity=1.0)
+    got, report, n = ph._fit_lens(deep_bridge, list(texts), None, stability=False, **common)
+    assert got is lens and report is None and n == len(texts)
+    got, report, n = ph._fit_lens(deep_bridge, "one text", None, stability=True, **common)
+    assert report is None and n == 1  # fewer than 4 texts: no halves to compare
+    with pytest.raises(TypeError, match="lens_texts"):
+        ph._fit_lens(deep_bridge, torch.zeros(2, 3, dtype=torch.long), None, stability=True, **common)
+    res = geolens.phases(deep_bridge, list(texts), lens_texts=list(texts) * 2, fractions=(K / 32,), smoothing=0.0,
+                         n_tokens=None, progress=False)
+    assert res.params["n_lens_texts"] == 2 * len(texts) and res.params["stability"] is not None
+    given = geolens.phases(deep_bridge, list(texts), lens=lens, fractions=(K / 32,), n_tokens=None, progress=False)
+    assert given.params["n_lens_texts"] is None and given.params["stability"] is None

@@ -21,13 +21,13 @@ def test_full_and_readout_rhos_equal_scipy():
     qa, qb = readout_basis(torch.randn(12, 40, dtype=torch.float64), 3), readout_basis(torch.randn(10, 40, dtype=torch.float64), 3)
     out = distance_convergence(a, b, qa, qb, n_null=6, ccr=1, seed=2)
     pa, pb = remove_common_components(a, 1).numpy(), remove_common_components(b, 1).numpy()
-    assert out["rho_full"] == pytest.approx(spearmanr(pdist(pa, "cosine"), pdist(pb, "cosine")).statistic, abs=1e-9)
+    assert out["spearman_full"] == pytest.approx(spearmanr(pdist(pa, "cosine"), pdist(pb, "cosine")).statistic, abs=1e-9)
     ref = spearmanr(pdist(pa @ qa.numpy(), "cosine"), pdist(pb @ qb.numpy(), "cosine")).statistic
-    assert out["rho_readout"] == pytest.approx(ref, abs=1e-9)
+    assert out["spearman_readout"] == pytest.approx(ref, abs=1e-9)
     na, nb = random_subspaces(12, 3, 6, seed=2).numpy(), random_subspaces(10, 3, 6, seed=3).numpy()
     null = [spearmanr(pdist(pa @ x, "cosine"), pdist(pb @ y, "cosine")).statistic for x, y in zip(na, nb)]
-    assert out["rho_random_mean"] == pytest.approx(np.mean(null), abs=1e-9)
-    assert out["rho_random_std"] == pytest.approx(np.std(null, ddof=1), abs=1e-9)
+    assert out["spearman_random_mean"] == pytest.approx(np.mean(null), abs=1e-9)
+    assert out["spearman_random_std"] == pytest.approx(np.std(null, ddof=1), abs=1e-9)
 
 
 def test_self_convergence_is_one_and_rotation_invariant():
@@ -35,10 +35,10 @@ def test_self_convergence_is_one_and_rotation_invariant():
     q = torch.linalg.qr(torch.randn(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5)))[0]
     readout = readout_basis(torch.randn(12, 40, dtype=torch.float64), 4)
     same = distance_convergence(a, a, readout, readout, n_null=0, ccr=1)
-    assert same["rho_full"] == pytest.approx(1.0, abs=1e-12) and same["rho_readout"] == pytest.approx(1.0, abs=1e-12)
+    assert same["spearman_full"] == pytest.approx(1.0, abs=1e-12) and same["spearman_readout"] == pytest.approx(1.0, abs=1e-12)
     rotated = distance_convergence(a, a @ q, readout, q.T @ readout, n_null=0, ccr=1)
-    assert rotated["rho_full"] == pytest.approx(1.0, abs=1e-9)
-    assert rotated["rho_readout"] == pytest.approx(1.0, abs=1e-9)
+    assert rotated["spearman_full"] == pytest.approx(1.0, abs=1e-9)
+    assert rotated["spearman_readout"] == pytest.approx(1.0, abs=1e-9)
 
 
 def test_grid_is_a_matrix_of_spearmans():
