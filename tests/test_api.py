@@ -51,6 +51,9 @@ OTHERS = {
     "cached_tuned_lens": ("model", "train_texts"),
     "load_model": ("name",),
     "available_models": (),
+    "register_analysis": ("name", "function"),
+    "unregister_analysis": ("name",),
+    "available_analyses": (),
 }
 
 

@@ -30,20 +30,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from geolens.analyses.pga import pga
-from geolens.analyses.spectrum import spectrum, weight_geometry
+from geolens.analyses import registry
 from geolens.model import boot_bridge
 from geolens import plotting
 from geolens.results import Result
 
-__all__ = ["ANALYSES", "CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
-
-# name -> (function, whether it takes tokens)
-ANALYSES: dict[str, tuple[Callable[..., Result], bool]] = {
-    "pga": (pga, True),
-    "spectrum": (spectrum, True),
-    "weights": (weight_geometry, False),
-}
+__all__ = ["CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
 
 
 
@@ -88,11 +80,11 @@ def _resolve(analyses: Iterable[str | Callable[..., Result]]) -> list[tuple[str,
     for entry in analyses:
         if callable(entry):
             out.append((getattr(entry, "__name__", "analysis"), entry, True))
-        elif entry in ANALYSES:
-            fn, takes_tokens = ANALYSES[entry]
-            out.append((entry, fn, takes_tokens))
+        elif entry in registry.names("study"):  # what a study runs, a checkpoint sequence runs
+            record = registry.get(entry)
+            out.append((entry, record.function, record.takes_tokens))
         else:
-            raise ValueError(f"unknown analysis {entry!r}; choose from {sorted(ANALYSES)} or pass a callable")
+            raise ValueError(f"unknown analysis {entry!r}; choose from {registry.names('study')} or pass a callable")
     if not out:
         raise ValueError("no analyses given")
     names = [name for name, _, _ in out]
@@ -153,9 +145,9 @@ def over_checkpoints(
             pairs, pass a generator so the pairs can be freed too: a list keeps
             every model alive.
         tokens: the same text / token ids for every checkpoint.
-        analyses: names among ``"pga"``, ``"spectrum"``, ``"weights"``
-            (:func:`~geolens.analyses.spectrum.weight_geometry`, no tokens), or
-            callables ``f(model, tokens, **kw) -> Result``.
+        analyses: names of analyses a study runs (``geolens.available_analyses()``: ``"pga"``,
+            ``"spectrum"``, ``"weights"`` (:func:`~geolens.analyses.spectrum.weight_geometry`, no tokens),
+            ``"updates"``, ``"phases"`` and registered ones), or callables ``f(model, tokens, **kw) -> Result``.
         load: ``label -> model`` (e.g. :func:`pythia_checkpoint_loader`).
         progress: progress bars (the checkpoint bar and each analysis').
         **kwargs: keywords for the analyses: ``pga=dict(ccr=[0, 1])`` goes to one

@@ -36,7 +36,8 @@ from geolens._validation import UpperBound
 from geolens.capture import capture
 from geolens.model import as_adapter
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
-from geolens.study.spec import STUDY_ANALYSES, Cell
+from geolens.analyses import registry
+from geolens.study.spec import Cell
 
 __all__ = ["CELLS_DIR", "ERROR_FILE", "MANIFEST", "METADATA_FILE", "analysis_error_file", "analysis_file",
            "cell_dir", "cell_provenance", "compute_cell", "finish_cell", "is_finished", "is_valid",
@@ -47,7 +48,6 @@ MANIFEST = "study.json"
 METADATA_FILE = "metadata.parquet"
 ERROR_FILE = "_error.json"  # a leading "_" keeps it out of pyarrow's dataset discovery
 _METADATA_KEY = b"geolens.study"
-_STATE_ANALYSES = ("pga", "spectrum")  # scored on states captured once per cell
 
 
 def row_schema():
@@ -139,7 +139,7 @@ def _shared_sites(cell: Cell) -> dict[tuple, list[str]]:
     An analysis given its own ``layers`` captures for itself.
     """
     wanted: dict[tuple, list[str]] = {}
-    for name in _STATE_ANALYSES:
+    for name in _state_analyses():
         options = cell.analyses.get(name)
         if options is None or options.get("layers") is not None:
             continue
@@ -149,6 +149,11 @@ def _shared_sites(cell: Cell) -> dict[tuple, list[str]]:
         bucket = wanted.setdefault(_capture_key(options), [])
         bucket.extend(s for s in sites if s not in bucket)
     return wanted
+
+
+def _state_analyses() -> list[str]:
+    """The analyses scored on states captured once per cell (pga and spectrum), from the registry."""
+    return [name for name in registry.names("study") if registry.get(name).shares_capture]
 
 
 def _phase_rows(result) -> list[dict[str, Any]]:
@@ -169,10 +174,12 @@ def _phase_rows(result) -> list[dict[str, Any]]:
 
 def _run_analysis(adapter, cell: Cell, name: str, states: dict[tuple, Any], sites: dict[tuple, list[str]]):
     """One analysis of the cell: on the shared states where it can (captured on first use), else by itself."""
-    fn, takes_tokens = STUDY_ANALYSES[name]
     options = dict(cell.analyses[name])
+    fn = options.pop("function", None)  # a user's analysis carries its function; a built-in is looked up
+    record = registry.get(name) if fn is None else registry.user_analysis(name, fn)
+    fn, takes_tokens = record.function, record.takes_tokens
     key = _capture_key(options)
-    if name in _STATE_ANALYSES and options.get("layers") is None and key in sites:
+    if record.shares_capture and options.get("layers") is None and key in sites:
         if key not in states:  # a capture that raises fails the analyses that need it, and only them
             _, seed, batch_size, max_length = (value for value, _ in key)
             try:

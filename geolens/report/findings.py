@@ -3,7 +3,8 @@
 Each function reads one result's table (``result.to_pandas()``) and ``params`` and
 returns a list of plain-text lines; a line is only written where the numbers
 support it (thresholds are the null's two-sided 95 %, |z| > 1.96). Nothing here
-knows models: the functions read tables.
+knows models: the functions read tables. The report attaches each to its analysis's record in
+:mod:`geolens.analyses.registry`.
 
 Example:
     >>> from geolens.results import Result
@@ -20,9 +21,11 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-__all__ = ["FINDINGS", "Z_CHANCE", "findings", "layer_ranges", "pga_findings", "pga_interval_findings",
+from geolens.analyses import registry
+
+__all__ = ["Z_CHANCE", "findings", "layer_ranges", "pga_findings", "pga_interval_findings",
            "refinement_phrase"]
 
 Z_CHANCE = 1.96  # two-sided 95 % of the null
@@ -309,15 +312,16 @@ def convergence_findings(result: Any) -> list[str]:
             "space" + (f", {row['rho_readout']:.2f} in the readout subspaces" if "rho_readout" in row else "") + "."]
 
 
-FINDINGS: dict[str, Callable[[Any], list[str]]] = {
-    "pga": pga_findings, "spectrum": spectrum_findings, "weights": weights_findings, "updates": updates_findings,
-    "lens": lens_findings, "phases": phases_findings, "probes": probes_findings, "convergence": convergence_findings,
-}
-
-
 def findings(name: str, result: Any) -> list[str]:
-    """The findings of one report section (none for a section without a reader, or when reading fails)."""
-    reader = FINDINGS.get(name)
+    """The findings of one report section: its record's findings function in the registry of analyses (none for
+    an analysis without one, or when reading fails).
+
+    Example:
+        >>> from geolens.results import Result
+        >>> findings("probes", Result(rows=[{"layer": 2, "accuracy_mean": 0.8, "chance": 0.2}]))
+        ['The best linear probe is at layer 2: 0.80 held-out accuracy (chance 0.20).']
+    """
+    reader = registry.get(name).findings if name in registry.names() else None
     if reader is None:
         return []
     try:
