@@ -227,9 +227,7 @@ class ModelSpec:
             _table(getattr(self, name), name)
         for checkpoint, values in self.checkpoint_metadata.items():
             _table(values, f"checkpoint_metadata[{checkpoint!r}]")
-        for analysis, options in self.params.items():
-            if analysis not in registry.names("study"):
-                raise ValueError(f"params: unknown analysis {analysis!r}; choose from {registry.names('study')}")
+        for analysis, options in self.params.items():  # the names are checked against the study's analyses
             _table(options, f"params[{analysis!r}]")
         checkpoints = self.checkpoints
         if isinstance(checkpoints, (str, numbers.Integral)) or checkpoints is None:
@@ -583,6 +581,10 @@ class Study:
                                                     f"analyses[{name!r}].lens_texts")
         cells = []
         for label, spec in self.model_specs().items():
+            unknown = [name for name in spec.params if name not in records and name not in registry.names("study")]
+            if unknown:  # an analysis of the study file (function = ...) takes per-model params too
+                raise ValueError(f"model {label!r}: params: unknown analysis {unknown[0]!r}; choose from "
+                                 f"{list(dict.fromkeys([*records, *registry.names('study')]))}")
             metadata = _scalar_metadata({**spec.metadata, **self.metadata.get(label, {})}, f"model {label!r}")
             analyses = {name: _route(name, records[name].function,
                                      {**study_options[name], **spec.params.get(name, {})}, shared)

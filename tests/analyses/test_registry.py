@@ -234,13 +234,17 @@ def test_a_study_file_names_its_function(neox_dir, tmp_path):
 
     (tmp_path / "s.toml").write_text(
         f'texts = {json.dumps(TEXTS)}\nn_tokens = 20\n[models.tiny]\npath = "{neox_dir}"\n'
-        '[analyses.planted]\nfunction = "tests.analyses.test_registry:layer_index"\nscale = 0.5\n'
+        '[models.again]\npath = "{neox_dir}"\nparams = {{ planted = {{ scale = 2.0 }} }}\n'.format(neox_dir=neox_dir)
+        + '[analyses.planted]\nfunction = "tests.analyses.test_registry:layer_index"\nscale = 0.5\n'
         '[analyses.pga]\nk = 4\nn_null = 5\nccr = [1]\n')
     study = Study.from_toml(tmp_path / "s.toml")
     assert "planted" not in registry.names()  # the file's analysis is the study's own, not registered
     table = run_study(study, tmp_path / "out", progress=False).to_pandas()
     planted = table[table.metric == "planted.scaled"].sort_values("layer")
-    assert planted["value"].tolist() == [0.0, 0.5, 1.0] and (table.metric == "pga.z").any()
+    assert planted[planted.model == "tiny"]["value"].tolist() == [0.0, 0.5, 1.0] and (table.metric == "pga.z").any()
+    assert planted[planted.model == "again"]["value"].tolist() == [0.0, 2.0, 4.0]  # the model's own params win
+    with pytest.raises(ValueError, match="model 'again': params: unknown analysis 'planted'"):
+        Study.from_toml(tmp_path / "s.toml", analyses={"pga": {}}).cells()
     # the function is part of what the cell computes: another function is another hash
     other = Study.from_toml(tmp_path / "s.toml", analyses={"planted": {
         "function": "tests.analyses.test_registry:layer_square", "scale": 0.5}})
