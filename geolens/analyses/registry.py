@@ -59,7 +59,7 @@ from geolens.analyses.updates import updates
 from geolens.lens import evaluate
 from geolens.results import Result
 
-__all__ = ["CONSUMES", "PLACES", "Analysis", "attach", "available_analyses", "get", "layer_figures", "names",
+__all__ = ["CONSUMES", "CONVENTION", "PLACES", "Analysis", "attach", "available_analyses", "get", "layer_figures", "names",
            "register_analysis", "resolve_function", "unregister_analysis", "user_analysis"]
 
 CONSUMES = ("tokens", "states", "lens", "weights")

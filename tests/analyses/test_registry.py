@@ -163,9 +163,9 @@ def test_a_result_or_a_float_layer_column_is_accepted(register, native_bridge):
 # ---------------------------------------------------------------- the example's analysis, against a reference
 
 
-def test_the_example_analysis_matches_a_direct_capture(native_bridge):
-    got = EXAMPLE.mlp_share(native_bridge, TEXTS, n_tokens=20, seed=3, batch_size=2)
-    want = _reference_norms(native_bridge, TEXTS, n_tokens=20, seed=3)
+def test_the_example_analysis_matches_a_direct_capture(any_model):
+    got = EXAMPLE.mlp_share(any_model, TEXTS, n_tokens=20, seed=3, batch_size=2)
+    want = _reference_norms(any_model, TEXTS, n_tokens=20, seed=3)
     assert got["layer"].tolist() == want["layer"].tolist() == [1, 2]
     for column in ("attn_norm", "mlp_norm", "mlp_share"):
         assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=1e-5), column
