@@ -18,7 +18,9 @@ A user's analysis is ``function(model, tokens, *, n_tokens, seed, batch_size, ma
 **options)`` returning a geolens :class:`~geolens.results.Result` or a pandas DataFrame with a
 ``layer`` column and numeric columns; the registry wraps it so every caller gets a ``Result``.
 Registering a name again replaces the earlier user analysis (a notebook cell can be rerun); a
-built-in name cannot be taken. :func:`unregister_analysis` removes a user's analysis.
+built-in name cannot be taken. :func:`unregister_analysis` removes a user's analysis. Studies (and
+:func:`geolens.over_checkpoints`) run the records marked ``study``; a study's cell carries a user's
+function itself, so workers in other processes (Ray) need no registration of their own.
 
 Example:
     >>> import pandas as pd
@@ -59,8 +61,8 @@ from geolens.analyses.updates import updates
 from geolens.lens import evaluate
 from geolens.results import Result
 
-__all__ = ["CONSUMES", "CONVENTION", "PLACES", "Analysis", "attach", "available_analyses", "get", "layer_figures", "names",
-           "register_analysis", "resolve_function", "unregister_analysis", "user_analysis"]
+__all__ = ["CONSUMES", "CONVENTION", "PLACES", "Analysis", "as_result", "attach", "available_analyses", "get",
+           "layer_figures", "names", "register_analysis", "resolve_function", "unregister_analysis", "user_analysis"]
 
 CONSUMES = ("tokens", "states", "lens", "weights")
 PLACES = ("report", "study", "zoo")
