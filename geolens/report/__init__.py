@@ -9,6 +9,10 @@ and the run itself (settings as they ran, versions, times, errors) as ``meta.jso
 ``quick=True`` (``geolens report --quick``) runs every section on the small
 budgets of :data:`QUICK`.
 
+The package holds the sentences at the top of each section (:mod:`geolens.report.findings`) and the
+page writer (:mod:`geolens.report.pages`), which the study's and the zoo's pages use too; it uses no
+study itself, so it sits below them in the layers.
+
 Example:
     >>> paths = geolens.report.report(out_dir="out/report")   # the default model: minutes  # doctest: +SKIP
     >>> paths = geolens.report.report(out_dir="out/quick", quick=True)   # the default model  # doctest: +SKIP

@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
 from geolens.analyses import registry
 
-__all__ = ["Z_CHANCE", "findings", "layer_ranges", "pga_findings", "pga_interval_findings",
+__all__ = ["Z_CHANCE", "column_findings", "findings", "layer_ranges", "pga_findings", "pga_interval_findings",
            "refinement_phrase"]
 
 Z_CHANCE = 1.96  # two-sided 95 % of the null
@@ -312,6 +314,32 @@ def convergence_findings(result: Any) -> list[str]:
             "space" + (f", {row['rho_readout']:.2f} in the readout subspaces" if "rho_readout" in row else "") + "."]
 
 
+def column_findings(result: Any) -> list[str]:
+    """Where each numeric column of a by-layer table is lowest and highest: the findings of a registered analysis.
+
+    Example:
+        >>> from geolens.results import Result
+        >>> rows = [{"layer": l, "share": s, "note": "x"} for l, s in enumerate([0.2, 0.7, 0.4])]
+        >>> column_findings(Result(rows=rows))
+        ['share runs from 0.2 (layer 0) to 0.7 (layer 1) across 3 layers.']
+    """
+    table = result.to_pandas()
+    if table.empty or "layer" not in table:
+        return []
+    lines = []
+    for column in table.columns:
+        values = table[column]
+        if column in ("layer", "ccr") or not is_numeric_dtype(values) or is_bool_dtype(values):
+            continue
+        values = table.set_index("layer")[column].dropna()
+        if values.empty:
+            continue
+        low, high = values.idxmin(), values.idxmax()
+        lines.append(f"{column} runs from {values[low]:.3g} (layer {int(low)}) to {values[high]:.3g} "
+                     f"(layer {int(high)}) across {values.index.nunique()} layers.")
+    return lines
+
+
 def findings(name: str, result: Any) -> list[str]:
     """The findings of one report section: its record's findings function in the registry of analyses (none for
     an analysis without one, or when reading fails).
@@ -321,7 +349,10 @@ def findings(name: str, result: Any) -> list[str]:
         >>> findings("probes", Result(rows=[{"layer": 2, "accuracy_mean": 0.8, "chance": 0.2}]))
         ['The best linear probe is at layer 2: 0.80 held-out accuracy (chance 0.20).']
     """
-    reader = registry.get(name).findings if name in registry.names() else None
+    record = registry.get(name) if name in registry.names() else None
+    reader = None if record is None else record.findings
+    if reader is None and record is not None and not record.builtin:
+        reader = column_findings  # a registered analysis: where each of its columns peaks
     if reader is None:
         return []
     try:

@@ -202,7 +202,8 @@ def test_a_report_section_has_its_table_and_a_figure_per_column(register, native
     result, figures = geolens.report.run_section("planted", geolens.as_adapter(native_bridge), TEXTS,
                                                  geolens.report.ReportSettings(progress=False))
     assert len(figures) == 1 and [list(trace.y) for trace in figures[0].data] == [[0.0, 1.0, 2.0]]
-    assert "Planted by layer" in paths["report.html"].read_text()
+    html = paths["report.html"].read_text()
+    assert "Planted by layer" in html and "scaled runs from 0 (layer 0) to 2 (layer 2) across 3 layers." in html
 
 
 def test_a_failing_user_section_is_reported_and_the_others_run(register, native_bridge, tmp_path):
