@@ -1,6 +1,6 @@
 """The figures of the documentation's concept pages, computed on the offline default model.
 
-Runs the report's own sections (:data:`geolens.report.SECTIONS`) on SmolLM2-135M at modest budgets
+Runs the report's own sections (:func:`geolens.report.run_section`) on SmolLM2-135M at modest budgets
 (16 BBC News texts, 512 positions, 50 null subspaces, CCR 1, 5 and 10; the quick report's tuned lens),
 plus :func:`geolens.ablation_effect` for the causal page, and writes each plotly figure as an HTML
 fragment (``docs/figures/<name>.html``, without plotly.js: the page loads it once) and the settings,
@@ -35,8 +35,8 @@ def _write(figure, name: str, out: Path) -> Path:
 def main(out: Path = OUT, sections: tuple[str, ...] = SECTIONS) -> dict:
     import geolens
     from geolens.model import as_adapter
-    from geolens.pages import versions
-    from geolens.report import SECTIONS as RUN, ReportSettings
+    from geolens.report.pages import versions
+    from geolens.report import ReportSettings, run_section
 
     out.mkdir(parents=True, exist_ok=True)
     settings = ReportSettings.quick_preset(n_texts=16, n_tokens=512, n_null=50, ccr=(1, 5, 10), max_length=128,
@@ -48,7 +48,7 @@ def main(out: Path = OUT, sections: tuple[str, ...] = SECTIONS) -> dict:
     timings, written = {}, {}
     for name in sections:
         start = time.perf_counter()
-        result, figures = RUN[name][1](adapter, texts, settings)
+        result, figures = run_section(name, adapter, texts, settings)
         settings.results[name] = result
         timings[name] = round(time.perf_counter() - start, 1)
         for i, figure in enumerate(figures):

@@ -18,6 +18,7 @@ from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
 from geolens.analyses.pga import PGAResult, pga
 from geolens.analyses.phases import PhasesResult, phases
 from geolens.analyses.probes import ProbeResult, probes
+from geolens.analyses.registry import available_analyses, register_analysis, unregister_analysis
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
 from geolens.analyses.updates import UpdatesResult, updates
 from geolens._validation import DegenerateError
@@ -53,6 +54,7 @@ __all__ = [
     "ablation_effect",
     "ablation_hooks",
     "as_adapter",
+    "available_analyses",
     "available_models",
     "capture",
     "compare",
@@ -71,7 +73,9 @@ __all__ = [
     "prob",
     "probes",
     "pythia_checkpoint_loader",
+    "register_analysis",
     "spectrum",
+    "unregister_analysis",
     "updates",
     "weight_geometry",
 ]

@@ -51,6 +51,9 @@ OTHERS = {
     "cached_tuned_lens": ("model", "train_texts"),
     "load_model": ("name",),
     "available_models": (),
+    "register_analysis": ("name", "function"),
+    "unregister_analysis": ("name",),
+    "available_analyses": (),
 }
 
 
@@ -130,3 +133,33 @@ def test_removed_names_are_gone_and_their_replacements_work(native_bridge):
                          (importlib.import_module("geolens.analyses.spectrum"), "spectrum_of_states")):
         assert not hasattr(module, name)
     assert callable(geolens.data.default_texts) and callable(geolens.data.load_default_model)
+
+
+def test_register_analysis_runs_in_the_report_and_a_study(native_bridge, tmp_path):
+    """geolens.register_analysis: listed, a report section, a study's metrics; unregistered afterwards."""
+    import json
+
+    import pandas as pd
+
+    import geolens.report
+    from geolens.study import Study, run_study
+
+    def depth(model, tokens, *, n_tokens=1024, seed=0, batch_size=8, max_length=None, progress=True, step=1.0):
+        layers = range(geolens.as_adapter(model).n_layers + 1)
+        return pd.DataFrame({"layer": list(layers), "depth": [step * l for l in layers]})
+
+    texts = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song"]
+    geolens.register_analysis("depth", depth, title="Depth by layer")
+    try:
+        assert geolens.available_analyses().loc["depth", "title"] == "Depth by layer"
+        paths = geolens.report.report(native_bridge, texts, tmp_path / "r", sections=["depth"], progress=False)
+        assert json.loads(paths["meta.json"].read_text())["errors"] == {}
+        assert pd.read_csv(paths["depth.csv"])["depth"].tolist() == [0.0, 1.0, 2.0]
+        study = Study(models={"m": lambda: native_bridge}, texts=texts, n_tokens=10, analyses={"depth": {"step": 2.0}})
+        table = run_study(study, tmp_path / "s", progress=False).to_pandas()
+        assert table.query("metric == 'depth.depth'").sort_values("layer")["value"].tolist() == [0.0, 2.0, 4.0]
+    finally:
+        geolens.unregister_analysis("depth")
+    assert "depth" not in geolens.available_analyses().index
+    with pytest.raises(ValueError, match="built-in"):
+        geolens.register_analysis("pga", depth, title="x")

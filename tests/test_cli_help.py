@@ -68,7 +68,7 @@ def test_report_help_states_the_real_defaults():
 
 
 def test_zoo_report_help_states_its_defaults():
-    from geolens.zoo.report import ZooReportSettings
+    from geolens.zoo.width_study import ZooReportSettings
     from geolens.zoo.train import ZooConfig
 
     text = " ".join(_help_texts()["geolens zoo report"].split())

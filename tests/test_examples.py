@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {
     "first_tour": ("PGA z by layer", "first_tour_pga.html"),
     "custom_hook": ("blocks.12.ln2.hook_out: PGAScore", "effective rank"),
+    "custom_analysis": ("report section mlp_share:", "mlp_share.mlp_share", "pga.z"),
     "patching_default_model": ("resid_pre: fraction of the clean logit diff restored", "readout V_k"),
     "pc1_ablation": ("cross-entropy", "z_ablated"),
     "zoo_width_study": ("PGA z by relative depth", "zoo.html", "eval_loss"),

@@ -1,6 +1,6 @@
-"""The report's findings read the numbers they summarise (geolens.findings)."""
+"""The report's findings read the numbers they summarise (geolens.report.findings)."""
 
-from geolens.findings import findings, lens_findings, pga_findings, phases_findings, probes_findings
+from geolens.report.findings import findings, lens_findings, pga_findings, phases_findings, probes_findings
 from geolens.results import Result
 
 

@@ -27,7 +27,7 @@ from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult
 from geolens.analyses.updates import UpdatesResult
 from geolens.lens.evaluate import LensResult
 from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
-from geolens.zoo.report import ZooResult
+from geolens.zoo.width_study import ZooResult
 
 L = 6  # blocks of the synthetic model: layers 0 (embeddings) .. L
 MODEL = "HuggingFaceTB/SmolLM2-135M"

@@ -13,7 +13,7 @@ import torch
 
 from geolens.cli import main
 from geolens.cli.args import model_arg as _model_arg
-from geolens.pages import versions
+from geolens.report.pages import versions
 from geolens.report import DEFAULT_SECTIONS, QUICK, REPORT_LENS_BUDGET, ReportSettings, report
 from geolens.results import Result
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geolens.findings import lens_findings, refinement_phrase
-from geolens.pages import _cell
+from geolens.report.findings import lens_findings, refinement_phrase
+from geolens.report.pages import _cell
 from geolens.report import report
 from geolens.results import Result
 

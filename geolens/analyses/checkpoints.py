@@ -29,21 +29,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from geolens.analyses import registry
 from geolens.analyses.grid import free_memory, resolve_jobs, route_options, run_jobs
-from geolens.analyses.pga import pga
-from geolens.analyses.spectrum import spectrum, weight_geometry
 from geolens.model import boot_bridge
 from geolens import plotting
 from geolens.results import Result
 
-__all__ = ["ANALYSES", "CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
-
-# name -> (function, whether it takes tokens)
-ANALYSES: dict[str, tuple[Callable[..., Result], bool]] = {
-    "pga": (pga, True),
-    "spectrum": (spectrum, True),
-    "weights": (weight_geometry, False),
-}
+__all__ = ["CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
 
 
 @dataclass(repr=False)
@@ -99,9 +91,9 @@ def over_checkpoints(
             pairs, pass a generator so the pairs can be freed too: a list keeps
             every model alive.
         tokens: the same text / token ids for every checkpoint.
-        analyses: names among ``"pga"``, ``"spectrum"``, ``"weights"``
-            (:func:`~geolens.analyses.spectrum.weight_geometry`, no tokens), or
-            callables ``f(model, tokens, **kw) -> Result``.
+        analyses: names of analyses a study runs (``geolens.available_analyses()``: ``"pga"``,
+            ``"spectrum"``, ``"weights"`` (:func:`~geolens.analyses.spectrum.weight_geometry`, no tokens),
+            ``"updates"``, ``"phases"`` and registered ones), or callables ``f(model, tokens, **kw) -> Result``.
         load: ``label -> model`` (e.g. :func:`pythia_checkpoint_loader`).
         progress: progress bars (the checkpoint bar and each analysis').
         **kwargs: keywords for the analyses: ``pga=dict(ccr=[0, 1])`` goes to one
@@ -124,7 +116,7 @@ def over_checkpoints(
         >>> erank[["checkpoint", "layer"]].values.tolist()
         [['a', 0], ['a', 1], ['a', 2], ['b', 0], ['b', 1], ['b', 2]]
     """
-    jobs = resolve_jobs(analyses, ANALYSES)
+    jobs = resolve_jobs(analyses, registry.jobs_table("study"))
     names = {job.name for job in jobs}
     routed = route_options(jobs, own={k: v for k, v in kwargs.items() if k in names},
                            shared={k: v for k, v in kwargs.items() if k not in names})

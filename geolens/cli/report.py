@@ -20,13 +20,15 @@ from typing import Any, NoReturn
 from geolens.cli.args import HelpFormatter, device, int_at_least, model_arg, nonnegative_int_list, out_dir, positive_int, text_file
 from geolens.model import boot_bridge
 from geolens.plotting import NO_BROWSER, STATIC_FORMATS, browser_path
-from geolens.report import QUICK, SECTIONS, ReportSettings, report
+from geolens.analyses import registry
+from geolens.report import QUICK, ReportSettings, report
 
 __all__ = ["add_report_parser", "run_report"]
 
 
 def _section_names() -> list[str]:
-    return list(SECTIONS)
+    # Read when the command runs: analyses registered by then (geolens.register_analysis) are sections too.
+    return registry.names("report")
 
 
 def _name_list(text: str) -> list[str]:

@@ -28,12 +28,12 @@ def _at(text: str) -> str | list[int]:
 
 
 def _analyses(text: str) -> list[str]:
-    from geolens.zoo.report import ZOO_ANALYSES
+    from geolens.zoo.width_study import zoo_analyses
 
     names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [n for n in names if n not in ZOO_ANALYSES]
+    unknown = [n for n in names if n not in zoo_analyses()]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown analyses {unknown or text!r}; choose from {list(ZOO_ANALYSES)}")
+        raise argparse.ArgumentTypeError(f"unknown analyses {unknown or text!r}; choose from {zoo_analyses()}")
     return names
 
 
@@ -78,7 +78,7 @@ examples:
 
 def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``zoo train`` and ``zoo report`` to the ``geolens`` command's sub-parsers."""
-    from geolens.zoo.report import ZOO_ANALYSES, ZooReportSettings
+    from geolens.zoo.width_study import ZooReportSettings, zoo_analyses
 
     s, q = ZooReportSettings(), ZooReportSettings.quick()
 
@@ -108,7 +108,7 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--at", type=_at, default="all",
                         help="checkpoints to analyse: all, final, or comma-separated steps (default: all)")
     report.add_argument("--analyses", type=_analyses, default=None, metavar="A,B,...",
-                        help=f"among {','.join(ZOO_ANALYSES)} (default: all of them)")
+                        help=f"among {','.join(zoo_analyses())} (default: all of them)")
     report.add_argument("--quick", action="store_true",
                         help="small budgets (seconds per checkpoint); flags given explicitly still win")
     report.add_argument("--n-texts", type=positive_int, default=None, help=f"held-out texts analysed {budget('n_texts')}")
@@ -169,7 +169,7 @@ def run_zoo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _report(zoo, args: argparse.Namespace, parser: argparse.ArgumentParser, progress: bool) -> int:
     import pandas as pd
 
-    from geolens.zoo.report import ZOO_ANALYSES, ZooReportSettings, zoo_report
+    from geolens.zoo.width_study import ZooReportSettings, zoo_report
 
     overrides: dict[str, Any] = {name: getattr(args, name) for name in
                                  ("n_texts", "n_tokens", "n_null", "k_fraction", "lens_steps")
@@ -180,7 +180,7 @@ def _report(zoo, args: argparse.Namespace, parser: argparse.ArgumentParser, prog
         parser.error(f"--k-fraction must be below 1, got {args.k_fraction}")
     settings = (ZooReportSettings.quick if args.quick else ZooReportSettings)(progress=progress, **overrides)
     try:
-        result = zoo_report(zoo, args.out, checkpoints=args.at, analyses=args.analyses or ZOO_ANALYSES,
+        result = zoo_report(zoo, args.out, checkpoints=args.at, analyses=args.analyses or None,
                             settings=settings)
     except FileNotFoundError as err:
         print(f"geolens zoo report: {err} (or pass --train)", file=sys.stderr)

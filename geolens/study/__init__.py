@@ -25,12 +25,11 @@ from geolens.study.cells import cell_provenance
 from geolens.study.views import study_report
 from geolens.study.results import GEOMETRY_METRICS, StudyResult, load_errors, load_provenance, load_results
 from geolens.study.run import EXECUTORS, run_study
-from geolens.study.spec import STUDY_ANALYSES, Cell, ModelSpec, Study
+from geolens.study.spec import Cell, ModelSpec, Study
 
 __all__ = [
     "EXECUTORS",
     "GEOMETRY_METRICS",
-    "STUDY_ANALYSES",
     "Cell",
     "ModelSpec",
     "Study",

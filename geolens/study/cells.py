@@ -37,7 +37,8 @@ from geolens.analyses.grid import SHARED_OPTIONS, Job, free_memory, run_jobs
 from geolens.capture import capture
 from geolens.model import as_adapter
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
-from geolens.study.spec import STUDY_ANALYSES, Cell
+from geolens.analyses import registry
+from geolens.study.spec import Cell
 
 __all__ = ["CELLS_DIR", "ERROR_FILE", "MANIFEST", "METADATA_FILE", "analysis_error_file", "analysis_file",
            "cell_dir", "cell_provenance", "compute_cell", "finish_cell", "is_finished", "is_valid",
@@ -48,7 +49,6 @@ MANIFEST = "study.json"
 METADATA_FILE = "metadata.parquet"
 ERROR_FILE = "_error.json"  # a leading "_" keeps it out of pyarrow's dataset discovery
 _METADATA_KEY = b"geolens.study"
-_STATE_ANALYSES = ("pga", "spectrum")  # scored on states captured once per cell
 
 
 def row_schema():
@@ -139,7 +139,7 @@ def _shared_sites(cell: Cell) -> dict[tuple, list[str]]:
     An analysis given its own ``layers`` captures for itself.
     """
     wanted: dict[tuple, list[str]] = {}
-    for name in _STATE_ANALYSES:
+    for name in _state_analyses():
         options = cell.analyses.get(name)
         if options is None or options.get("layers") is not None:
             continue
@@ -149,6 +149,11 @@ def _shared_sites(cell: Cell) -> dict[tuple, list[str]]:
         bucket = wanted.setdefault(_capture_key(options), [])
         bucket.extend(s for s in sites if s not in bucket)
     return wanted
+
+
+def _state_analyses() -> list[str]:
+    """The analyses scored on states captured once per cell (pga and spectrum), from the registry."""
+    return [name for name in registry.names("study") if registry.get(name).shares_capture]
 
 
 def _phase_rows(result) -> list[dict[str, Any]]:
@@ -173,10 +178,11 @@ def _shared_states(adapter, cell: Cell) -> Callable[[Job, dict[str, Any]], Any]:
     sites = _shared_sites(cell)
     states: dict[tuple, Any] = {}
     texts = list(cell.texts)
+    shared = set(_state_analyses())
 
     def inputs(job: Job, options: dict[str, Any]) -> Any:
         key = _capture_key(options)
-        if job.name not in _STATE_ANALYSES or options.get("layers") is not None or key not in sites:
+        if job.name not in shared or options.get("layers") is not None or key not in sites:
             return texts  # an analysis given its own layers (or not scored on states) reads the texts itself
         if key not in states:
             _, seed, batch_size, max_length = (value for value, _ in key)
@@ -190,6 +196,18 @@ def _shared_states(adapter, cell: Cell) -> Callable[[Job, dict[str, Any]], Any]:
         return states[key]  # the sampling options were used by the capture; seed also seeds PGA's nulls
 
     return inputs
+
+
+def _cell_jobs(cell: Cell) -> tuple[list[Job], dict[str, dict[str, Any]]]:
+    """The cell's analyses as jobs, with their options: a user's analysis from a study file carries its function."""
+    jobs, options = [], {}
+    for name, own in cell.analyses.items():
+        own = dict(own)
+        function = own.pop("function", None)
+        record = registry.get(name) if function is None else registry.user_analysis(name, function)
+        jobs.append(Job(name, record.function, record.takes_tokens))
+        options[name] = own
+    return jobs, options
 
 
 def _failure(err: BaseException, **extra: Any) -> dict[str, Any]:
@@ -210,9 +228,9 @@ def compute_cell(cell: Cell) -> dict[str, Any]:
     """
     adapter = as_adapter(cell.load())
     n_layers, d_model = adapter.n_layers, adapter.d_model
-    jobs = [Job(name, *STUDY_ANALYSES[name]) for name in cell.analyses]
+    jobs, options = _cell_jobs(cell)
     outcomes: dict[str, dict[str, Any]] = {}
-    for outcome in run_jobs(adapter, list(cell.texts), jobs, cell.analyses, inputs=_shared_states(adapter, cell),
+    for outcome in run_jobs(adapter, list(cell.texts), jobs, options, inputs=_shared_states(adapter, cell),
                             progress=False):
         name, begun = outcome.name, time.perf_counter()
         if outcome.error is not None:  # this analysis fails alone; the others keep their rows

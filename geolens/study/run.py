@@ -47,7 +47,7 @@ def write_manifest(out_dir: Path, study: Study, cells: list[Cell]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from geolens.pages import versions
+    from geolens.report.pages import versions
     from geolens.results import json_text
     from geolens.study.results import check_study_dir
 

@@ -48,20 +48,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from geolens._validation import DEFAULT_N_TOKENS, UpperBound
-from geolens.analyses.checkpoints import ANALYSES
+from geolens.analyses import registry
 from geolens.analyses.grid import SHARED_OPTIONS, check_shared_options, resolve_jobs, route_options
-from geolens.analyses.phases import phases
-from geolens.analyses.updates import updates
 from geolens.study.factories import model_factories
 
-__all__ = ["CELL_FORMAT", "RESERVED_COLUMNS", "STUDY_ANALYSES", "Cell", "ModelSpec", "Study", "parse_checkpoint_step"]
+__all__ = ["CELL_FORMAT", "RESERVED_COLUMNS", "Cell", "ModelSpec", "Study", "parse_checkpoint_step"]
 
-# name -> (function, whether it takes tokens). pga and spectrum share one capture per cell.
-STUDY_ANALYSES: dict[str, tuple[Callable[..., Any], bool]] = {
-    **ANALYSES,
-    "updates": (updates, True),
-    "phases": (phases, True),
-}
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")  # resources: Ray custom ones, {name: amount}
 # Columns of the long table and of metadata.parquet (``order``); metadata keys may not take these names.
 RESERVED_COLUMNS = ("model", "checkpoint", "step", "n_layers", "d_model", "analysis", "site", "ccr", "layer",
@@ -231,9 +223,7 @@ class ModelSpec:
             _table(getattr(self, name), name)
         for checkpoint, values in self.checkpoint_metadata.items():
             _table(values, f"checkpoint_metadata[{checkpoint!r}]")
-        for analysis, options in self.params.items():
-            if analysis not in STUDY_ANALYSES:
-                raise ValueError(f"params: unknown analysis {analysis!r}; choose from {list(STUDY_ANALYSES)}")
+        for analysis, options in self.params.items():  # the names are checked against the study's analyses
             _table(options, f"params[{analysis!r}]")
         checkpoints = self.checkpoints
         if isinstance(checkpoints, (str, numbers.Integral)) or checkpoints is None:
@@ -432,6 +422,25 @@ class Cell:
         return boot_bridge(self.path, revision=revision, device=self.device, dtype=getattr(torch, self.dtype))
 
 
+def _study_analyses(analyses: Mapping[str, Any]) -> dict[str, registry.Analysis]:
+    """The record of each analysis of a study: a registered one by name, or one given as ``function =
+    "module:function"`` (or a callable) in its options; unknown names raise, all of them at once."""
+    unknown = [name for name, options in analyses.items()
+               if name not in registry.names("study") and not (isinstance(options, Mapping) and "function" in options)]
+    if unknown:
+        raise ValueError(f"unknown analyses {unknown}; choose from {registry.names('study')}, register one "
+                         "(geolens.register_analysis) or give its function = 'module:function'")
+    records = {}
+    for name, options in analyses.items():
+        _table(options, f"analyses[{name!r}] (the options of {name}; {{}} for its defaults)")
+        if "function" in options:
+            function = registry.resolve_function(options["function"], f"analyses.{name}")
+            records[name] = registry.user_analysis(name, function)
+        else:
+            records[name] = registry.get(name)
+    return records
+
+
 @dataclass
 class Study:
     """Models x checkpoints x analyses, declared as data; run it with :func:`geolens.study.run_study`.
@@ -442,8 +451,12 @@ class Study:
             Labels name folders: letters, digits, ``._+-``.
         texts: the texts every cell reads (a list; in TOML also ``{default = n}``, ``{files = [...]}``,
             ``{lines = "file"}``).
-        analyses: ``{name: {option: value}}`` among ``pga``, ``spectrum``, ``weights``, ``updates``,
-            ``phases``; the options are the analysis's own keyword arguments.
+        analyses: ``{name: {option: value}}`` among the analyses studies run (``geolens.available_analyses()``:
+            ``pga``, ``spectrum``, ``weights``, ``updates``, ``phases`` and those added with
+            :func:`geolens.register_analysis`); the options are the analysis's own keyword arguments. An
+            analysis of your own can also come as ``{"function": "module:function", option: value}`` (in
+            TOML, ``[analyses.<name>]`` with ``function = "module:function"``); its numeric columns become
+            metrics ``<name>.<column>`` by layer.
         metadata: ``{label: {column: value}}``, free-form per model (width, depth, batch size,
             weight decay, learning-rate schedule, held-out loss, ...); merged over the model's own.
         resources: per cell, for Ray: ``num_cpus``, ``num_gpus``, ``memory`` (bytes or ``"16GiB"``),
@@ -534,29 +547,33 @@ class Study:
         _table(self.analyses, "analyses")
         if not self.analyses:
             raise ValueError("analyses is empty: give at least one, e.g. {'pga': {}, 'spectrum': {}}")
-        unknown = [name for name in self.analyses if name not in STUDY_ANALYSES]
-        if unknown:
-            raise ValueError(f"unknown analyses {unknown}; choose from {list(STUDY_ANALYSES)}")
-        for name, options in self.analyses.items():
-            _table(options, f"analyses[{name!r}] (the options of {name}; {{}} for its defaults)")
+        records = _study_analyses(self.analyses)
         texts = tuple(_texts_from(self.texts, self.base_dir))
         shared = self._shared_options()
         if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
             raise ValueError(f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}")
         resources = _check_resources(self.resources, "resources")
         texts_sha = _sha(list(texts), 32)
-        study_options = {name: dict(options) for name, options in self.analyses.items()}
+        study_options = {name: {**records[name].options, **{k: v for k, v in options.items() if k != "function"}}
+                         for name, options in self.analyses.items()}
         for name, options in study_options.items():  # lens_texts may be given as texts are ({default = 200})
             if isinstance(options.get("lens_texts"), Mapping):
                 options["lens_texts"] = _texts_from(options["lens_texts"], self.base_dir,
                                                     f"analyses[{name!r}].lens_texts")
-        jobs = resolve_jobs(list(self.analyses), STUDY_ANALYSES)
+        jobs = resolve_jobs(list(self.analyses), {name: (r.function, r.takes_tokens) for name, r in records.items()})
         cells = []
         for label, spec in self.model_specs().items():
+            unknown = [name for name in spec.params if name not in records and name not in registry.names("study")]
+            if unknown:  # an analysis of the study file (function = ...) takes per-model params too
+                raise ValueError(f"model {label!r}: params: unknown analysis {unknown[0]!r}; choose from "
+                                 f"{list(dict.fromkeys([*records, *registry.names('study')]))}")
             metadata = _scalar_metadata({**spec.metadata, **self.metadata.get(label, {})}, f"model {label!r}")
             own = {name: {**study_options[name], **spec.params.get(name, {})} for name in self.analyses}
             # the study's sample sizes mean nothing to some analyses (weights): not strict
             analyses = route_options(jobs, own, shared, strict=False, reserved=("progress",))
+            for name, record in records.items():  # a user's function travels with the cell (to Ray workers too),
+                if not record.builtin:                # as written (a module-level function pickles by reference)
+                    analyses[name]["function"] = getattr(record.function, "__wrapped__", record.function)
             own_resources = {**resources, **_check_resources(spec.resources, f"model {label!r} resources")}
             labels = [MAIN if c is None else check_label(c, f"model {label!r} checkpoint") for c in spec.checkpoints]
             if len(set(labels)) != len(labels):

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from geolens.pages import Section, versions, write_html
+from geolens.report.pages import Section, versions, write_html
 from geolens.results import Result
 from geolens.study.results import StudyResult, load_errors, load_provenance
 

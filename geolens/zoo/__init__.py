@@ -2,7 +2,7 @@
 
 :mod:`geolens.zoo.train` trains the family on the offline corpus
 (:mod:`geolens.zoo.corpus`, a split of :func:`geolens.data.default_texts`) with
-deterministic, resumable checkpoints; :mod:`geolens.zoo.report` studies PGA,
+deterministic, resumable checkpoints; :mod:`geolens.zoo.width_study` studies PGA,
 spectra and phases across widths and checkpoints. The offline default model and
 texts live in :mod:`geolens.data`.
 
@@ -21,7 +21,7 @@ Example:
 
 from geolens.zoo.corpus import token_windows, train_tokenizer, zoo_split
 from geolens.zoo.members import zoo_member
-from geolens.zoo.report import ZooReportSettings, ZooResult, zoo_report, zoo_study
+from geolens.zoo.width_study import ZooReportSettings, ZooResult, zoo_report, zoo_study
 from geolens.zoo.train import Zoo, ZooConfig, default_checkpoints, train_zoo
 
 __all__ = [

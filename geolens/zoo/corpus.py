@@ -3,7 +3,7 @@
 The zoo trains on the same 2,225 BBC News articles as the default text
 (:func:`geolens.data.default_texts`), split once by a fixed seeded permutation:
 :data:`HELD_OUT_FRACTION` of the articles are never trained on and serve the
-analyses (and the tuned lenses) of :mod:`geolens.zoo.report`.
+analyses (and the tuned lenses) of :mod:`geolens.zoo.width_study`.
 
 The tokenizer is a byte-level BPE (the GPT-2 / Pythia kind) trained with the
 ``tokenizers`` package on the training split only; ``<|endoftext|>`` is BOS,

@@ -3,6 +3,7 @@ the next run computes only what failed (or what a damaged file lost)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections import Counter
@@ -10,7 +11,7 @@ from collections import Counter
 import pytest
 
 from geolens.study import Study, load_errors, load_provenance, load_results, run_study, study_report
-from geolens.study import spec as study_spec
+from geolens.analyses import registry
 from tests.study.conftest import BUDGET, PGA, SPECTRUM, TEXTS
 from tests.study.loaders import counting_loader, loads
 
@@ -20,16 +21,18 @@ def calls(monkeypatch):
     """Counts the calls of each study analysis; ``calls.fail[name] = n`` makes its next ``n`` calls raise."""
     counter: Counter = Counter()
     counter.fail = Counter()
-    for name, (fn, takes_tokens) in list(study_spec.STUDY_ANALYSES.items()):
-        @functools.wraps(fn)
-        def counted(*args, _fn=fn, _name=name, **kwargs):
+    for name in registry.names("study"):
+        record = registry.get(name)
+
+        @functools.wraps(record.function)
+        def counted(*args, _fn=record.function, _name=name, **kwargs):
             counter[_name] += 1
             if counter.fail[_name] > 0:
                 counter.fail[_name] -= 1
                 raise RuntimeError(f"{_name} broke on purpose")
             return _fn(*args, **kwargs)
 
-        monkeypatch.setitem(study_spec.STUDY_ANALYSES, name, (counted, takes_tokens))
+        monkeypatch.setitem(registry._RECORDS, name, dataclasses.replace(record, function=counted))
     return counter
 
 

@@ -70,3 +70,20 @@ def test_a_dead_worker_is_retried_a_bounded_number_of_times(family, tmp_path, ra
     assert "died" in failed.params["failed"]["m/main"].lower() or "crash" in failed.params["failed"]["m/main"].lower()
     assert failed.params["ray"]["retries"] == {}  # max_retries=0: tried once
     assert failed.params["ray"]["cells"]["m/main"]["attempt"] == 1
+
+
+def test_a_registered_analysis_runs_on_ray_workers(family, tmp_path, ray_cluster):
+    """Workers never see the driver's geolens.register_analysis: the user's function travels with the cell."""
+    import geolens
+    from tests.analyses.test_registry import layer_index
+
+    geolens.register_analysis("planted", layer_index, title="planted")
+    try:
+        spec = Study(models={"w16": str(family["w16"])}, texts=TEXTS, analyses={"planted": {"scale": 2.0}},
+                     resources={"num_cpus": 1}, **BUDGET)
+        remote = run_study(spec, tmp_path / "ray", executor="ray", progress=False)
+    finally:
+        geolens.unregister_analysis("planted")
+    assert remote.params["computed"] == ["w16/main"]
+    rows = load_results(tmp_path / "ray").sort_values("layer")
+    assert rows["metric"].unique().tolist() == ["planted.scaled"] and rows["value"].tolist() == [0.0, 2.0, 4.0]

@@ -44,7 +44,8 @@ import pandas as pd
 
 from geolens._io import atomic_write_text
 from geolens._validation import check_int
-from geolens.pages import Section, versions, write_html
+from geolens.analyses import registry
+from geolens.report.pages import Section, versions, write_html
 from geolens.results import Result, json_text
 from geolens.study import Study, load_errors, run_study
 from geolens.study.results import load_provenance
@@ -52,9 +53,17 @@ from geolens.zoo.corpus import zoo_split
 from geolens.zoo.members import zoo_member
 from geolens import plotting
 
-__all__ = ["ZOO_ANALYSES", "ZooReportSettings", "ZooResult", "zoo_report", "zoo_study"]
+__all__ = ["ZooReportSettings", "ZooResult", "zoo_analyses", "zoo_report", "zoo_study"]
 
-ZOO_ANALYSES = ("pga", "spectrum", "phases")
+
+def zoo_analyses() -> list[str]:
+    """The analyses the zoo report runs, from the registry of analyses (:mod:`geolens.analyses.registry`).
+
+    Example:
+        >>> zoo_analyses()
+        ['pga', 'spectrum', 'phases']
+    """
+    return registry.names("zoo")
 
 
 @dataclass
@@ -227,7 +236,7 @@ def zoo_report(
     out_dir: str | Path | None = "out/zoo",
     *,
     checkpoints: str | Sequence[int] = "all",
-    analyses: Sequence[str] = ZOO_ANALYSES,
+    analyses: Sequence[str] | None = None,
     settings: ZooReportSettings | None = None,
     **overrides: Any,
 ) -> ZooResult:
@@ -237,7 +246,8 @@ def zoo_report(
         zoo: a :class:`~geolens.zoo.train.Zoo` (from :func:`~geolens.zoo.train.train_zoo` or ``Zoo.open``).
         out_dir: where the page and the numbers go; ``None`` writes nothing.
         checkpoints: ``"all"`` saved steps, ``"final"``, or a list of steps.
-        analyses: among ``"pga"`` (with the CCR sweep), ``"spectrum"``, ``"phases"``.
+        analyses: among ``"pga"`` (with the CCR sweep), ``"spectrum"``, ``"phases"`` (:func:`zoo_analyses`;
+            ``None``: all of them).
         settings: budgets (:class:`ZooReportSettings`; ``ZooReportSettings.quick()`` for small ones);
             ``overrides`` set its fields (``n_tokens=256``, ``ccr=(0, 1)``).
 
@@ -254,9 +264,11 @@ def zoo_report(
     """
     started = time.perf_counter()
     settings = replace(settings or ZooReportSettings(), **overrides) if overrides else (settings or ZooReportSettings())
-    unknown = [a for a in analyses if a not in ZOO_ANALYSES]
+    known = zoo_analyses()
+    analyses = known if analyses is None else analyses
+    unknown = [a for a in analyses if a not in known]
     if unknown or not analyses:
-        raise ValueError(f"unknown analyses {unknown or list(analyses)}; choose from {list(ZOO_ANALYSES)}")
+        raise ValueError(f"unknown analyses {unknown or list(analyses)}; choose from {known}")
     for name in ("n_texts", "max_length", "n_tokens", "n_null", "lens_steps", "lens_tokens_per_step", "lens_texts"):
         check_int(getattr(settings, name), name, low=1)
     if not 0 < settings.k_fraction < 1:
@@ -269,7 +281,7 @@ def zoo_report(
                          f"{len(held_out)} held-out texts")
     texts, lens_texts = held_out[: settings.n_texts], held_out[settings.n_texts:][: settings.lens_texts]
 
-    study = zoo_study(zoo, plan, texts, lens_texts, settings, [a for a in ZOO_ANALYSES if a in analyses])
+    study = zoo_study(zoo, plan, texts, lens_texts, settings, [a for a in known if a in analyses])
     with contextlib.ExitStack() as stack:
         study_dir = Path(out_dir) / "study" if out_dir is not None else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="geolens-zoo-")))

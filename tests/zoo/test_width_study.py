@@ -10,7 +10,7 @@ import pytest
 import geolens
 from geolens.cli import main
 from geolens.zoo.corpus import zoo_split
-from geolens.zoo.report import ZooReportSettings, ZooResult, zoo_report
+from geolens.zoo.width_study import ZooReportSettings, ZooResult, zoo_report
 from geolens.zoo.train import Zoo, ZooConfig
 from tests.zoo.conftest import TINY
 

@@ -1,12 +1,17 @@
 """One self-contained HTML page (plus CSV/JSON) of geolens analyses of a model.
 
-Each section is one analysis (see :data:`SECTIONS`); a section that fails is
+Each section is one analysis of the registry (:mod:`geolens.analyses.registry`: the built-in ones,
+and any added with :func:`geolens.register_analysis`); a section that fails is
 shown in the page with its error while the others still run. Every number is
 also written as ``<section>.csv`` and ``<section>.json`` (strict JSON; a section
 of two tables, such as convergence with a second model, adds ``<section>_<table>.csv``),
 and the run itself (settings as they ran, versions, times, errors) as ``meta.json``.
 ``quick=True`` (``geolens report --quick``) runs every section on the small
 budgets of :data:`QUICK`.
+
+The package holds the sentences at the top of each section (:mod:`geolens.report.findings`) and the
+page writer (:mod:`geolens.report.pages`), which the study's and the zoo's pages use too; it uses no
+study itself, so it sits below them in the layers.
 
 Example:
     >>> paths = geolens.report.report(out_dir="out/report")   # the default model: minutes  # doctest: +SKIP
@@ -32,7 +37,7 @@ import traceback
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
@@ -45,20 +50,26 @@ from geolens.analyses.phases import phases
 from geolens.analyses.probes import probes
 from geolens.analyses.spectrum import spectrum, weight_geometry
 from geolens.analyses.updates import updates
+from geolens.analyses import registry
+from geolens.analyses.registry import Analysis, layer_figures
 from geolens.capture import States, capture
 from geolens.data import default_texts, load_default_model, load_model
 from geolens.data.models import MODELS, is_available
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.spectral import ALPHA_FIT_RANGE
 from geolens.model import ModelAdapter, as_adapter
-from geolens.findings import findings
-from geolens.pages import Section, result_tables, versions, write_html
+from geolens.report.findings import (convergence_findings, findings, lens_findings, pga_findings, phases_findings,
+                                     probes_findings, spectrum_findings, updates_findings, weights_findings)
+from geolens.report.pages import Section, result_tables, versions, write_html
 from geolens.plotting import NO_BROWSER, STATIC_FORMATS, browser_path, write_figures
 from geolens.results import Result, json_text
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 
-__all__ = ["CROSS_FAMILY_MODEL", "DEFAULT_SECTIONS", "QUICK", "REPORT_LENS_BUDGET", "SECTIONS", "ReportSettings",
-           "report"]
+__all__ = ["CROSS_FAMILY_MODEL", "DEFAULT_SECTIONS", "QUICK", "REPORT_LENS_BUDGET", "ReportSettings", "report",
+           "run_section"]
+
+# The batch size of a registered analysis's forward passes (the report's own sections use their defaults).
+DEFAULT_BATCH_SIZE = 8
 
 # The convergence section of the default model's report compares it with this offline model of another family.
 CROSS_FAMILY_MODEL = "gemma-3-270m"
@@ -340,50 +351,32 @@ def _cross_family_model(adapter: ModelAdapter, s: ReportSettings) -> tuple[Model
         return None, f"{choice} could not be loaded: {type(error).__name__}: {error}"
 
 
-SECTIONS: dict[str, tuple[str, Callable[..., tuple[Result, list[Any]]]]] = {
-    "pga": ("Subspace PGA (with the CCR masking sweep)", _pga_section),
-    "spectrum": ("Spectral metrics of the states, and side by side with PGA z (in units of each one's spread)",
-                 _spectrum_section),
-    "weights": ("Spectral metrics of W_U (raw, folded) and W_E", _weights_section),
-    "updates": ("Update geometry: orthogonality, norms, FFN/MHA ratio, effective ranks", _updates_section),
-    "lens": ("Logit lens and a fast tuned lens: KL, cross-entropy, Hit@1/Hit@5 (fitted once, cached)",
-             _lens_section),
-    "probes": ("Linear probes (BBC News topic) next to PGA z", _probe_section),
-    "convergence": ("Convergence (Spearman, linear CKA, mutual k-NN): across depth, and across families by relative "
-                    "depth (full space, readout subspaces, random subspaces)", _convergence_section),
-    "phases": ("Three phases: readout-subspace similarity of the tuned lens, resolution sweep, Kneedle breakpoints",
-               _phases_section),
-}
+def _generic_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings, record: Analysis):
+    """A section without a runner of its own (a user's analysis): the report's texts and sampling budgets."""
+    result = record.function(adapter, texts, n_tokens=s.n_tokens, seed=s.seed, batch_size=DEFAULT_BATCH_SIZE,
+                             max_length=s.max_length, progress=s.progress, **dict(record.options))
+    figures = record.figures(result) if record.figures is not None else layer_figures(result, record.title)
+    return result, figures
 
 
-# How to read each section's figures: two lines under its heading.
-CAPTIONS: dict[str, str] = {
-    "pga": "z of the readout subspace against random subspaces, per layer (0 = embeddings; the star is the state "
-           "the unembedding reads), one line per CCR. Inside the grey band (|z| < 1.96) the readout does no better "
-           "than chance; above it the layer's distance structure lives in what the unembedding reads. The shaded "
-           "band around each line is z's 95 % interval over resampled texts: what another sample could give.",
-    "spectrum": "Spectral metrics of the centred states of each layer (first figure), then each metric next to PGA z "
-                "in units of its own spread across layers: curves that move together suggest a shared cause.",
-    "weights": "The token vectors of the unembedding (raw, and with the final norm's weight folded in) and of the "
-               "embedding, measured as clouds: effective rank, anisotropy, alpha-ReQ.",
-    "updates": "What each block adds to the residual stream: how orthogonal the update is to the stream, its norm, "
-               "the MLP/attention norm ratio, and the effective ranks of states and updates.",
-    "lens": "How close each layer's prediction is to the model's own: KL to the final distribution (lower is closer) "
-            "and Hit@k (the final top-1 token among the lens's top k), for the logit lens and a small tuned lens.",
-    "probes": "Held-out accuracy of a linear probe for the BBC topic at each layer (chance is the dashed line), next "
-              "to PGA z: where topic information is readable, and whether it lines up with readout alignment.",
-    "convergence": "Spearman correlation between the distance structures of two layers (or models) over the same "
-                   "positions: 1 means the same geometry; in the readout subspace, the geometry that is read out.",
-    "phases": "Similarity of consecutive layers' readout subspaces (from the tuned lens), one curve per subspace "
-              "size; the shaded bands are the three phases found by a two-stage Kneedle on the chosen curve.",
-}
+def run_section(name: str, adapter: ModelAdapter, texts: list[str], settings: ReportSettings):
+    """One section of the report: ``(result, figures)`` of the analysis ``name`` (a registered one included)."""
+    record = registry.get(name)
+    if not record.report:
+        raise ValueError(f"analysis {name!r} is not a report section; choose from {registry.names('report')}")
+    if record.section is None:
+        return _generic_section(adapter, texts, settings, record)
+    return record.section(adapter, texts, settings)
 
-# Footnotes under a section's tables: what a column means where its caption has no room.
-NOTES: dict[str, str] = {
-    "pga": "p_value is the one-sided empirical p-value of rho_readout against the R = n_null random subspaces: "
-           "(1 + #{null rho >= rho_readout}) / (R + 1). It can be no smaller than 1 / (R + 1) (0.048 at R = 20, "
-           "0.0099 at R = 100) however large z is; z measures how far beyond the null the readout lies.",
-}
+
+# The report's parts of each built-in analysis: its runner (above) and its findings (findings.py). The
+# analyses themselves, their titles, captions and notes are the records of geolens.analyses.registry.
+for _name, _section, _findings in (
+        ("pga", _pga_section, pga_findings), ("spectrum", _spectrum_section, spectrum_findings),
+        ("weights", _weights_section, weights_findings), ("updates", _updates_section, updates_findings),
+        ("lens", _lens_section, lens_findings), ("probes", _probe_section, probes_findings),
+        ("convergence", _convergence_section, convergence_findings), ("phases", _phases_section, phases_findings)):
+    registry.attach(_name, section=_section, findings=_findings)
 
 
 def _effective_settings(s: ReportSettings) -> dict[str, Any]:
@@ -411,8 +404,9 @@ def _effective_settings(s: ReportSettings) -> dict[str, Any]:
     return out
 
 
-# Every section: the fast tuned lens (lens, phases) fits in about a minute the first time, then loads.
-DEFAULT_SECTIONS = tuple(SECTIONS)
+# Every built-in section: the fast tuned lens (lens, phases) fits in about a minute the first time, then loads.
+# A registered analysis runs when named in sections=.
+DEFAULT_SECTIONS = tuple(name for name in registry.names("report") if registry.get(name).builtin)
 
 
 def report(
@@ -454,9 +448,9 @@ def report(
     settings.update(**overrides)
     formats = _figure_formats(figures)
     chosen = list(DEFAULT_SECTIONS) if sections is None else list(sections)
-    unknown = [name for name in chosen if name not in SECTIONS]
+    unknown = [name for name in chosen if name not in registry.names("report")]
     if unknown:
-        raise ValueError(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
+        raise ValueError(f"unknown sections {unknown}; choose from {registry.names('report')}")
     if isinstance(settings.convergence_model, str) and settings.convergence_model == "auto":
         settings.convergence_model = CROSS_FAMILY_MODEL if model is None else None
     if model is None:
@@ -471,10 +465,11 @@ def report(
     bar = tqdm(chosen, desc="report", unit="section", disable=not settings.progress)
     for name in bar:
         bar.set_postfix_str(name)  # which section is running: sections take seconds to minutes each
-        heading, run = SECTIONS[name]
+        record = registry.get(name)
+        heading = record.title
         section_start = time.perf_counter()
         try:
-            result, figures_made = run(adapter, texts, settings)
+            result, figures_made = run_section(name, adapter, texts, settings)
         except Exception as error:  # a failed section is reported, the others still run
             errors[name] = "".join(traceback.format_exception_only(type(error), error)).strip()
             rendered.append(Section(name, heading, error=errors[name],
@@ -491,8 +486,9 @@ def report(
             files = [out_dir / f"{name}-{n}.{ext}" for n in range(1, len(figures_made) + 1) for ext in formats]
             write_figures([f for f in figures_made for _ in formats], files)
             paths.update({file.name: file for file in files})
-        rendered.append(Section(name, heading, CAPTIONS.get(name, ""), result, figures_made,
-                                findings=findings(name, result), seconds=timings[name], note=NOTES.get(name, "")))
+        rendered.append(Section(name, heading, record.caption, result, figures_made,
+                                findings=findings(name, result), seconds=timings[name],
+                                note=record.notes))
 
     meta = {
         "model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model, "texts": len(texts),

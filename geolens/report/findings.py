@@ -3,7 +3,8 @@
 Each function reads one result's table (``result.to_pandas()``) and ``params`` and
 returns a list of plain-text lines; a line is only written where the numbers
 support it (thresholds are the null's two-sided 95 %, |z| > 1.96). Nothing here
-knows models: the functions read tables.
+knows models: the functions read tables. The report attaches each to its analysis's record in
+:mod:`geolens.analyses.registry`.
 
 Example:
     >>> from geolens.results import Result
@@ -20,9 +21,13 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-__all__ = ["FINDINGS", "Z_CHANCE", "findings", "layer_ranges", "pga_findings", "pga_interval_findings",
+from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+from geolens.analyses import registry
+
+__all__ = ["Z_CHANCE", "column_findings", "findings", "layer_ranges", "pga_findings", "pga_interval_findings",
            "refinement_phrase"]
 
 Z_CHANCE = 1.96  # two-sided 95 % of the null
@@ -379,15 +384,45 @@ def _cross_findings(table: Any, model_a: Any, model_b: Any, how: str = "") -> li
     return lines
 
 
-FINDINGS: dict[str, Callable[[Any], list[str]]] = {
-    "pga": pga_findings, "spectrum": spectrum_findings, "weights": weights_findings, "updates": updates_findings,
-    "lens": lens_findings, "phases": phases_findings, "probes": probes_findings, "convergence": convergence_findings,
-}
+def column_findings(result: Any) -> list[str]:
+    """Where each numeric column of a by-layer table is lowest and highest: the findings of a registered analysis.
+
+    Example:
+        >>> from geolens.results import Result
+        >>> rows = [{"layer": l, "share": s, "note": "x"} for l, s in enumerate([0.2, 0.7, 0.4])]
+        >>> column_findings(Result(rows=rows))
+        ['share runs from 0.2 (layer 0) to 0.7 (layer 1) across 3 layers.']
+    """
+    table = result.to_pandas()
+    if table.empty or "layer" not in table:
+        return []
+    lines = []
+    for column in table.columns:
+        values = table[column]
+        if column in ("layer", "ccr") or not is_numeric_dtype(values) or is_bool_dtype(values):
+            continue
+        values = table.set_index("layer")[column].dropna()
+        if values.empty:
+            continue
+        low, high = values.idxmin(), values.idxmax()
+        lines.append(f"{column} runs from {values[low]:.3g} (layer {int(low)}) to {values[high]:.3g} "
+                     f"(layer {int(high)}) across {values.index.nunique()} layers.")
+    return lines
 
 
 def findings(name: str, result: Any) -> list[str]:
-    """The findings of one report section (none for a section without a reader, or when reading fails)."""
-    reader = FINDINGS.get(name)
+    """The findings of one report section: its record's findings function in the registry of analyses (none for
+    an analysis without one, or when reading fails).
+
+    Example:
+        >>> from geolens.results import Result
+        >>> findings("probes", Result(rows=[{"layer": 2, "accuracy_mean": 0.8, "chance": 0.2}]))
+        ['The best linear probe is at layer 2: 0.80 held-out accuracy (chance 0.20).']
+    """
+    record = registry.get(name) if name in registry.names() else None
+    reader = None if record is None else record.findings
+    if reader is None and record is not None and not record.builtin:
+        reader = column_findings  # a registered analysis: where each of its columns peaks
     if reader is None:
         return []
     try:

@@ -1,0 +1,401 @@
+"""One registry of analyses: a record per analysis that the report, studies, the zoo and the CLI all read.
+
+Each :class:`Analysis` record says what an analysis is called, which function computes it,
+what it consumes (``"tokens"``, ``"states"``: captured states it can share with another analysis,
+``"lens"``: a tuned lens, ``"weights"``: the weights only), how the report titles and captions it,
+the footnote under its tables, and where it runs (``report``, ``study``, ``zoo``), with its
+default options. :func:`register_analysis` (``geolens.register_analysis``) adds a user's own.
+
+Shape: the records hold plain data and functions of this layer and below. Two parts belong to
+the report, which sits above the analyses: its section runner (how the report calls an analysis,
+e.g. one capture shared by ``pga`` and ``spectrum``, one tuned lens for ``lens`` and ``phases``)
+and its findings (sentences read off the result). The report package attaches them to the
+records when it is imported (:func:`attach`); the list of analyses stays here, once. A record
+without a section runner (a user's analysis) runs through the report's generic one, and without
+a findings function shows none.
+
+A user's analysis is ``function(model, tokens, *, n_tokens, seed, batch_size, max_length, progress,
+**options)`` returning a geolens :class:`~geolens.results.Result` or a pandas DataFrame with a
+``layer`` column and numeric columns; the registry wraps it so every caller gets a ``Result``.
+Registering a name again replaces the earlier user analysis (a notebook cell can be rerun); a
+built-in name cannot be taken. :func:`unregister_analysis` removes a user's analysis. Studies (and
+:func:`geolens.over_checkpoints`) run the records marked ``study``; a study's cell carries a user's
+function itself, so workers in other processes (Ray) need no registration of their own.
+
+Example:
+    >>> import pandas as pd
+    >>> def mean_norm(model, tokens, *, n_tokens=None, seed=0, batch_size=8, max_length=None, progress=True):
+    ...     states = geolens.capture(model, tokens, sites=("resid_post",), n_tokens=n_tokens, seed=seed,
+    ...                              batch_size=batch_size, max_length=max_length, progress=progress)
+    ...     norms = states["resid_post"].norm(dim=-1).mean(dim=-1)
+    ...     return pd.DataFrame({"layer": states.layers["resid_post"], "mean_norm": norms.tolist()})
+    >>> record = register_analysis("mean_norm", mean_norm, title="Mean norm of the residual stream")
+    >>> "mean_norm" in names("report") and "mean_norm" in names("study")
+    True
+    >>> result = record.function(model, texts, n_tokens=16, progress=False)
+    >>> list(result.to_pandas().columns)
+    ['layer', 'mean_norm']
+    >>> unregister_analysis("mean_norm")
+    >>> names("zoo")
+    ['pga', 'spectrum', 'phases']
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+
+from geolens import plotting
+from geolens.analyses.convergence import convergence
+from geolens.analyses.pga import pga
+from geolens.analyses.phases import phases
+from geolens.analyses.probes import probes
+from geolens.analyses.spectrum import spectrum, weight_geometry
+from geolens.analyses.updates import updates
+from geolens.lens import evaluate
+from geolens.results import Result
+
+__all__ = ["CONSUMES", "CONVENTION", "PLACES", "Analysis", "as_result", "attach", "available_analyses", "get",
+           "layer_figures", "names", "register_analysis", "resolve_function", "unregister_analysis", "user_analysis"]
+
+CONSUMES = ("tokens", "states", "lens", "weights")
+PLACES = ("report", "study", "zoo")
+# Keywords every user analysis takes (the calling convention); a **kwargs catch-all takes them too.
+CONVENTION = ("n_tokens", "seed", "batch_size", "max_length", "progress")
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis: what it is, how to call it, where it runs.
+
+    Attributes:
+        name: its name in the report's sections, a study's ``analyses``, metric names (``name.column``).
+        function: ``function(model, tokens_or_states, **options) -> Result`` (``function(model, **options)``
+            when it consumes the weights only).
+        consumes: among :data:`CONSUMES`: ``"states"`` means it can score states captured once and shared.
+        title: the report's heading of its section.
+        caption: how to read its figures (under the heading).
+        notes: footnote under its tables (what a column means where the caption has no room).
+        report, study, zoo: whether the report, studies (and :func:`geolens.over_checkpoints`), the zoo run it.
+        options: default options (a study's own table overrides them).
+        builtin: shipped with geolens (``False``: registered by :func:`register_analysis`).
+        section: the report's runner ``section(adapter, texts, settings) -> (result, figures)``; attached by
+            the report package (``None``: the report's generic runner).
+        findings: ``findings(result) -> [sentence, ...]``; attached by the report package.
+        figures: ``figures(result) -> [figure, ...]`` for the generic runner (default :func:`layer_figures`).
+    """
+
+    name: str
+    function: Callable[..., Any]
+    consumes: tuple[str, ...]
+    title: str
+    caption: str = ""
+    notes: str = ""
+    report: bool = True
+    study: bool = False
+    zoo: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
+    builtin: bool = True
+    section: Callable[..., Any] | None = None
+    findings: Callable[[Any], list[str]] | None = None
+    figures: Callable[[Result], list[Any]] | None = None
+
+    @property
+    def takes_tokens(self) -> bool:
+        """Whether its second argument is text / token ids (or states); ``False`` for the weights only."""
+        return "weights" not in self.consumes
+
+    @property
+    def shares_capture(self) -> bool:
+        """Whether it can score states captured once for several analyses of a cell."""
+        return "states" in self.consumes
+
+    def runs_in(self, place: str) -> bool:
+        if place not in PLACES:
+            raise ValueError(f"place must be one of {list(PLACES)}, got {place!r}")
+        return bool(getattr(self, place))
+
+
+_BUILTIN = (
+    Analysis(
+        "pga", pga, ("states",), "Subspace PGA (with the CCR masking sweep)",
+        caption="z of the readout subspace against random subspaces, per layer (0 = embeddings; the star is the "
+                "state the unembedding reads), one line per CCR. Inside the grey band (|z| < 1.96) the readout does "
+                "no better than chance; above it the layer's distance structure lives in what the unembedding "
+                "reads. The shaded band around each line is z's 95 % interval over resampled texts: what another "
+                "sample could give.",
+        notes="p_value is the one-sided empirical p-value of rho_readout against the R = n_null random subspaces: "
+              "(1 + #{null rho >= rho_readout}) / (R + 1). It can be no smaller than 1 / (R + 1) (0.048 at R = 20, "
+              "0.0099 at R = 100) however large z is; z measures how far beyond the null the readout lies.",
+        study=True, zoo=True),
+    Analysis(
+        "spectrum", spectrum, ("states",),
+        "Spectral metrics of the states, and side by side with PGA z (in units of each one's spread)",
+        caption="Spectral metrics of the centred states of each layer (first figure), then each metric next to PGA "
+                "z in units of its own spread across layers: curves that move together suggest a shared cause.",
+        study=True, zoo=True),
+    Analysis(
+        "weights", weight_geometry, ("weights",), "Spectral metrics of W_U (raw, folded) and W_E",
+        caption="The token vectors of the unembedding (raw, and with the final norm's weight folded in) and of the "
+                "embedding, measured as clouds: effective rank, anisotropy, alpha-ReQ.",
+        study=True),
+    Analysis(
+        "updates", updates, ("tokens",), "Update geometry: orthogonality, norms, FFN/MHA ratio, effective ranks",
+        caption="What each block adds to the residual stream: how orthogonal the update is to the stream, its "
+                "norm, the MLP/attention norm ratio, and the effective ranks of states and updates.",
+        study=True),
+    Analysis(
+        "lens", evaluate, ("tokens", "lens"),
+        "Logit lens and a fast tuned lens: KL, cross-entropy, Hit@1/Hit@5 (fitted once, cached)",
+        caption="How close each layer's prediction is to the model's own: KL to the final distribution (lower is "
+                "closer) and Hit@k (the final top-1 token among the lens's top k), for the logit lens and a small "
+                "tuned lens."),
+    Analysis(
+        "probes", probes, ("tokens",), "Linear probes (BBC News topic) next to PGA z",
+        caption="Held-out accuracy of a linear probe for the BBC topic at each layer (chance is the dashed line), "
+                "next to PGA z: where topic information is readable, and whether it lines up with readout "
+                "alignment."),
+    Analysis(
+        "convergence", convergence, ("tokens",),
+        "Convergence (Spearman, linear CKA, mutual k-NN): across depth, and across families by relative depth "
+        "(full space, readout subspaces, random subspaces)",
+        caption="Spearman correlation between the distance structures of two layers (or models) over the same "
+                "positions: 1 means the same geometry; in the readout subspace, the geometry that is read out."),
+    Analysis(
+        "phases", phases, ("tokens", "lens"),
+        "Three phases: readout-subspace similarity of the tuned lens, resolution sweep, Kneedle breakpoints",
+        caption="Similarity of consecutive layers' readout subspaces (from the tuned lens), one curve per subspace "
+                "size; the shaded bands are the three phases found by a two-stage Kneedle on the chosen curve.",
+        study=True, zoo=True),
+)
+
+# name -> record, in the order the report runs its sections; user analyses follow the built-in ones.
+_RECORDS: dict[str, Analysis] = {record.name: record for record in _BUILTIN}
+_LOCK = threading.Lock()
+
+
+def get(name: str) -> Analysis:
+    """The record of ``name`` (``ValueError`` naming the known analyses for another name).
+
+    Example:
+        >>> get("weights").takes_tokens, get("pga").shares_capture
+        (False, True)
+    """
+    record = _RECORDS.get(name) if isinstance(name, str) else None
+    if record is None:
+        raise ValueError(f"unknown analysis {name!r}; choose from {list(_RECORDS)}")
+    return record
+
+
+def names(place: str | None = None) -> list[str]:
+    """Names of every analysis, or of those ``place`` (``"report"``, ``"study"``, ``"zoo"``) runs, in order.
+
+    Example:
+        >>> names("study")[:5]
+        ['pga', 'spectrum', 'weights', 'updates', 'phases']
+    """
+    return [name for name, record in _RECORDS.items() if place is None or record.runs_in(place)]
+
+
+def jobs_table(place: str) -> dict[str, tuple[Callable[..., Any], bool]]:
+    """``name -> (function, takes_tokens)`` of what ``place`` runs: the table the grid engine resolves names in.
+
+    Example:
+        >>> fn, takes_tokens = jobs_table("study")["weights"]
+        >>> fn.__name__, takes_tokens
+        ('weight_geometry', False)
+    """
+    return {name: (get(name).function, get(name).takes_tokens) for name in names(place)}
+
+
+def attach(name: str, **parts: Any) -> Analysis:
+    """Set the report's parts of a record (``section=``, ``findings=``, ``figures=``); returns the new record."""
+    unknown = sorted(set(parts) - {"section", "findings", "figures"})
+    if unknown:
+        raise TypeError(f"attach() sets section, findings and figures only, got {unknown}")
+    with _LOCK:
+        _RECORDS[name] = replace(get(name), **parts)
+        return _RECORDS[name]
+
+
+def available_analyses() -> pd.DataFrame:
+    """Every analysis geolens knows, one row each (index ``name``): ``title``, ``consumes``, ``report``,
+    ``study``, ``zoo``, ``builtin`` (``False`` for those added with :func:`register_analysis`).
+
+    Example:
+        >>> table = available_analyses()
+        >>> table.loc["pga", ["report", "study", "zoo", "builtin"]].tolist()
+        [True, True, True, True]
+        >>> list(table.columns)
+        ['title', 'consumes', 'report', 'study', 'zoo', 'builtin']
+    """
+    rows = [{"name": r.name, "title": r.title, "consumes": ", ".join(r.consumes), "report": r.report,
+             "study": r.study, "zoo": r.zoo, "builtin": r.builtin} for r in _RECORDS.values()]
+    return pd.DataFrame(rows).set_index("name")
+
+
+def _check_signature(function: Callable[..., Any], where: str) -> None:
+    """The calling convention: ``(model, tokens, *, n_tokens, seed, batch_size, max_length, progress, ...)``."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: cannot read the signature of {function!r}") from None
+    positional = [p for p in parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_args = any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
+    if len(positional) < 2 and not takes_args:
+        raise TypeError(f"{where}: the function must take (model, tokens, *, n_tokens, seed, batch_size, max_length, "
+                        f"progress, **options); it takes {len(positional)} positional argument(s)")
+    if any(p.default is p.empty for p in positional[2:]):
+        raise TypeError(f"{where}: arguments after (model, tokens) must be keyword-only options with defaults, "
+                        f"got {[p.name for p in positional[2:] if p.default is p.empty]}")
+    catch_all = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    missing = [k for k in CONVENTION if k not in parameters and not catch_all]
+    if missing:
+        raise TypeError(f"{where}: the function must take the keyword arguments {list(CONVENTION)} (the calling "
+                        f"convention); it lacks {missing}")
+
+
+def as_result(value: Any, name: str) -> Result:
+    """A user analysis's return value as a :class:`Result`: a ``Result`` as it is, a DataFrame with a ``layer``
+    column of whole numbers and at least one numeric column as its rows; anything else raises naming ``name``.
+
+    Example:
+        >>> as_result(pd.DataFrame({"layer": [0, 1], "norm": [1.0, 2.5]}), "norm").rows
+        [{'layer': 0, 'norm': 1.0}, {'layer': 1, 'norm': 2.5}]
+    """
+    if isinstance(value, Result):
+        return value
+    if not isinstance(value, pd.DataFrame):
+        raise TypeError(f"analysis {name!r} must return a geolens Result or a pandas DataFrame, got "
+                        f"{type(value).__name__}")
+    if "layer" not in value.columns:
+        raise ValueError(f"analysis {name!r} returned a DataFrame without a 'layer' column (columns: "
+                         f"{list(value.columns)})")
+    layers = value["layer"]
+    if not (pd.api.types.is_integer_dtype(layers) or (pd.api.types.is_numeric_dtype(layers) and not
+                                                        pd.api.types.is_bool_dtype(layers)
+                                                        and layers.notna().all()
+                                                        and (layers == layers.round()).all())):
+        raise ValueError(f"analysis {name!r}: the 'layer' column must hold whole numbers, got dtype {layers.dtype}")
+    if not _numeric_columns(value):
+        raise ValueError(f"analysis {name!r} returned a DataFrame without a numeric column besides 'layer' "
+                         f"(columns: {list(value.columns)})")
+    table = value.reset_index(drop=True).assign(layer=layers.astype(int).to_numpy())
+    return Result(rows=table.to_dict("records"), params={"analysis": name})
+
+
+def _numeric_columns(table: pd.DataFrame) -> list[str]:
+    return [c for c in table.columns if c not in ("layer", "ccr") and pd.api.types.is_numeric_dtype(table[c])
+            and not pd.api.types.is_bool_dtype(table[c])]
+
+
+def layer_figures(result: Result, title: str = "") -> list[Any]:
+    """One figure: each numeric column of ``result`` against the layer (a subplot each, one line per site).
+
+    Example:
+        >>> figures = layer_figures(Result(rows=[{"layer": 0, "norm": 1.0}, {"layer": 1, "norm": 2.0}]))
+        >>> [len(f.data) for f in figures]
+        [1]
+    """
+    table = result.to_pandas()
+    if table.empty or "layer" not in table.columns:
+        return []
+    metrics = _numeric_columns(table)
+    return [plotting.metric_grid(table, "layer", metrics, title=title, xaxis_title="layer (0 = embeddings)")] \
+        if metrics else []
+
+
+def _wrap(name: str, function: Callable[..., Any]) -> Callable[..., Result]:
+    """``function`` returning a :class:`Result` always (keeps its name and signature for option routing)."""
+    @functools.wraps(function)
+    def analysis(*args: Any, **kwargs: Any) -> Result:
+        return as_result(function(*args, **kwargs), name)
+
+    return analysis
+
+
+def user_analysis(name: str, function: Callable[..., Any], *, title: str | None = None,
+                  caption: str = "") -> Analysis:
+    """The record :func:`register_analysis` would add, without adding it (studies build one from a TOML
+    ``function = "module:function"``)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be a Python identifier (it names a report section, files and metrics "
+                         f"'name.column'), got {name!r}")
+    existing = _RECORDS.get(name)
+    if existing is not None and existing.builtin:
+        raise ValueError(f"{name!r} is a built-in analysis; register yours under another name")
+    if not callable(function):
+        raise TypeError(f"function must be callable, got {type(function).__name__}")
+    _check_signature(function, f"analysis {name!r}")
+    title = name if title is None else title
+    if not isinstance(title, str) or not title.strip():
+        raise TypeError(f"title must be a non-empty string, got {title!r}")
+    if not isinstance(caption, str):
+        raise TypeError(f"caption must be a string, got {type(caption).__name__}")
+    return Analysis(name, _wrap(name, function), ("tokens",), title, caption=caption, report=True, study=True,
+                    zoo=False, builtin=False, figures=functools.partial(layer_figures, title=title))
+
+
+def register_analysis(name: str, function: Callable[..., Any], *, title: str, caption: str = "") -> Analysis:
+    """Add a user's analysis: it then runs in ``geolens.report.report(..., sections=[name])``, in
+    ``Study(analyses={name: {...}})`` (its numeric columns stored as metrics ``name.column`` by layer), in
+    :func:`geolens.over_checkpoints`, and :func:`available_analyses` lists it.
+
+    ``function(model, tokens, *, n_tokens, seed, batch_size, max_length, progress, **options)`` returns a
+    geolens :class:`~geolens.results.Result` or a pandas DataFrame with a ``layer`` column and numeric
+    columns. A built-in name raises ``ValueError``; registering a user name again replaces the earlier
+    function (:func:`unregister_analysis` removes it). Returns the record.
+
+    Example:
+        >>> def zeros(model, tokens, *, n_tokens=None, seed=0, batch_size=8, max_length=None, progress=True):
+        ...     return pd.DataFrame({"layer": [0, 1], "zero": [0.0, 0.0]})
+        >>> register_analysis("zeros", zeros, title="Zeros").builtin
+        False
+        >>> register_analysis("pga", zeros, title="Mine")
+        Traceback (most recent call last):
+        ...
+        ValueError: 'pga' is a built-in analysis; register yours under another name
+        >>> unregister_analysis("zeros")
+    """
+    record = user_analysis(name, function, title=title, caption=caption)
+    with _LOCK:
+        _RECORDS[name] = record
+    return record
+
+
+def unregister_analysis(name: str) -> None:
+    """Remove a user's analysis (``ValueError`` for a built-in or an unknown name)."""
+    record = get(name)
+    if record.builtin:
+        raise ValueError(f"{name!r} is a built-in analysis: it cannot be unregistered")
+    with _LOCK:
+        _RECORDS.pop(name, None)
+
+
+def resolve_function(text: Any, where: str) -> Callable[..., Any]:
+    """A callable from ``"module:function"`` (or a callable as it is); ``ValueError`` naming ``where`` else.
+
+    Example:
+        >>> resolve_function("geolens.analyses.pga:pga", "analyses.mine").__name__
+        'pga'
+    """
+    if callable(text):
+        return text
+    module, _, attribute = str(text).partition(":")
+    if not isinstance(text, str) or not module or not attribute:
+        raise ValueError(f"{where}: function = {text!r} must be 'module:function'")
+    try:
+        value = importlib.import_module(module)
+        for part in attribute.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{where}: cannot import {text!r} ({err})") from None
+    if not callable(value):
+        raise TypeError(f"{where}: {text!r} is a {type(value).__name__}, not a function")
+    return value

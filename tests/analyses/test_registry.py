@@ -1,0 +1,279 @@
+"""The registry of analyses: one record per analysis, read by the report, studies, the zoo and the CLI; a user's
+own analysis registered with geolens.register_analysis runs in each of them (examples/custom_analysis.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import geolens
+import geolens.report
+from geolens.analyses import registry
+from geolens.results import Result
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "a fish swam under the bridge",
+         "my friend reads a book every night"]
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("example_custom_analysis", ROOT / "examples" / "custom_analysis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _example()
+
+
+def layer_index(model, tokens, *, n_tokens=1024, seed=0, batch_size=8, max_length=None, progress=True, scale=1.0):
+    """A planted analysis: its values are known without running anything (``scale * layer``)."""
+    n_layers = geolens.as_adapter(model).n_layers
+    return pd.DataFrame({"layer": range(n_layers + 1), "scaled": [scale * l for l in range(n_layers + 1)],
+                         "note": ["text"] * (n_layers + 1)})
+
+
+def layer_square(model, tokens, *, n_tokens=1024, seed=0, batch_size=8, max_length=None, progress=True, scale=1.0):
+    """Another planted analysis (``scale * layer**2``)."""
+    table = layer_index(model, tokens, scale=scale)
+    return table.assign(scaled=table["scaled"] * table["layer"])
+
+
+@pytest.fixture
+def register():
+    """``register(name, fn, **kw)``; every name registered in the test is removed afterwards (no leaks)."""
+    added = []
+
+    def add(name, function, **kwargs):
+        kwargs.setdefault("title", name)
+        record = geolens.register_analysis(name, function, **kwargs)
+        added.append(name)
+        return record
+
+    yield add
+    for name in added:
+        if name in registry.names():
+            geolens.unregister_analysis(name)
+    assert all(registry.get(n).builtin for n in registry.names())
+
+
+def _reference_norms(model, texts, n_tokens, seed=0):
+    """The example's numbers from geolens.capture (the same sampled positions), computed directly."""
+    states = geolens.capture(model, texts, sites=("attn_out", "mlp_out"), n_tokens=n_tokens, seed=seed,
+                             progress=False)
+    attn, mlp = states["attn_out"].norm(dim=-1), states["mlp_out"].norm(dim=-1)
+    return pd.DataFrame({"layer": list(states.layers["attn_out"]), "attn_norm": attn.mean(dim=1).tolist(),
+                         "mlp_norm": mlp.mean(dim=1).tolist(), "mlp_share": (mlp / (attn + mlp)).mean(dim=1).tolist()})
+
+
+# ---------------------------------------------------------------- the built-in records
+
+
+def test_the_builtin_records_are_the_analyses_and_their_places():
+    assert registry.names("report") == list(geolens.report.DEFAULT_SECTIONS) == [
+        "pga", "spectrum", "weights", "updates", "lens", "probes", "convergence", "phases"]
+    assert registry.names("study") == ["pga", "spectrum", "weights", "updates", "phases"]
+    assert registry.names("zoo") == ["pga", "spectrum", "phases"]
+    assert registry.get("pga").function is geolens.pga and registry.get("weights").function is geolens.weight_geometry
+    assert registry.get("lens").function is geolens.lens.evaluate
+    assert not registry.get("weights").takes_tokens and registry.get("updates").takes_tokens
+    assert [n for n in registry.names() if registry.get(n).shares_capture] == ["pga", "spectrum"]
+    # the report attaches its runner and findings to every built-in record
+    assert all(registry.get(n).section is not None and registry.get(n).findings is not None
+               for n in registry.names("report"))
+    assert registry.get("pga").notes.startswith("p_value") and all(registry.get(n).caption for n in registry.names())
+    table = geolens.available_analyses()
+    assert list(table.index) == registry.names() and table["builtin"].all()
+    assert table.loc["weights", "consumes"] == "weights" and table.loc["phases", "consumes"] == "tokens, lens"
+
+
+def test_every_place_that_listed_analyses_reads_the_registry():
+    import geolens.analyses.checkpoints as checkpoints
+    import geolens.report.findings as findings
+    import geolens.study.spec as spec
+    from geolens.cli.report import _section_names
+    from geolens.zoo.width_study import zoo_analyses
+
+    for module, gone in ((checkpoints, "ANALYSES"), (spec, "STUDY_ANALYSES"), (geolens.report, "SECTIONS"),
+                         (geolens.report, "CAPTIONS"), (geolens.report, "NOTES"), (findings, "FINDINGS")):
+        assert not hasattr(module, gone), f"{module.__name__}.{gone} still exists"
+    assert _section_names() == registry.names("report") and zoo_analyses() == registry.names("zoo")
+
+
+# ---------------------------------------------------------------- registering
+
+
+def test_register_validates_name_function_and_title(register):
+    with pytest.raises(ValueError, match="'pga' is a built-in analysis"):
+        geolens.register_analysis("pga", layer_index, title="x")
+    with pytest.raises(ValueError, match="name must be a Python identifier"):
+        geolens.register_analysis("my analysis", layer_index, title="x")
+    with pytest.raises(TypeError, match="function must be callable"):
+        geolens.register_analysis("mine", 3, title="x")
+    with pytest.raises(TypeError, match="title must be a non-empty string"):
+        geolens.register_analysis("mine", layer_index, title="")
+    with pytest.raises(TypeError, match=r"lacks \['batch_size', 'max_length', 'progress'\]"):
+        geolens.register_analysis("mine", lambda model, tokens, *, n_tokens, seed: None, title="x")
+    with pytest.raises(TypeError, match="takes 1 positional argument"):
+        geolens.register_analysis("mine", lambda model, **kw: None, title="x")
+    with pytest.raises(ValueError, match="unknown analysis 'mine'"):
+        geolens.unregister_analysis("mine")
+    with pytest.raises(ValueError, match="built-in analysis: it cannot be unregistered"):
+        geolens.unregister_analysis("spectrum")
+    assert "mine" not in registry.names()
+    # **kwargs takes the convention's keywords too
+    assert register("loose", lambda model, tokens, **options: None).study
+
+
+def test_registering_again_replaces_and_unregister_removes(register, native_bridge):
+    register("planted", layer_index, title="first")
+    register("planted", lambda model, tokens, **kw: layer_index(model, tokens, scale=2.0), title="second")
+    assert registry.names().count("planted") == 1 and registry.get("planted").title == "second"
+    assert geolens.available_analyses().loc["planted", "builtin"] == False  # noqa: E712 (numpy bool)
+    assert registry.get("planted").function(native_bridge, TEXTS).to_pandas()["scaled"].tolist() == [0, 2, 4]
+    geolens.unregister_analysis("planted")
+    assert "planted" not in registry.names() and "planted" not in geolens.available_analyses().index
+
+
+@pytest.mark.parametrize("returned, error, match", [
+    ([1, 2], TypeError, "must return a geolens Result or a pandas DataFrame, got list"),
+    (pd.DataFrame({"depth": [0, 1], "x": [1.0, 2.0]}), ValueError, "without a 'layer' column"),
+    (pd.DataFrame({"layer": [0.5, 1.0], "x": [1.0, 2.0]}), ValueError, "'layer' column must hold whole numbers"),
+    (pd.DataFrame({"layer": [0, 1], "x": ["a", "b"]}), ValueError, "without a numeric column besides 'layer'"),
+])
+def test_what_a_user_analysis_returns_is_checked(register, native_bridge, returned, error, match):
+    record = register("bad", lambda model, tokens, **kw: returned)
+    with pytest.raises(error, match=f"analysis 'bad'.*{match}|{match}"):
+        record.function(native_bridge, TEXTS)
+
+
+def test_a_result_or_a_float_layer_column_is_accepted(register, native_bridge):
+    result = Result(rows=[{"layer": 0, "x": 1.0}])
+    assert register("same", lambda model, tokens, **kw: result).function(native_bridge, TEXTS) is result
+    table = register("floats", lambda model, tokens, **kw: pd.DataFrame({"layer": [0.0, 1.0], "x": [1, 2]})
+                     ).function(native_bridge, TEXTS).to_pandas()
+    assert table["layer"].tolist() == [0, 1] and table["layer"].dtype.kind == "i"
+
+
+# ---------------------------------------------------------------- the example's analysis, against a reference
+
+
+def test_the_example_analysis_matches_a_direct_capture(any_model):
+    got = EXAMPLE.mlp_share(any_model, TEXTS, n_tokens=20, seed=3, batch_size=2)
+    want = _reference_norms(any_model, TEXTS, n_tokens=20, seed=3)
+    assert got["layer"].tolist() == want["layer"].tolist() == [1, 2]
+    for column in ("attn_norm", "mlp_norm", "mlp_share"):
+        assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=1e-5), column
+    assert ((got["mlp_share"] > 0) & (got["mlp_share"] < 1)).all()
+    # the example follows the calling convention it asks of users
+    assert list(inspect.signature(EXAMPLE.mlp_share).parameters)[2:] == list(registry.CONVENTION)
+
+
+# ---------------------------------------------------------------- each place it runs
+
+
+def test_the_example_runs_in_a_report_and_a_study(register, native_bridge, tmp_path):
+    section, table = EXAMPLE.run(native_bridge, TEXTS, tmp_path, n_tokens=20, n_null=5)
+    try:
+        want = _reference_norms(native_bridge, TEXTS, n_tokens=20)
+        assert section["mlp_share"].tolist() == pytest.approx(want["mlp_share"].tolist(), rel=1e-5)
+        html = (tmp_path / "report" / "report.html").read_text()
+        meta = json.loads((tmp_path / "report" / "meta.json").read_text())
+        assert meta["errors"] == {} and meta["sections"] == ["pga", "mlp_share"]
+        assert "What the MLP writes, next to attention" in html and "the MLP&#x27;s share" in html
+        ours = table[table.analysis == "mlp_share"].pivot(index="layer", columns="metric", values="value")
+        assert sorted(ours.columns) == ["mlp_share.attn_norm", "mlp_share.mlp_norm", "mlp_share.mlp_share"]
+        assert ours["mlp_share.mlp_share"].tolist() == pytest.approx(want["mlp_share"].tolist(), rel=1e-5)
+        assert set(table.analysis) == {"pga", "mlp_share"}
+    finally:
+        geolens.unregister_analysis("mlp_share")
+
+
+def test_a_report_section_has_its_table_and_a_figure_per_column(register, native_bridge, tmp_path):
+    register("planted", layer_index, title="Planted by layer", caption="scale times the layer")
+    paths = geolens.report.report(native_bridge, TEXTS, tmp_path, sections=["planted"], progress=False)
+    table = pd.read_csv(paths["planted.csv"])
+    assert table["scaled"].tolist() == [0.0, 1.0, 2.0] and table["note"].tolist() == ["text"] * 3
+    result, figures = geolens.report.run_section("planted", geolens.as_adapter(native_bridge), TEXTS,
+                                                 geolens.report.ReportSettings(progress=False))
+    assert len(figures) == 1 and [list(trace.y) for trace in figures[0].data] == [[0.0, 1.0, 2.0]]
+    html = paths["report.html"].read_text()
+    assert "Planted by layer" in html and "scaled runs from 0 (layer 0) to 2 (layer 2) across 3 layers." in html
+
+
+def test_a_failing_user_section_is_reported_and_the_others_run(register, native_bridge, tmp_path):
+    register("broken", lambda model, tokens, **kw: pd.DataFrame({"x": [1.0]}))
+    register("planted", layer_index)
+    paths = geolens.report.report(native_bridge, TEXTS, tmp_path, sections=["broken", "planted"], progress=False)
+    meta = json.loads(paths["meta.json"].read_text())
+    assert "without a 'layer' column" in meta["errors"]["broken"] and "planted.csv" in paths
+    with pytest.raises(ValueError, match="unknown sections \\['nothing'\\]"):
+        geolens.report.report(native_bridge, TEXTS, tmp_path, sections=["nothing"], progress=False)
+
+
+def test_a_study_stores_the_numeric_columns_by_layer_with_options(register, native_bridge, tmp_path):
+    from geolens.study import Study, load_provenance, run_study
+
+    register("planted", layer_index)
+    study = Study(models={"tiny": lambda: native_bridge}, texts=TEXTS, n_tokens=20,
+                  analyses={"planted": {"scale": 3.0}})
+    table = run_study(study, tmp_path, progress=False).to_pandas()
+    assert sorted(set(table.metric)) == ["planted.scaled"]  # the text column is not a metric
+    assert table.sort_values("layer")["value"].tolist() == [0.0, 3.0, 6.0]
+    assert load_provenance(tmp_path)["tiny/main"]["params"]["planted"] == {"analysis": "planted"}
+    with pytest.raises(ValueError, match="analysis 'planted' takes no options \\['progress'\\]"):
+        Study(models={"tiny": lambda: native_bridge}, texts=TEXTS, analyses={"planted": {"progress": 1}}).cells()
+
+
+def test_a_study_file_names_its_function(neox_dir, tmp_path):
+    from geolens.study import Study, run_study
+
+    (tmp_path / "s.toml").write_text(
+        f'texts = {json.dumps(TEXTS)}\nn_tokens = 20\n[models.tiny]\npath = "{neox_dir}"\n'
+        '[models.again]\npath = "{neox_dir}"\nparams = {{ planted = {{ scale = 2.0 }} }}\n'.format(neox_dir=neox_dir)
+        + '[analyses.planted]\nfunction = "tests.analyses.test_registry:layer_index"\nscale = 0.5\n'
+        '[analyses.pga]\nk = 4\nn_null = 5\nccr = [1]\n')
+    study = Study.from_toml(tmp_path / "s.toml")
+    assert "planted" not in registry.names()  # the file's analysis is the study's own, not registered
+    table = run_study(study, tmp_path / "out", progress=False).to_pandas()
+    planted = table[table.metric == "planted.scaled"].sort_values("layer")
+    assert planted[planted.model == "tiny"]["value"].tolist() == [0.0, 0.5, 1.0] and (table.metric == "pga.z").any()
+    assert planted[planted.model == "again"]["value"].tolist() == [0.0, 2.0, 4.0]  # the model's own params win
+    with pytest.raises(ValueError, match="model 'again': params: unknown analysis 'planted'"):
+        Study.from_toml(tmp_path / "s.toml", analyses={"pga": {}}).cells()
+    # the function is part of what the cell computes: another function is another hash
+    other = Study.from_toml(tmp_path / "s.toml", analyses={"planted": {
+        "function": "tests.analyses.test_registry:layer_square", "scale": 0.5}})
+    assert other.cells()[0].analysis_hashes["planted"] != study.cells()[0].analysis_hashes["planted"]
+    for bad, match in (("nowhere:thing", "cannot import 'nowhere:thing'"), ("no_colon", "must be 'module:function'")):
+        with pytest.raises(ValueError, match=match):
+            Study.from_toml(tmp_path / "s.toml", analyses={"planted": {"function": bad}}).cells()
+    with pytest.raises(ValueError, match="'pga' is a built-in analysis"):
+        Study.from_toml(tmp_path / "s.toml", analyses={"pga": {"function": "tests.analyses.test_registry:layer_index"}
+                                                        }).cells()
+
+
+def test_over_checkpoints_and_the_cli_know_a_registered_analysis(register, native_bridge):
+    from geolens.cli.report import _name_list
+
+    register("planted", layer_index)
+    result = geolens.over_checkpoints([("a", native_bridge)], TEXTS, analyses=("planted",), planted={"scale": 2.0},
+                                      progress=False)
+    assert result.to_pandas().sort_values("layer")["value"].tolist() == [0.0, 2.0, 4.0]
+    assert _name_list("pga,planted") == ["pga", "planted"]
+
+
+def test_the_zoo_runs_only_its_own_analyses(register):
+    from geolens.zoo.width_study import zoo_analyses
+
+    register("planted", layer_index)
+    assert "planted" not in zoo_analyses() and not registry.get("planted").zoo
+
+
+def test_no_registration_outlives_its_test():
+    assert [n for n in registry.names() if not registry.get(n).builtin] == []
