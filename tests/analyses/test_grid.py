@@ -163,10 +163,10 @@ def test_over_checkpoints_checks_its_options_before_loading_anything():
 
 def test_a_study_routes_options_with_the_same_router():
     from geolens.study import Study
-    from geolens.study.spec import STUDY_ANALYSES
+    from geolens.analyses import registry
 
     study = Study(models={"a": "x"}, texts=["a b c"], analyses={"pga": {"k": 4}, "weights": {}}, n_tokens=64, seed=2)
-    jobs = resolve_jobs(["pga", "weights"], STUDY_ANALYSES)
+    jobs = resolve_jobs(["pga", "weights"], registry.jobs_table("study"))
     expected = route_options(jobs, {"pga": {"k": 4}, "weights": {}},
                              {"n_tokens": 64, "seed": 2, "batch_size": 8, "max_length": None}, strict=False)
     assert study.cells()[0].analyses == expected
