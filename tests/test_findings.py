@@ -84,7 +84,7 @@ def test_pga_interval_findings_verdicts_and_a_few_texts_note():
 
 def test_convergence_findings_read_the_self_grid_and_the_cross_family_pairs():
     from geolens.analyses.convergence import ConvergenceResult
-    from geolens.findings import convergence_findings
+    from geolens.report.findings import convergence_findings
 
     grid = [{"layer_a": a, "layer_b": b, "spearman_full": 1.0 if a == b else value}
             for a, b, value in ((0, 0, 1), (0, 1, 0.6), (1, 0, 0.6), (1, 1, 1), (1, 2, 0.9), (2, 1, 0.9), (2, 2, 1),
@@ -108,7 +108,7 @@ def test_convergence_findings_read_the_self_grid_and_the_cross_family_pairs():
 
 
 def test_convergence_findings_of_one_layer_pair_name_each_verdict():
-    from geolens.findings import convergence_findings
+    from geolens.report.findings import convergence_findings
 
     row = {"layer_a": 4, "layer_b": 9, "spearman_full": 0.41, "spearman_readout": 0.52, "spearman_readout_z": 3.04,
            "cka_readout_z": 0.5, "mknn_readout_z": -2.5}
