@@ -112,6 +112,7 @@ def _key(source: Path) -> str:
 
 # Where the site serves plotly.js (docs/hooks.py writes it there), seen from a page under tutorials/.
 SITE_PLOTLY_JS = "../assets/javascripts/plotly.min.js"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
 def share_plotlyjs(nb) -> int:
@@ -169,24 +170,62 @@ def run_small(source: Path, *, timeout: int = 900):
     return nb
 
 
-def execute(source: Path, target: Path, *, force: bool = False, timeout: int = 900) -> float | None:
-    """Run ``source`` at small sizes into ``target``; seconds taken, or None if ``target`` is current."""
+def draw_bare_figures(nb) -> int:
+    """Give every output that carries only plotly's figure JSON an HTML copy that draws on its own.
+
+    A cell ending in a figure (``study.plot(...)``) shows it in Jupyter through plotly's mime type,
+    which the site's notebook renderer does not draw; the HTML copy (plotly.js included, then shared
+    by :func:`share_plotlyjs`) is what the site shows. Returns the number of outputs given one.
+
+    Example:
+        >>> import nbformat, plotly.graph_objects as go
+        >>> bundle = {"application/vnd.plotly.v1+json": go.Figure(go.Scatter(y=[1, 2])).to_plotly_json()}
+        >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        ...     outputs=[nbformat.v4.new_output("display_data", data=bundle)])])
+        >>> draw_bare_figures(nb), "plotly-graph-div" in nb.cells[0].outputs[0]["data"]["text/html"]
+        (1, True)
+    """
+    import plotly.graph_objects as go
+
+    drawn = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if PLOTLY_MIME in data and "text/html" not in data:
+                data["text/html"] = go.Figure(data[PLOTLY_MIME]).to_html(full_html=False, include_plotlyjs=True)
+                drawn += 1
+    return drawn
+
+
+def write_for_site(nb, source: Path, target: Path) -> Path:
+    """Write a copy of the executed notebook ``nb`` for the site: bare figures drawn, plotly.js shared, its key."""
+    import copy
+
     import nbformat
 
-    key = _key(source)
-    if not force and target.is_file():
-        done = nbformat.read(target, as_version=4)
-        if done.metadata.get("geolens_docs", {}).get("source_key") == key:
-            return None
-    nb = run_small(source, timeout=timeout)
-    seconds = nb.metadata["geolens_run"]["seconds"]
+    nb = copy.deepcopy(nb)
+    draw_bare_figures(nb)
     share_plotlyjs(nb)
-    nb.metadata["geolens_docs"] = {"source_key": key, "small": True, "seconds": seconds}
+    nb.metadata["geolens_docs"] = {"source_key": _key(source), "small": True,
+                                   "seconds": nb.metadata.get("geolens_run", {}).get("seconds")}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".ipynb.tmp")
     nbformat.write(nb, tmp)
     tmp.replace(target)  # a killed run leaves no half-written notebook behind
-    return seconds
+    return target
+
+
+def execute(source: Path, target: Path, *, force: bool = False, timeout: int = 900) -> float | None:
+    """Run ``source`` at small sizes into ``target``; seconds taken, or None if ``target`` is current."""
+    import nbformat
+
+    if not force and target.is_file():
+        done = nbformat.read(target, as_version=4)
+        if done.metadata.get("geolens_docs", {}).get("source_key") == _key(source):
+            return None
+    nb = run_small(source, timeout=timeout)
+    write_for_site(nb, source, target)
+    return nb.metadata["geolens_run"]["seconds"]
 
 
 def main(argv: list[str] | None = None) -> int:
