@@ -42,7 +42,7 @@ SMALL_SIZES: dict[str, dict[str, Any]] = {
     "04_patching_in_the_readout_subspace": {"layers": [1, 4, 8, 12, 16, 20, 24, 28]},
     "05_small_study": {"zoo": {"widths": [16, 32], "n_layers": 2, "d_head": 8, "vocab_size": 300, "seq_len": 16,
                                "batch_size": 4, "steps": 6, "checkpoints": [0, 2, 4]},
-                       "zoo_root": "out/zoo", "n_texts": 8, "n_null": 10, "n_tokens": 64, "max_length": 32},
+                       "zoo_root": "out/05_small_study/zoo", "n_texts": 8, "n_null": 10, "n_tokens": 64, "max_length": 32},
 }
 
 PARAMETERS_TAG, INJECTED_TAG = "parameters", "injected-parameters"
