@@ -132,7 +132,8 @@ def _open(driver, path: Path, shot: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page, min_figures", [("index.html", 0), ("concepts/pga.html", 1),
-                                                ("tutorials/01_first_tour.html", 2)])
+                                                ("tutorials/01_first_tour.html", 2),
+                                                ("tutorials/05_small_study.html", 3)])  # bare figures drawn too
 def test_page_renders_from_disk(site, browser, page, min_figures):
     seen = _open(browser, site / page, "docs_" + page.replace("/", "_").replace(".html", ".png"))
     assert seen["errors"] == [], seen["errors"]
