@@ -45,20 +45,16 @@ def _load_builder():
 def site(tmp_path_factory, executed_notebooks) -> Path:
     """The built site (a temporary folder); the build's time and output are printed."""
     _require_mkdocs()
-    import nbformat
 
     builder = _load_builder()
     started = time.perf_counter()
     for source in NOTEBOOKS:
-        target = builder.OUT / source.name
+        # Executed once per test run (here or by tests/test_notebooks.py), at the same small sizes; the other
+        # tests get the executed notebook itself, the site a copy with plotly.js shared.
         done = executed_notebooks.get(source.stem)
-        if done is not None:  # executed by tests/test_notebooks.py in this test run: same sizes, same kernel
-            done.metadata["geolens_docs"] = {"source_key": builder._key(source), "small": True}
-            target.parent.mkdir(parents=True, exist_ok=True)
-            nbformat.write(done, target)
-        else:
-            builder.execute(source, target, force=True)  # fresh: the cache key does not see code changes
-            executed_notebooks.setdefault(source.stem, nbformat.read(target, as_version=4))
+        if done is None:
+            done = executed_notebooks[source.stem] = builder.run_small(source)
+        builder.write_for_site(done, source, builder.OUT / source.name)
     notebooks_s = time.perf_counter() - started
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, HF_HUB_OFFLINE="1", NO_MKDOCS_2_WARNING="1")
@@ -136,7 +132,8 @@ def _open(driver, path: Path, shot: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page, min_figures", [("index.html", 0), ("concepts/pga.html", 1),
-                                                ("tutorials/01_first_tour.html", 2)])
+                                                ("tutorials/01_first_tour.html", 2),
+                                                ("tutorials/05_small_study.html", 3)])  # bare figures drawn too
 def test_page_renders_from_disk(site, browser, page, min_figures):
     seen = _open(browser, site / page, "docs_" + page.replace("/", "_").replace(".html", ".png"))
     assert seen["errors"] == [], seen["errors"]
