@@ -14,8 +14,8 @@ corpus (BBC News, with a BPE tokenizer trained on it):
 3. Read the width comparison: z by relative depth (one line per width) and
    metrics against training tokens.
 
-The full default family (widths 64-512, 6 layers, 400 steps) trains in under
-30 minutes on 2 CPU cores: ``geolens zoo train`` then ``geolens zoo report``.
+The full default family (widths 64-512, 6 layers, 400 steps) trains on a CPU
+(run times in docs/benchmarks.md): ``geolens zoo train`` then ``geolens zoo report``.
 
 Run:  python examples/zoo_width_study.py [--small]
 """

@@ -11,7 +11,7 @@ def test_phase_findings_say_what_was_found_and_how_stable():
     given = phases_findings(Result(rows=[], params={"found": True, "k": 6, "b1": 4, "b2": 28, "stability": None}))[0]
     assert "not measured" in given
     none = phases_findings(Result(rows=[], params={"found": False, "reason": "no stable phases: k = 29: ..."}))
-    assert none == ["No stable phases found: no stable phases: k = 29: ...."]
+    assert none == ["No stable phases found: k = 29: ..."]  # the reason's own "no stable phases" is not repeated
 
 
 def test_lens_findings_give_the_mean_kl_and_what_doubling_the_text_gained():

@@ -77,13 +77,13 @@ CROSS_FAMILY_MODEL = "gemma-3-270m"
 # The tuned lens of the lens and phases sections: the fast method (closed form on 8192 captured
 # positions, a short KL refinement), with its two halves (the phases' stability) from the same
 # capture, on 200 default texts the report does not score. The refinement is cut short (20 steps of
-# the default 200) to keep the report within 6 minutes; lens.training_info says where it stopped.
+# the default 200) to keep the report's run time short; lens.training_info says where it stopped.
 REPORT_LENS_BUDGET: dict[str, Any] = {"method": "fast", "n_tokens": 8192, "max_steps": 20, "max_seconds": 30.0,
                                       "n_train_texts": 200}
 
 
-# Small budgets for every section: a whole report of the default model (30 layers, d = 576) in
-# about a minute on 2 CPU cores, to see that everything runs and roughly what it shows.
+# Small budgets for every section: a whole report of the default model (30 layers, d = 576) in a
+# fraction of the full run time, to see that everything runs and roughly what it shows.
 QUICK: dict[str, Any] = {
     "n_texts": 8,
     "max_length": 64,
@@ -404,7 +404,7 @@ def _effective_settings(s: ReportSettings) -> dict[str, Any]:
     return out
 
 
-# Every built-in section: the fast tuned lens (lens, phases) fits in about a minute the first time, then loads.
+# Every built-in section: the fast tuned lens (lens, phases) is fitted once, then loads from its cache.
 # A registered analysis runs when named in sections=.
 DEFAULT_SECTIONS = tuple(name for name in registry.names("report") if registry.get(name).builtin)
 

@@ -274,7 +274,8 @@ def refinement_phrase(stopped: str | None, steps: int | None) -> str:
 def phases_findings(result: Any) -> list[str]:
     p = result.params
     if not p.get("found"):
-        return [f"No stable phases found: {p.get('reason') or 'the RSS curve has no rise-plateau-fall'}."]
+        reason = str(p.get("reason") or "the RSS curve has no rise-plateau-fall").removeprefix("no stable phases: ")
+        return [f"No stable phases found: {reason.rstrip('.')}."]
     line = (f"Phases at k = {p.get('k')}: I = layers 0–{p['b1'] - 1}, II = {p['b1']}–{p['b2'] - 1}, "
             f"III = {p['b2']} onward.")
     stability = p.get("stability")
