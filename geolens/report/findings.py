@@ -275,7 +275,7 @@ def phases_findings(result: Any) -> list[str]:
     p = result.params
     if not p.get("found"):
         reason = str(p.get("reason") or "the RSS curve has no rise-plateau-fall").removeprefix("no stable phases: ")
-        return [f"No stable phases found: {reason.rstrip('.')}."]
+        return [f"No stable phases found: {reason}" + ("" if reason.endswith(".") else ".")]
     line = (f"Phases at k = {p.get('k')}: I = layers 0–{p['b1'] - 1}, II = {p['b1']}–{p['b2'] - 1}, "
             f"III = {p['b2']} onward.")
     stability = p.get("stability")
