@@ -37,7 +37,6 @@ import hashlib
 import importlib
 import inspect
 import json
-import math
 import numbers
 import os
 import re
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from geolens._json import callable_id, jsonable
 from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_int
 from geolens.analyses.checkpoints import ANALYSES
 from geolens.analyses.phases import phases
@@ -101,37 +101,8 @@ def parse_checkpoint_step(checkpoint: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _callable_id(fn: Any) -> Any:
-    """A stable identity of a loader for the cell hash: module and name, and a partial's arguments."""
-    if isinstance(fn, functools.partial):
-        return {"partial": _callable_id(fn.func), "args": _canonical(list(fn.args)),
-                "kwargs": _canonical(dict(fn.keywords))}
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def _canonical(value: Any) -> Any:
-    """JSON-able, deterministic form of a parameter value (for hashing)."""
-    if isinstance(value, UpperBound):  # "at most n" is another setting than "exactly n"
-        return {"at_most": int(value)}
-    if isinstance(value, Mapping):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if callable(value):
-        return _callable_id(value)
-    if hasattr(value, "tolist"):  # tensors, arrays, numpy scalars
-        return _canonical(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return repr(value)
-
-
 def _sha(value: Any, length: int = 16) -> str:
-    return hashlib.sha256(json.dumps(_canonical(value), sort_keys=True).encode()).hexdigest()[:length]
+    return hashlib.sha256(json.dumps(jsonable(value, for_hash=True), sort_keys=True).encode()).hexdigest()[:length]
 
 
 def _table(value: Any, what: str) -> Mapping[Any, Any]:
@@ -580,7 +551,7 @@ class Study:
                 raise ValueError(f"model {label!r}: checkpoints repeat: {labels}")
             for value, checkpoint in zip(spec.checkpoints, labels):
                 extra = spec.checkpoint_metadata.get(value, spec.checkpoint_metadata.get(checkpoint, {}))
-                source = ({"path": spec.path} if spec.path is not None else {"loader": _callable_id(spec.loader)})
+                source = ({"path": spec.path} if spec.path is not None else {"loader": callable_id(spec.loader)})
                 identity = {"format": CELL_FORMAT, "model": label, "checkpoint": checkpoint, "source": source,
                             "dtype": self.dtype if spec.path is not None else None, "texts": texts_sha}
                 hashes = {name: _sha({**identity, "analysis": name, "options": options})
