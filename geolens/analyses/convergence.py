@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from geolens._sampling import seeded_subset
 from geolens._validation import UpperBound, check_int, working_dtype
 from geolens.analyses.pga import default_k
 from geolens.capture import capture
@@ -349,8 +350,7 @@ def convergence(
         n_positions = check_int(n_positions, "n_positions", low=3)
         if n_positions > available:
             raise ValueError(f"n_positions = {n_positions} but the texts give only {available} aligned positions")
-        pick = torch.randperm(available, generator=torch.Generator().manual_seed(0 if seed is None else seed))
-        pick = pick[:n_positions].sort().values
+        pick = seeded_subset(available, n_positions, seed)
         pos_a, pos_b = pos_a[pick], pos_b[pick]
     n = int(pos_a.shape[0])
     if "mutual_knn" in measures and knn_k > n - 1:

@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from geolens._sampling import seeded_subset
 from geolens._validation import DEFAULT_N_TOKENS, check_int
 from geolens.capture import States, capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
@@ -156,8 +157,7 @@ def evaluate(
         keep = slice(None)
         if n_tokens is not None and check_int(n_tokens, "n_tokens", low=1) < states.n_tokens:
             # A seeded sample of the given rows, kept in their order.
-            generator = torch.Generator().manual_seed(seed)
-            keep = torch.randperm(states.n_tokens, generator=generator)[:n_tokens].sort().values
+            keep = seeded_subset(states.n_tokens, n_tokens, seed)
     resid = states[RESIDUAL_SITE][:, keep.to(states[RESIDUAL_SITE].device) if torch.is_tensor(keep) else keep]
     next_pos = states.position.cpu()[keep] + 1
     rows_b = states.batch_index.cpu()[keep]
