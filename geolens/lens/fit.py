@@ -40,7 +40,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -48,7 +47,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens._validation import UpperBound, check_int
+from geolens._validation import UpperBound, check_float, check_int
 from geolens.capture import capture
 from geolens.lens.logit_lens import unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, _kl_of_logits, _micro_batches, dtype_name, resolve_matmul_dtype
@@ -68,15 +67,6 @@ _HELD_OUT_EVERY = 5  # every fifth window is held out
 _EVAL_ROWS = 256  # held-out rows scored at each evaluation
 _ROW_CHUNK = 256
 _CLOSED_FORM_CHUNK = 2048  # rows of every layer in float64 at once (~0.3 GB for 30 layers, d = 576)
-
-
-def _check_float(value: object, name: str, *, low: float = 0.0, open_low: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise TypeError(f"{name} must be a finite number, got {value!r}")
-    value = float(value)
-    if value < low or (open_low and value == low):
-        raise ValueError(f"{name} must be {'>' if open_low else '>='} {low}, got {value}")
-    return value
 
 
 def _windows(adapter: ModelAdapter, texts: Any, seq_len: int, needed: int, attention_mask: Tensor | None,
@@ -341,14 +331,14 @@ def fit_tuned_lens(
     adapter = as_adapter(model)
     n_tokens = check_int(n_tokens, "n_tokens", low=16)
     seq_len = check_int(seq_len, "seq_len", low=3)
-    ridge = _check_float(ridge, "ridge")
-    lr = _check_float(lr, "lr", open_low=True)
+    ridge = check_float(ridge, "ridge", low=0)
+    lr = check_float(lr, "lr", low=0, low_open=True)
     batch_tokens = check_int(batch_tokens, "batch_tokens", low=1)
     max_steps = check_int(max_steps, "max_steps", low=0)
-    max_seconds = _check_float(max_seconds, "max_seconds")
+    max_seconds = check_float(max_seconds, "max_seconds", low=0)
     eval_every = check_int(eval_every, "eval_every", low=1)
     patience = check_int(patience, "patience", low=1)
-    tol = _check_float(tol, "tol")
+    tol = check_float(tol, "tol", low=0)
     if not isinstance(halves, bool):
         raise TypeError(f"halves must be a bool, got {halves!r}")
     matmul_dtype = resolve_matmul_dtype(matmul_dtype, adapter.unembed_matrix("raw").device)

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens._validation import check_int
+from geolens._validation import check_float, check_int
 from geolens.lens.logit_lens import residual_stream
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import ModelAdapter, as_adapter
@@ -241,11 +241,9 @@ def train_tuned_lens(
     tokens_per_step = check_int(tokens_per_step, "tokens_per_step", low=1)
     seq_len = check_int(seq_len, "seq_len", low=3)
     batch_size = check_int(batch_size, "batch_size", low=1)
-    for value, name in ((lr, "lr"), (weight_decay, "weight_decay"), (clip_grad, "clip_grad")):
-        if not isinstance(value, (int, float)) or not value >= 0 or value != value:
-            raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    if not 0 <= momentum < 1:
-        raise ValueError(f"momentum must lie in [0, 1), got {momentum!r}")
+    lr, weight_decay, clip_grad = (check_float(value, name, low=0) for value, name in
+                                   ((lr, "lr"), (weight_decay, "weight_decay"), (clip_grad, "clip_grad")))
+    momentum = check_float(momentum, "momentum", low=0, high=1, high_open=True)
     lens = TunedLens(adapter) if lens is None else lens
     if not isinstance(lens, TunedLens):
         raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from geolens._json import callable_id, jsonable
-from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_int
+from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_float, check_int
 from geolens.analyses.checkpoints import ANALYSES
 from geolens.analyses.phases import phases
 from geolens.analyses.updates import updates
@@ -132,9 +132,7 @@ def _scalar_metadata(values: Mapping[str, Any], where: str) -> dict[str, Any]:
 def _parse_memory(value: Any) -> int:
     """Bytes from an int or a string such as ``"16GiB"``, ``"500MB"``."""
     if isinstance(value, numbers.Number) and not isinstance(value, bool):
-        if value <= 0:
-            raise ValueError(f"memory must be positive, got {value!r}")
-        return int(value)
+        return int(check_float(value, "memory", low=0, low_open=True))
     match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]i?B|B)?\s*", str(value), flags=re.IGNORECASE)
     if not match:
         raise ValueError(f"memory must be bytes or a size such as '16GiB' or '500MB', got {value!r}")
@@ -159,9 +157,8 @@ def _check_resources(resources: Mapping[str, Any], where: str) -> dict[str, Any]
                 raise ValueError(f"{where}: resources must map custom resource names to amounts >= 0 (CPUs, GPUs "
                                  f"and memory are num_cpus, num_gpus, memory), got {value!r}")
             out[key] = {str(name): amount for name, amount in value.items()}
-        elif not isinstance(value, numbers.Number) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{where}: {key} must be a non-negative number, got {value!r}")
         else:
+            check_float(value, f"{where}: {key}", low=0)
             out[key] = value
     return out
 
