@@ -30,7 +30,7 @@ from geolens._sampling import seeded_subset
 from geolens._validation import DEFAULT_N_TOKENS, check_int
 from geolens.capture import States, capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
-from geolens.lens.tuned_lens import TunedLens
+from geolens.lens.tuned_lens import TunedLens, check_lens_fits
 from geolens.model import as_adapter
 from geolens import plotting
 from geolens.results import Result
@@ -141,8 +141,7 @@ def evaluate(
     if lens is not None:
         if not isinstance(lens, TunedLens):
             raise TypeError(f"lens must be a TunedLens or None, got {type(lens).__name__}")
-        if (lens.n_layers, lens.d_model, lens.d_vocab) != (adapter.n_layers, adapter.d_model, adapter.d_vocab):
-            raise ValueError("the lens was made for another model shape")
+        check_lens_fits(lens, adapter)
         lenses.append(lens)
     lenses.append(LogitLens(adapter))
 

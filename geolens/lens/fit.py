@@ -51,7 +51,7 @@ from geolens._validation import UpperBound, check_float, check_int
 from geolens.capture import capture
 from geolens.lens.logit_lens import unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, _kl_of_logits, _micro_batches, dtype_name, resolve_matmul_dtype
-from geolens.lens.tuned_lens import TunedLens
+from geolens.lens.tuned_lens import TunedLens, check_lens_fits
 from geolens.model import ModelAdapter, as_adapter
 from geolens.sites import RESIDUAL_SITE
 
@@ -345,8 +345,7 @@ def fit_tuned_lens(
     lens = TunedLens(adapter) if lens is None else lens
     if not isinstance(lens, TunedLens):
         raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
-    if (lens.n_layers, lens.d_model, lens.d_vocab) != (adapter.n_layers, adapter.d_model, adapter.d_vocab):
-        raise ValueError("the lens was made for another model shape")
+    check_lens_fits(lens, adapter)
     started = time.perf_counter()
 
     origins: list[int] = []

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from geolens._validation import check_float, check_int
 from geolens.lens.logit_lens import residual_stream
-from geolens.lens.tuned_lens import TunedLens
+from geolens.lens.tuned_lens import TunedLens, check_lens_fits
 from geolens.model import ModelAdapter, as_adapter
 
 __all__ = ["train_tuned_lens", "fast_matmul_dtype", "DEFAULT_STEPS", "DEFAULT_TOKENS_PER_STEP", "DEFAULT_SEQ_LEN", "kl_rows"]
@@ -247,8 +247,7 @@ def train_tuned_lens(
     lens = TunedLens(adapter) if lens is None else lens
     if not isinstance(lens, TunedLens):
         raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
-    if (lens.n_layers, lens.d_model, lens.d_vocab) != (adapter.n_layers, adapter.d_model, adapter.d_vocab):
-        raise ValueError("the lens was made for another model shape")
+    check_lens_fits(lens, adapter)
     lens.train()
     params = [p for p in lens.translators.parameters()]
     opt = torch.optim.SGD(params, lr=lr * (1 - momentum), momentum=momentum, nesterov=momentum > 0,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 
-from geolens._validation import check_float, check_float_matrix, check_int
+from geolens._validation import check_float_matrix, check_int
 from geolens.metrics.grassmann import orthonormal_basis
 
 __all__ = [
@@ -152,7 +152,9 @@ def resolution_sweep(linear_maps: Float[torch.Tensor, "L d d"], fractions) -> li
         raise ValueError("a linear map is zero: it has no readout subspace")
     out = []
     for fraction in fractions:
-        fraction = check_float(fraction, "fractions entry", low=0, high=1, low_open=True, high_open=True)
+        fraction = float(fraction)
+        if not 0 < fraction < 1:
+            raise ValueError(f"fractions must lie in (0, 1), got {fraction}")
         k = max(1, round(fraction * d))
         bases = vh[:, :k].transpose(1, 2)  # [L, d, k]: rows of vh are right singular vectors
         rss = readout_subspace_similarity(bases)
