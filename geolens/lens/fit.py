@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 from geolens._validation import UpperBound, check_float, check_int
 from geolens.capture import capture
 from geolens.lens.logit_lens import unembed
-from geolens.lens.train import DEFAULT_SEQ_LEN, _kl_of_logits, _micro_batches, dtype_name, resolve_matmul_dtype
+from geolens.lens.train import DEFAULT_SEQ_LEN, _kl_of_logits, _padded_windows, dtype_name, resolve_matmul_dtype
 from geolens.lens.tuned_lens import TunedLens, check_lens_fits
 from geolens.model import ModelAdapter, as_adapter
 from geolens.sites import RESIDUAL_SITE
@@ -67,26 +67,6 @@ _HELD_OUT_EVERY = 5  # every fifth window is held out
 _EVAL_ROWS = 256  # held-out rows scored at each evaluation
 _ROW_CHUNK = 256
 _CLOSED_FORM_CHUNK = 2048  # rows of every layer in float64 at once (~0.3 GB for 30 layers, d = 576)
-
-
-def _windows(adapter: ModelAdapter, texts: Any, seq_len: int, needed: int, attention_mask: Tensor | None,
-             origins: list[int] | None = None):
-    """``(tokens, mask)`` of enough ``seq_len`` windows of the text for ``needed`` eligible positions
-    (``origins`` receives the text index of each window)."""
-    rows, masks, eligible = [], [], 0
-    for tokens, mask in _micro_batches(adapter, texts, seq_len, 8, attention_mask, origins):
-        rows.append(tokens)
-        masks.append(mask)
-        eligible += int(mask.sum()) - mask.shape[0]  # the first token of each window is never sampled
-        if eligible >= needed:
-            break
-    if not rows:
-        raise ValueError("the training text holds no token to train on: pass more text")
-    width = max(t.shape[1] for t in rows)
-    pad = adapter.pad_token_id
-    tokens = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pad) for t in rows])
-    mask = torch.cat([torch.nn.functional.pad(m, (0, width - m.shape[1]), value=0) for m in masks])
-    return tokens, mask
 
 
 def _normal_equations(train: Tensor) -> tuple[Tensor, Tensor]:
@@ -349,8 +329,8 @@ def fit_tuned_lens(
     started = time.perf_counter()
 
     origins: list[int] = []
-    tokens, mask = _windows(adapter, texts, seq_len, n_tokens + n_tokens // (_HELD_OUT_EVERY - 1), attention_mask,
-                            origins)
+    tokens, mask = _padded_windows(adapter, texts, seq_len, attention_mask,
+                                   needed=n_tokens + n_tokens // (_HELD_OUT_EVERY - 1), origins=origins)
     states = capture(adapter, tokens, attention_mask=mask, sites=(RESIDUAL_SITE,), n_tokens=UpperBound(n_tokens),
                      seed=seed, progress=progress)
     stack = states[RESIDUAL_SITE]  # [L + 1, N, d] float32
