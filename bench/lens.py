@@ -38,7 +38,7 @@ from geolens._validation import UpperBound  # noqa: E402
 from geolens.capture import capture  # noqa: E402
 from geolens.lens import FAST_BUDGET, TunedLens, fit_tuned_lens, train_tuned_lens  # noqa: E402
 from geolens.lens.fit import _held_out_kl  # noqa: E402
-from geolens.lens.train import _pad, _windows_of_texts, fast_matmul_dtype  # noqa: E402
+from geolens.lens.train import _pad, _windows, fast_matmul_dtype  # noqa: E402
 from geolens.model import as_adapter  # noqa: E402
 from geolens.sites import RESIDUAL_SITE  # noqa: E402
 
@@ -62,7 +62,7 @@ def compare_methods(model, *, every_budget: bool = True, with_reference: bool = 
     # vary more than the windows of one text, so the score does not hang on a few texts.
     origins: list[int] = []
     windows = []
-    for window in _windows_of_texts(adapter, eval_texts, 128, origins):
+    for window in _windows(adapter, eval_texts, 128, None, origins):
         if len(origins) == 1 or origins[-1] != origins[-2]:
             windows.append(window)
     tokens, mask = _pad(windows, adapter)

@@ -7,6 +7,7 @@ finite, floating-point tensors.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -72,6 +73,43 @@ def check_int(value: object, name: str, *, low: int | None = None, high: int | N
         raise ValueError(f"{name} must be >= {low}, got {value}")
     if high is not None and value > high:
         raise ValueError(f"{name} must be <= {high}, got {value}")
+    return value
+
+
+def check_float(
+    value: object,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """Return ``value`` as a finite float within ``low``/``high``, else raise naming ``name``.
+
+    Bounds are closed (``>=``, ``<=``) unless ``low_open``/``high_open``. Any real number is
+    accepted (Python and NumPy ints and floats, 0-d real tensors); ``bool``, strings and complex
+    numbers raise ``TypeError``; NaN, infinities and values out of bounds ``ValueError``.
+
+    Example:
+        >>> check_float(1e-3, "lr", low=0, low_open=True)
+        0.001
+        >>> check_float(1.0, "warmup", low=0, high=1, high_open=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: warmup must be < 1, got 1.0
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) and not (
+        isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_complex() and value.dtype != torch.bool
+    ):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    if low is not None and (value < low or low_open and value == low):
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
+    if high is not None and (value > high or high_open and value == high):
+        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value}")
     return value
 
 

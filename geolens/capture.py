@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
+from geolens._sampling import seeded_subset
 from geolens._validation import UpperBound, check_int
 from geolens.model import ModelAdapter, as_adapter
 from geolens.sites import check_layers, check_site, hook_name
@@ -224,8 +225,7 @@ def sample_positions(
             f"n_tokens = {n_tokens} but only {available} eligible token positions are available; "
             "pass more text or a smaller n_tokens"
         )
-    generator = torch.Generator().manual_seed(0 if seed is None else check_int(seed, "seed", low=0))
-    chosen = torch.randperm(available, generator=generator)[:n_tokens].sort().values
+    chosen = seeded_subset(available, n_tokens, seed)
     return batch_idx[chosen], pos_idx[chosen]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,69 +22,23 @@ import pandas as pd
 
 from geolens import plotting
 from geolens._io import atomic_write_text
+from geolens._json import jsonable, restore_non_finite
 
 __all__ = ["Result", "json_text"]
 
 
-# Strict JSON has no NaN or Infinity (``json.dumps`` writes them by default, and strict parsers
-# such as JavaScript's ``JSON.parse`` or ``jq`` then reject the whole file). Non-finite floats are
-# written as these strings instead, the spellings ``json.dumps`` would use, and read back as floats
-# by :meth:`Result.load`, so tables keep their NaNs across a save/load round trip.
 # Columns that identify a row rather than measure something (see Result.long_rows).
 _ID_COLUMNS = ("layer", "site", "ccr", "matrix", "rows", "cols")
-NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
-
-
-def _non_finite_name(value: float) -> str:
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain, strict-JSON types for params and rows (tensors, arrays, tuples and numpy scalars included).
-
-    Non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
-
-    Example:
-        >>> _jsonable({"a": (1, float("nan")), "b": float("-inf")})
-        {'a': [1, 'NaN'], 'b': '-Infinity'}
-    """
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "tolist"):  # tensors, numpy arrays and scalars: their values can be non-finite too
-        return _jsonable(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return _non_finite_name(value)
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
-
-
-def _restore_non_finite(value: Any) -> Any:
-    """Undo :func:`_jsonable`'s spelling of non-finite floats (``"NaN"`` -> ``nan``), recursively.
-
-    Example:
-        >>> _restore_non_finite({"z": ["NaN", 1.0], "s": "text"})
-        {'z': [nan, 1.0], 's': 'text'}
-    """
-    if isinstance(value, dict):
-        return {k: _restore_non_finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_restore_non_finite(v) for v in value]
-    if isinstance(value, str) and value in NON_FINITE:
-        return NON_FINITE[value]
-    return value
 
 
 def json_text(value: Any, indent: int | None = 1) -> str:
-    """``value`` as strict JSON text (no ``NaN``/``Infinity`` tokens; see :func:`_jsonable`).
+    """``value`` as strict JSON text (no ``NaN``/``Infinity`` tokens; see :func:`geolens._json.jsonable`).
 
     Example:
         >>> json_text({"rho": float("nan"), "k": 4}, indent=None)
         '{"rho": "NaN", "k": 4}'
     """
-    return json.dumps(_jsonable(value), indent=indent, allow_nan=False)
+    return json.dumps(jsonable(value), indent=indent, allow_nan=False)
 
 
 REPR_ROWS = 20  # rows a result's repr shows: the first and last half of them, with the count of all
@@ -148,7 +101,7 @@ class Result:
             raise ValueError(f"{path} holds a {found}, not a {cls.__name__}")
         if "rows" not in payload or not isinstance(payload["rows"], list):
             raise ValueError(f"{path} has no list of rows: not a saved {cls.__name__}")
-        return cls(**{f.name: _restore_non_finite(payload[f.name]) for f in fields(cls) if f.name in payload})
+        return cls(**{f.name: restore_non_finite(payload[f.name]) for f in fields(cls) if f.name in payload})
 
     def long_rows(self, analysis: str) -> list[dict[str, Any]]:
         """The numbers in long format: one ``{analysis, site, layer, ccr, metric, value}`` per numeric cell.

@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from geolens._sampling import seeded_subset
 from geolens._validation import UpperBound, check_int, working_dtype
 from geolens.analyses.pga import default_k
 from geolens.capture import capture
@@ -446,8 +447,7 @@ def _sample_positions(available: int, n_positions: int | None, seed: int | None)
     n_positions = check_int(n_positions, "n_positions", low=3)
     if n_positions > available:
         raise ValueError(f"n_positions = {n_positions} but the texts give only {available} aligned positions")
-    pick = torch.randperm(available, generator=torch.Generator().manual_seed(0 if seed is None else seed))
-    return pick[:n_positions].sort().values
+    return seeded_subset(available, n_positions, seed)
 
 
 def _capture_pair(a: ModelAdapter, b: ModelAdapter, side_a: tuple, side_b: tuple, *, batch_size: int,

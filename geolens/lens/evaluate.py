@@ -26,10 +26,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from geolens._sampling import seeded_subset
 from geolens._validation import DEFAULT_N_TOKENS, check_int
 from geolens.capture import States, capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
-from geolens.lens.tuned_lens import TunedLens
+from geolens.lens.tuned_lens import TunedLens, check_lens_fits
 from geolens.model import as_adapter
 from geolens import plotting
 from geolens.results import Result
@@ -136,38 +137,66 @@ def evaluate(
     ks = sorted({check_int(k, "k", low=1, high=adapter.d_vocab) for k in ks})
     if not ks:
         raise ValueError("ks is empty")
+    lenses = _lenses(adapter, lens)
+    batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
+    if states is None:
+        states = capture(adapter, batch.tokens, sites=(RESIDUAL_SITE,), n_tokens=n_tokens, seed=seed,
+                         batch_size=batch_size, progress=progress, attention_mask=batch.attention_mask)
+        keep: slice | Tensor = slice(None)
+    else:
+        _check_states_of(states, batch.tokens.cpu(), adapter.n_layers)
+        keep = _subsample(states.n_tokens, n_tokens, seed)
+    resid = states[RESIDUAL_SITE]
+    resid = resid[:, keep.to(resid.device) if torch.is_tensor(keep) else keep]
+    next_ids, has_next = _next_tokens(batch.tokens.cpu(), batch.attention_mask.cpu(), states.batch_index.cpu()[keep],
+                                      states.position.cpu()[keep])
+    sums = _sums(adapter, lenses, resid, next_ids, has_next, ks, progress=progress)
+    n, n_valid = resid.shape[1], int(has_next.sum())
+    params = {"model": adapter.name, "n_tokens": n, "n_tokens_with_next": n_valid, "seed": seed, "ks": ks,
+              "lenses": [lz.kind for lz in lenses], "n_layers": adapter.n_layers}
+    if lens is not None:
+        # How the lens was fitted; its loss curve and refinement history stay with the lens (its figure, its folder).
+        params["training"] = {k: v for k, v in lens.training_info.items() if k not in ("losses", "history")}
+    return LensResult(rows=_rows(sums, n, n_valid, ks), params=params)
+
+
+def _lenses(adapter, lens: object) -> list[LogitLens]:
+    """The lenses to score: ``lens`` (a :class:`TunedLens` of the model's shape), if given, then the logit lens."""
     lenses: list[LogitLens] = []
     if lens is not None:
         if not isinstance(lens, TunedLens):
             raise TypeError(f"lens must be a TunedLens or None, got {type(lens).__name__}")
-        if (lens.n_layers, lens.d_model, lens.d_vocab) != (adapter.n_layers, adapter.d_model, adapter.d_vocab):
-            raise ValueError("the lens was made for another model shape")
+        check_lens_fits(lens, adapter)
         lenses.append(lens)
     lenses.append(LogitLens(adapter))
+    return lenses
 
-    batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
-    ids, mask = batch.tokens.cpu(), batch.attention_mask.cpu()
-    if states is None:
-        states = capture(adapter, batch.tokens, sites=(RESIDUAL_SITE,), n_tokens=n_tokens, seed=seed,
-                         batch_size=batch_size, progress=progress, attention_mask=batch.attention_mask)
-        keep = slice(None)
-    else:
-        _check_states_of(states, ids, adapter.n_layers)
-        keep = slice(None)
-        if n_tokens is not None and check_int(n_tokens, "n_tokens", low=1) < states.n_tokens:
-            # A seeded sample of the given rows, kept in their order.
-            generator = torch.Generator().manual_seed(seed)
-            keep = torch.randperm(states.n_tokens, generator=generator)[:n_tokens].sort().values
-    resid = states[RESIDUAL_SITE][:, keep.to(states[RESIDUAL_SITE].device) if torch.is_tensor(keep) else keep]
-    next_pos = states.position.cpu()[keep] + 1
-    rows_b = states.batch_index.cpu()[keep]
+
+def _subsample(available: int, n_tokens: int | None, seed: int) -> slice | Tensor:
+    """The rows of given states to score: a seeded sample of ``n_tokens`` of the ``available`` (in their
+    order), or all of them."""
+    if n_tokens is None or check_int(n_tokens, "n_tokens", low=1) >= available:
+        return slice(None)
+    return seeded_subset(available, n_tokens, seed)
+
+
+def _next_tokens(ids: Tensor, mask: Tensor, rows_b: Tensor, position: Tensor) -> tuple[Tensor, Tensor]:
+    """``(next token id [N], has_next [N])`` of the positions ``(rows_b, position)`` in the token ids ``ids``
+    ``[B, T]`` with ``mask`` (CPU); one whose next position is padding or past the end has none (its id is 0)."""
+    next_pos = position + 1
     in_range = next_pos < ids.shape[1]
     next_pos = next_pos.clamp(max=ids.shape[1] - 1)
     has_next = in_range & (mask[rows_b, next_pos] != 0)
     next_ids = torch.where(has_next, ids[rows_b, next_pos], torch.zeros_like(next_pos))
     if not bool(has_next.any()):
         raise ValueError("no sampled position has a next token; pass longer sequences")
+    return next_ids, has_next
 
+
+def _sums(adapter, lenses: list[LogitLens], resid: Tensor, next_ids: Tensor, has_next: Tensor, ks: list[int], *,
+          progress: bool) -> dict[tuple[str, int], Tensor]:
+    """Per (lens, layer): the sums over the rows of ``resid`` ``[L + 1, N, d]`` of KL, cross-entropy (rows with a
+    next token) and each Hit@k, ``[2 + len(ks)]`` float64, accumulated in chunks of rows."""
     w_u, b_u = adapter.unembed_matrix("raw"), adapter.unembed_bias()
     n = resid.shape[1]
     sums = {(lz.kind, l): torch.zeros(2 + len(ks), dtype=torch.float64) for lz in lenses for l in range(adapter.n_layers + 1)}
@@ -175,32 +204,42 @@ def evaluate(
     with torch.no_grad():
         for start in range(0, n, _ROW_CHUNK):
             rows = slice(start, start + _ROW_CHUNK)
-            final_logits = lenses[-1](resid[-1, rows], adapter.n_layers, w_u=w_u, b_u=b_u)
-            log_p = torch.log_softmax(final_logits.to(torch.float32), dim=-1)
-            p = log_p.exp().unsqueeze(1)  # [n, 1, V]
-            neg_entropy = torch.bmm(p, log_p.unsqueeze(2)).view(-1)  # sum p log p, once per chunk
-            top1 = final_logits.argmax(-1)
-            target, valid = next_ids[rows].to(final_logits.device), has_next[rows].to(final_logits.device)
-            # Few passes over each [n, V] block (the evaluation is memory-bound): one log-softmax, one
-            # batched dot for KL(p || q) = sum p log p - sum p log q, one top-k for every Hit@k.
-            for lz in lenses:
-                for layer in range(adapter.n_layers + 1):
-                    # Every lens reads the last layer as the model does: its logits are the final ones.
-                    logits = final_logits if layer == adapter.n_layers else lz(resid[layer, rows], layer, w_u=w_u, b_u=b_u)
-                    log_q = torch.log_softmax(logits.to(torch.float32), dim=-1)
-                    kl = neg_entropy - torch.bmm(p, log_q.unsqueeze(2)).view(-1)
-                    if not bool(torch.isfinite(kl).all()):  # a NaN or infinite logit makes its row's KL so
-                        raise ValueError(f"the {lz.kind} lens gives NaN or infinite logits at layer {layer}; "
-                                         "KL and Hit@k would be meaningless (check the lens's weights)")
-                    ce = -log_q.gather(1, target.view(-1, 1)).squeeze(1)
-                    acc = sums[(lz.kind, layer)]
-                    acc[0] += float(kl.sum())
-                    acc[1] += float(ce[valid].sum())
-                    acc[2:] += _hits(logits, top1, ks).sum(dim=1, dtype=torch.float64).cpu()
+            _add_chunk(sums, lenses, resid[:, rows], next_ids[rows], has_next[rows], ks, w_u, b_u)
             bar.update()
     bar.close()
+    return sums
 
-    n_valid = int(has_next.sum())
+
+def _add_chunk(sums: dict[tuple[str, int], Tensor], lenses: list[LogitLens], resid: Tensor, next_ids: Tensor,
+               has_next: Tensor, ks: list[int], w_u: Tensor, b_u: Tensor | None) -> None:
+    """Add one chunk of rows (``resid`` ``[L + 1, n, d]``) to ``sums`` (see :func:`_sums`)."""
+    n_layers = resid.shape[0] - 1
+    final_logits = lenses[-1](resid[-1], n_layers, w_u=w_u, b_u=b_u)
+    log_p = torch.log_softmax(final_logits.to(torch.float32), dim=-1)
+    p = log_p.exp().unsqueeze(1)  # [n, 1, V]
+    neg_entropy = torch.bmm(p, log_p.unsqueeze(2)).view(-1)  # sum p log p, once per chunk
+    top1 = final_logits.argmax(-1)
+    target, valid = next_ids.to(final_logits.device), has_next.to(final_logits.device)
+    # Few passes over each [n, V] block (the evaluation is memory-bound): one log-softmax, one
+    # batched dot for KL(p || q) = sum p log p - sum p log q, one top-k for every Hit@k.
+    for lz in lenses:
+        for layer in range(n_layers + 1):
+            # Every lens reads the last layer as the model does: its logits are the final ones.
+            logits = final_logits if layer == n_layers else lz(resid[layer], layer, w_u=w_u, b_u=b_u)
+            log_q = torch.log_softmax(logits.to(torch.float32), dim=-1)
+            kl = neg_entropy - torch.bmm(p, log_q.unsqueeze(2)).view(-1)
+            if not bool(torch.isfinite(kl).all()):  # a NaN or infinite logit makes its row's KL so
+                raise ValueError(f"the {lz.kind} lens gives NaN or infinite logits at layer {layer}; "
+                                 "KL and Hit@k would be meaningless (check the lens's weights)")
+            ce = -log_q.gather(1, target.view(-1, 1)).squeeze(1)
+            acc = sums[(lz.kind, layer)]
+            acc[0] += float(kl.sum())
+            acc[1] += float(ce[valid].sum())
+            acc[2:] += _hits(logits, top1, ks).sum(dim=1, dtype=torch.float64).cpu()
+
+
+def _rows(sums: dict[tuple[str, int], Tensor], n: int, n_valid: int, ks: list[int]) -> list[dict[str, object]]:
+    """The result's rows from :func:`_sums`: means over the ``n`` rows (cross-entropy: the ``n_valid`` with a next token)."""
     result_rows = []
     for (kind, layer), acc in sums.items():
         row = {"lens": kind, "layer": layer, "kl": float(acc[0]) / n, "ce": float(acc[1]) / n_valid}
@@ -209,11 +248,4 @@ def evaluate(
         if 1 in ks and 5 in ks:
             row["hit@5/hit@1"] = row["hit@5"] / row["hit@1"] if row["hit@1"] > 0 else float("nan")
         result_rows.append(row)
-    params = {"model": adapter.name, "n_tokens": n, "n_tokens_with_next": n_valid, "seed": seed, "ks": ks,
-              "lenses": [lz.kind for lz in lenses], "n_layers": adapter.n_layers}
-    if lens is not None:
-        # How the lens was fitted; its loss curve and refinement history stay with the lens (its figure, its folder).
-        params["training"] = {k: v for k, v in lens.training_info.items() if k not in ("losses", "history")}
-    return LensResult(rows=result_rows, params=params)
-
-
+    return result_rows

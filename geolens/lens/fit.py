@@ -40,19 +40,19 @@ Example:
 
 from __future__ import annotations
 
-import math
 import time
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens._validation import UpperBound, check_int
+from geolens._validation import UpperBound, check_float, check_int
 from geolens.capture import capture
 from geolens.lens.logit_lens import unembed
-from geolens.lens.train import DEFAULT_SEQ_LEN, _kl_of_logits, _micro_batches, dtype_name, resolve_matmul_dtype
-from geolens.lens.tuned_lens import TunedLens
+from geolens.lens.train import DEFAULT_SEQ_LEN, _kl_of_logits, _padded_windows, dtype_name, resolve_matmul_dtype
+from geolens.lens.tuned_lens import TunedLens, check_lens_fits
 from geolens.model import ModelAdapter, as_adapter
 from geolens.sites import RESIDUAL_SITE
 
@@ -67,35 +67,6 @@ _HELD_OUT_EVERY = 5  # every fifth window is held out
 _EVAL_ROWS = 256  # held-out rows scored at each evaluation
 _ROW_CHUNK = 256
 _CLOSED_FORM_CHUNK = 2048  # rows of every layer in float64 at once (~0.3 GB for 30 layers, d = 576)
-
-
-def _check_float(value: object, name: str, *, low: float = 0.0, open_low: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise TypeError(f"{name} must be a finite number, got {value!r}")
-    value = float(value)
-    if value < low or (open_low and value == low):
-        raise ValueError(f"{name} must be {'>' if open_low else '>='} {low}, got {value}")
-    return value
-
-
-def _windows(adapter: ModelAdapter, texts: Any, seq_len: int, needed: int, attention_mask: Tensor | None,
-             origins: list[int] | None = None):
-    """``(tokens, mask)`` of enough ``seq_len`` windows of the text for ``needed`` eligible positions
-    (``origins`` receives the text index of each window)."""
-    rows, masks, eligible = [], [], 0
-    for tokens, mask in _micro_batches(adapter, texts, seq_len, 8, attention_mask, origins):
-        rows.append(tokens)
-        masks.append(mask)
-        eligible += int(mask.sum()) - mask.shape[0]  # the first token of each window is never sampled
-        if eligible >= needed:
-            break
-    if not rows:
-        raise ValueError("the training text holds no token to train on: pass more text")
-    width = max(t.shape[1] for t in rows)
-    pad = adapter.pad_token_id
-    tokens = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pad) for t in rows])
-    mask = torch.cat([torch.nn.functional.pad(m, (0, width - m.shape[1]), value=0) for m in masks])
-    return tokens, mask
 
 
 def _normal_equations(train: Tensor) -> tuple[Tensor, Tensor]:
@@ -168,114 +139,254 @@ def _held_out_kl(lens: TunedLens, states: Tensor, w_u: Tensor, b_u: Tensor | Non
     return total / states.shape[1]
 
 
-def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u: Tensor | None, *,
-              ridge: float, refine: bool, lr: float, batch_tokens: int, max_steps: int, max_seconds: float,
-              eval_every: int, patience: int, tol: float, seed: int, matmul_dtype: torch.dtype | None,
-              progress: bool, desc: str, normal: tuple[Tensor, Tensor] | None = None,
-              held_out_targets: list[tuple[Tensor, Tensor]] | None = None) -> dict[str, Any]:
-    """Closed form on ``train`` ``[L + 1, N, d]`` (from its normal equations ``normal`` if given), then
-    the KL refinement; the training record.
+@dataclass(frozen=True)
+class _Settings:
+    """The validated settings of a fit: the closed form's ridge and the refinement's budget."""
 
-    The refinement's vocabulary products run in ``matmul_dtype`` (bf16 where the device multiplies
-    it natively: faster there, so more steps fit the budget); its target
-    distribution and every held-out evaluation stay float32. The time budget includes the last
-    held-out evaluation: the refinement stops while one more step and an evaluation still fit, and
-    evaluates the steps taken since the last evaluation, so no step is run and then thrown away.
+    ridge: float
+    refine: bool
+    lr: float
+    batch_tokens: int
+    max_steps: int
+    max_seconds: float
+    eval_every: int
+    patience: int
+    tol: float
+    seed: int
+    matmul_dtype: torch.dtype | None
+
+    @classmethod
+    def checked(cls, device: torch.device, **values: Any) -> "_Settings":
+        """The settings from :func:`fit_tuned_lens`'s arguments, each checked (``device``: where the vocabulary
+        products run, for ``matmul_dtype="auto"``)."""
+        if not isinstance(values["refine"], bool):
+            raise TypeError(f"refine must be a bool, got {values['refine']!r}")
+        return cls(
+            ridge=check_float(values["ridge"], "ridge", low=0), refine=values["refine"],
+            lr=check_float(values["lr"], "lr", low=0, low_open=True),
+            batch_tokens=check_int(values["batch_tokens"], "batch_tokens", low=1),
+            max_steps=check_int(values["max_steps"], "max_steps", low=0),
+            max_seconds=check_float(values["max_seconds"], "max_seconds", low=0),
+            eval_every=check_int(values["eval_every"], "eval_every", low=1),
+            patience=check_int(values["patience"], "patience", low=1),
+            tol=check_float(values["tol"], "tol", low=0), seed=check_int(values["seed"], "seed", low=0),
+            matmul_dtype=resolve_matmul_dtype(values["matmul_dtype"], device),
+        )
+
+    def recorded(self) -> dict[str, Any]:
+        """The settings as ``training_info`` records them (JSON: the dtype by name)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**values, "matmul_dtype": dtype_name(self.matmul_dtype)}
+
+
+@dataclass
+class _Refinement:
+    """What the refinement carries from step to step: the held-out evaluations, the best translators, the clock.
+
+    ``started`` is the fit's start (the closed form included: the time budget counts it);
+    ``train_kl`` the running sum of each layer's training KL since the evaluation at ``last_eval``.
     """
-    adapter = lens.adapter
-    w_train = w_u if matmul_dtype is None else w_u.to(matmul_dtype)  # converted once, not at every product
-    started = time.perf_counter()
-    _solve_ridge(lens, *(normal if normal is not None else _normal_equations(train)), ridge)
-    if held_out_targets is None:
-        held_out_targets = _held_out_targets(held_out, adapter, w_u, b_u)
-    history: list[dict[str, Any]] = []
 
-    def record(step: int, split: str, kl: Tensor) -> None:
-        seconds = round(time.perf_counter() - started, 2)
-        history.extend({"step": step, "seconds": seconds, "split": split, "layer": layer, "kl": float(value)}
-                       for layer, value in enumerate(kl))
+    lens: TunedLens
+    held_out: Tensor
+    targets: list[tuple[Tensor, Tensor]]
+    w_u: Tensor
+    b_u: Tensor | None
+    started: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[Tensor] = field(default_factory=list)
+    best: tuple[float, dict[str, Tensor], Tensor] | None = None  # mean held-out KL, translators, KL per layer
+    eval_seconds: float = 0.0  # how long the last held-out evaluation took
+    last_eval: int = 0
+    train_kl: Tensor | None = None
 
-    def held_out_kl() -> Tensor:
-        nonlocal eval_seconds
+    def record(self, step: int, split: str, kl: Tensor) -> None:
+        seconds = round(time.perf_counter() - self.started, 2)
+        self.history.extend({"step": step, "seconds": seconds, "split": split, "layer": layer, "kl": float(value)}
+                            for layer, value in enumerate(kl))
+
+    def evaluate(self, step: int) -> float:
+        """The held-out KL of the translators now: timed, recorded, kept if the best so far; its mean."""
         began = time.perf_counter()
-        kl = _held_out_kl(lens, held_out, w_u, b_u, held_out_targets)
-        eval_seconds = time.perf_counter() - began
-        return kl
+        kl = _held_out_kl(self.lens, self.held_out, self.w_u, self.b_u, self.targets)
+        self.eval_seconds = time.perf_counter() - began
+        self.evals.append(kl)
+        self.record(step, "held_out", kl)
+        mean = float(kl.mean())
+        if self.best is None or mean < self.best[0]:
+            self.best = (mean, {k: v.clone() for k, v in self.lens.translators.state_dict().items()}, kl)
+        return mean
 
-    eval_seconds = 0.0
-    evals = [held_out_kl()]
-    record(0, "held_out", evals[-1])
-    # The best evaluation so far: its mean, its translators and its per-layer KL (what is returned and reported).
-    best = (float(evals[-1].mean()), {k: v.clone() for k, v in lens.translators.state_dict().items()}, evals[-1])
-    stopped, step = "closed form only", 0
-    if refine and max_steps > 0:
-        params = list(lens.translators.parameters())
-        opt = torch.optim.Adam(params, lr=lr)
-        generator = torch.Generator().manual_seed(seed)
-        n_train = train.shape[1]
-        bar = tqdm(total=max_steps, desc=desc, disable=not progress, leave=False)
-        stopped = "steps"
-        # The running train KL stays where the states are: reading it back every layer would make an
-        # accelerator wait for each layer's kernels before the next are queued (MPS has no float64).
-        kl_dtype = torch.float32 if train.device.type == "mps" else torch.float64
-        train_kl, last_eval = torch.zeros(adapter.n_layers, dtype=kl_dtype, device=train.device), 0
+    def evaluate_steps(self, step: int) -> float:
+        """Record the mean train KL of the steps since the last evaluation, then evaluate (in eval mode)."""
+        self.record(step, "train", (self.train_kl / (step - self.last_eval)).cpu())
+        self.train_kl.zero_()
+        self.last_eval = step
+        self.lens.eval()
+        mean = self.evaluate(step)
+        self.lens.train()
+        return mean
 
-        def evaluate_steps(step: int) -> bool:
-            """Record the train KL since the last evaluation and the held-out KL now; True on a plateau."""
-            nonlocal best, last_eval
-            record(step, "train", (train_kl / (step - last_eval)).cpu())  # mean since the last evaluation
-            train_kl.zero_()
-            last_eval = step
-            lens.eval()
-            evals.append(held_out_kl())
-            lens.train()
-            record(step, "held_out", evals[-1])
-            mean = float(evals[-1].mean())
-            bar.set_postfix(held_out_kl=f"{mean:.3f}")
-            if mean < best[0]:
-                best = (mean, {k: v.clone() for k, v in lens.translators.state_dict().items()}, evals[-1])
-            if len(evals) > patience:
-                before = float(evals[-1 - patience].mean())
-                return before - min(float(e.mean()) for e in evals[-patience:]) < tol * before
-            return False
+    def out_of_time(self, step: int, refining: float, max_seconds: float) -> bool:
+        """Whether one more step and its evaluation would overrun ``max_seconds`` (``refining``: when step 1 began)."""
+        now = time.perf_counter()
+        step_seconds = (now - refining - self.eval_seconds * (len(self.evals) - 1)) / step  # the steps alone
+        return now - self.started + step_seconds + self.eval_seconds > max_seconds
 
-        lens.train()
-        refining = time.perf_counter()
-        for step in range(1, max_steps + 1):
-            rows = torch.randint(0, n_train, (min(batch_tokens, n_train),), generator=generator).to(train.device)
-            p, p_log_p = _target(adapter, train[-1, rows], w_u, b_u)
-            opt.zero_grad(set_to_none=True)
-            for layer in range(adapter.n_layers):  # one layer's [rows, V] logits alive at a time
-                logits = lens(train[layer, rows], layer, w_u=w_train, b_u=b_u, matmul_dtype=matmul_dtype)
-                with torch.no_grad():  # d mean KL / d logits = (softmax(logits) - p) / n, formed in place
-                    kl, lse = _kl_of_logits(p, p_log_p, logits)
-                    grad = logits.sub(lse).exp_().sub_(p).div_(logits.shape[0])
-                # Gradients of this layer's translator only: none may reach the model's norm or unembedding.
-                logits.backward(grad, inputs=list(lens.translators[layer].parameters()))
-                train_kl[layer] += kl.mean()
-            opt.step()
-            bar.update()
-            if (step % eval_every == 0 or step == max_steps) and evaluate_steps(step):
+
+def _plateau(evals: list[Tensor], patience: int, tol: float) -> bool:
+    """The mean held-out KL improved by less than ``tol`` (relative) over the last ``patience`` evaluations."""
+    if len(evals) <= patience:
+        return False
+    before = float(evals[-1 - patience].mean())
+    return before - min(float(e.mean()) for e in evals[-patience:]) < tol * before
+
+
+def _converged(evals: list[Tensor], patience: int, tol: float, n_layers: int, closed_form_only: bool) -> list[bool]:
+    """Per layer: its held-out KL moved by less than ``tol`` (relative to its largest) over the last ``patience``
+    evaluations; without that many evaluations, whether the closed form alone was asked for."""
+    if len(evals) <= patience:
+        return [closed_form_only] * n_layers
+    window = torch.stack(evals[-1 - patience:])
+    high, low = window.max(0).values, window.min(0).values
+    return [bool(c) for c in (high - low) <= tol * high.clamp_min(1e-12)]
+
+
+def _refine_step(lens: TunedLens, rows: Tensor, opt: torch.optim.Optimizer, w_u: Tensor, w_train: Tensor,
+                 b_u: Tensor | None, matmul_dtype: torch.dtype | None) -> Tensor:
+    """One optimiser step of every translator on the exact mean ``KL(p_final || p_l)`` of ``rows`` ``[L + 1, n, d]``;
+    the KL per layer before the step (``[L]``, where the rows are).
+
+    ``w_train``: the unembedding in ``matmul_dtype`` for the lens's products; the target ``p`` is float32.
+    """
+    p, p_log_p = _target(lens.adapter, rows[-1], w_u, b_u)
+    opt.zero_grad(set_to_none=True)
+    kls = []
+    for layer in range(lens.n_layers):  # one layer's [rows, V] logits alive at a time
+        logits = lens(rows[layer], layer, w_u=w_train, b_u=b_u, matmul_dtype=matmul_dtype)
+        with torch.no_grad():  # d mean KL / d logits = (softmax(logits) - p) / n, formed in place
+            kl, lse = _kl_of_logits(p, p_log_p, logits)
+            grad = logits.sub(lse).exp_().sub_(p).div_(logits.shape[0])
+        # Gradients of this layer's translator only: none may reach the model's norm or unembedding.
+        logits.backward(grad, inputs=list(lens.translators[layer].parameters()))
+        kls.append(kl.mean())
+    opt.step()
+    return torch.stack(kls)
+
+
+def _refine(state: _Refinement, train: Tensor, settings: _Settings, *, progress: bool, desc: str) -> tuple[str, int]:
+    """Adam on minibatches of the ``train`` rows until a plateau, the step budget or the time budget;
+    ``(why it stopped, steps taken)``. Every step taken is evaluated before it stops."""
+    lens = state.lens
+    opt = torch.optim.Adam(list(lens.translators.parameters()), lr=settings.lr)
+    generator = torch.Generator().manual_seed(settings.seed)
+    w_train = state.w_u if settings.matmul_dtype is None else state.w_u.to(settings.matmul_dtype)  # converted once
+    n_train = train.shape[1]
+    # The running train KL stays where the states are: reading it back every layer would make an
+    # accelerator wait for each layer's kernels before the next are queued (MPS has no float64).
+    kl_dtype = torch.float32 if train.device.type == "mps" else torch.float64
+    state.train_kl = torch.zeros(lens.n_layers, dtype=kl_dtype, device=train.device)
+    bar = tqdm(total=settings.max_steps, desc=desc, disable=not progress, leave=False)
+    stopped = "steps"
+    lens.train()
+    refining = time.perf_counter()
+    for step in range(1, settings.max_steps + 1):
+        rows = torch.randint(0, n_train, (min(settings.batch_tokens, n_train),), generator=generator).to(train.device)
+        state.train_kl += _refine_step(lens, train[:, rows], opt, state.w_u, w_train, state.b_u, settings.matmul_dtype)
+        bar.update()
+        if step % settings.eval_every == 0 or step == settings.max_steps:
+            bar.set_postfix(held_out_kl=f"{state.evaluate_steps(step):.3f}")
+            if _plateau(state.evals, settings.patience, settings.tol):
                 stopped = "plateau"
                 break
-            now = time.perf_counter()
-            step_seconds = (now - refining - eval_seconds * (len(evals) - 1)) / step  # the steps alone
-            if step < max_steps and now - started + step_seconds + eval_seconds > max_seconds:
-                # One more step and its evaluation would overrun: stop here, with these steps evaluated.
-                stopped = "time"
-                if last_eval != step:
-                    evaluate_steps(step)
-                break
-        bar.close()
-    lens.translators.load_state_dict(best[1])
+        if step < settings.max_steps and state.out_of_time(step, refining, settings.max_seconds):
+            # One more step and its evaluation would overrun: stop here, with these steps evaluated.
+            stopped = "time"
+            if state.last_eval != step:
+                state.evaluate_steps(step)
+            break
+    bar.close()
+    return stopped, step
+
+
+def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u: Tensor | None,
+              settings: _Settings, *, progress: bool, desc: str, normal: tuple[Tensor, Tensor] | None = None,
+              held_out_targets: list[tuple[Tensor, Tensor]] | None = None) -> dict[str, Any]:
+    """Closed form on ``train`` ``[L + 1, N, d]`` (from its normal equations ``normal`` if given), then
+    the KL refinement (:func:`_refine`); the lens keeps the best evaluated translators. The training record.
+
+    The refinement's vocabulary products run in ``settings.matmul_dtype`` (bf16 where the device
+    multiplies it natively, so more steps fit the budget); its target distribution and every held-out
+    evaluation stay float32. The time budget includes the last held-out evaluation: the refinement
+    stops while one more step and an evaluation still fit, and evaluates the steps taken since the
+    last evaluation, so no step is run and then thrown away.
+    """
+    started = time.perf_counter()
+    _solve_ridge(lens, *(normal if normal is not None else _normal_equations(train)), settings.ridge)
+    if held_out_targets is None:
+        held_out_targets = _held_out_targets(held_out, lens.adapter, w_u, b_u)
+    state = _Refinement(lens, held_out, held_out_targets, w_u, b_u, started)
+    state.evaluate(0)
+    stopped, steps = "closed form only", 0
+    if settings.refine and settings.max_steps > 0:
+        stopped, steps = _refine(state, train, settings, progress=progress, desc=desc)
+    best_mean, best_translators, best_kl = state.best
+    lens.translators.load_state_dict(best_translators)
     lens.eval()
-    window = torch.stack(evals[-1 - patience:]) if len(evals) > patience else None
-    converged = ([bool(c) for c in ((window.max(0).values - window.min(0).values)
-                                    <= tol * window.max(0).values.clamp_min(1e-12))]
-                 if window is not None else [stopped == "closed form only"] * adapter.n_layers)
-    return {"n_train": int(train.shape[1]), "steps": step, "stopped": stopped,
-            "held_out_kl": [float(v) for v in best[2]], "best_held_out_kl_mean": best[0],
-            "converged": converged, "history": history, "seconds": round(time.perf_counter() - started, 2)}
+    return {"n_train": int(train.shape[1]), "steps": steps, "stopped": stopped,
+            "held_out_kl": [float(v) for v in best_kl], "best_held_out_kl_mean": best_mean,
+            "converged": _converged(state.evals, settings.patience, settings.tol, lens.n_layers,
+                                    stopped == "closed form only"),
+            "history": state.history, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _capture_split(adapter: ModelAdapter, texts: Any, *, n_tokens: int, seq_len: int, attention_mask: Tensor | None,
+                   seed: int, progress: bool) -> tuple[Tensor, Tensor, Tensor, int]:
+    """The residual stream at up to ``n_tokens`` training positions of ``texts``, and held-out ones from
+    every fifth window: ``(train [L + 1, N, d], held_out [L + 1, <= 256, d], text of each train row [N], positions)``."""
+    origins: list[int] = []
+    tokens, mask = _padded_windows(adapter, texts, seq_len, attention_mask,
+                                   needed=n_tokens + n_tokens // (_HELD_OUT_EVERY - 1), origins=origins)
+    states = capture(adapter, tokens, attention_mask=mask, sites=(RESIDUAL_SITE,), n_tokens=UpperBound(n_tokens),
+                     seed=seed, progress=progress)
+    stack = states[RESIDUAL_SITE]  # [L + 1, N, d] float32
+    held = (states.batch_index % _HELD_OUT_EVERY) == 0
+    if int(held.sum()) < 2 or int((~held).sum()) < 8:
+        raise ValueError(f"{states.n_tokens} positions are too few to hold some out: pass more text")
+    train, held_out = stack[:, ~held.to(stack.device)], stack[:, held.to(stack.device)][:, :_EVAL_ROWS]
+    text_of_row = torch.tensor(origins, dtype=torch.long)[states.batch_index[~held].cpu()]
+    return train, held_out, text_of_row, states.n_tokens
+
+
+def _fit_halves(adapter: ModelAdapter, train: Tensor, held_out: Tensor, text_of_row: Tensor, w_u: Tensor,
+                b_u: Tensor | None, settings: _Settings, targets: list[tuple[Tensor, Tensor]], *, seq_len: int,
+                progress: bool) -> tuple[tuple[TunedLens, TunedLens], tuple[Tensor, Tensor]]:
+    """Two lenses, each fitted on the training rows of one half of the texts (even, odd), and the sum of
+    their normal equations (those of all the rows: a half's are a sum over its rows)."""
+    lenses, normals = [], []
+    for part in (0, 1):
+        # The half of a training row is its text's parity: disjoint texts, not disjoint windows of one text.
+        rows = (text_of_row % 2 == part).to(train.device)
+        if int(rows.sum()) < 8:
+            raise ValueError(f"halves=True: the training windows of {'even' if part == 0 else 'odd'} texts hold "
+                             f"{int(rows.sum())} positions; pass at least two texts (or rows of ids) with text")
+        half_train = train[:, rows]
+        normals.append(_normal_equations(half_train))
+        half = TunedLens(adapter)
+        info = _fit_rows(half, half_train, held_out, w_u, b_u, settings, desc=f"tuned lens (half {part})",
+                         progress=progress, normal=normals[-1], held_out_targets=targets)
+        del half_train
+        half.training_info = {"method": "fast", "half": part, "seq_len": seq_len, **settings.recorded(), **info}
+        lenses.append(half)
+    whole = tuple(a + b for a, b in zip(*normals))
+    return (lenses[0], lenses[1]), whole
+
+
+def _data_gain(halves_kl: list[list[float]], full_kl: list[float]) -> list[float]:
+    """Per layer, the relative drop in held-out KL from the half-text lenses (their mean) to the whole-text one."""
+    halves = torch.tensor(halves_kl, dtype=torch.float64).mean(0)
+    full = torch.tensor(full_kl, dtype=torch.float64)
+    return ((halves - full) / halves.clamp_min(1e-12)).tolist()
 
 
 def fit_tuned_lens(
@@ -340,73 +451,39 @@ def fit_tuned_lens(
     adapter = as_adapter(model)
     n_tokens = check_int(n_tokens, "n_tokens", low=16)
     seq_len = check_int(seq_len, "seq_len", low=3)
-    ridge = _check_float(ridge, "ridge")
-    lr = _check_float(lr, "lr", open_low=True)
-    batch_tokens = check_int(batch_tokens, "batch_tokens", low=1)
-    max_steps = check_int(max_steps, "max_steps", low=0)
-    max_seconds = _check_float(max_seconds, "max_seconds")
-    eval_every = check_int(eval_every, "eval_every", low=1)
-    patience = check_int(patience, "patience", low=1)
-    tol = _check_float(tol, "tol")
+    settings = _Settings.checked(adapter.unembed_matrix("raw").device, ridge=ridge, refine=refine, lr=lr,
+                                 batch_tokens=batch_tokens, max_steps=max_steps, max_seconds=max_seconds,
+                                 eval_every=eval_every, patience=patience, tol=tol, seed=seed,
+                                 matmul_dtype=matmul_dtype)
     if not isinstance(halves, bool):
         raise TypeError(f"halves must be a bool, got {halves!r}")
-    matmul_dtype = resolve_matmul_dtype(matmul_dtype, adapter.unembed_matrix("raw").device)
     lens = TunedLens(adapter) if lens is None else lens
     if not isinstance(lens, TunedLens):
         raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
-    if (lens.n_layers, lens.d_model, lens.d_vocab) != (adapter.n_layers, adapter.d_model, adapter.d_vocab):
-        raise ValueError("the lens was made for another model shape")
+    check_lens_fits(lens, adapter)
     started = time.perf_counter()
-
-    origins: list[int] = []
-    tokens, mask = _windows(adapter, texts, seq_len, n_tokens + n_tokens // (_HELD_OUT_EVERY - 1), attention_mask,
-                            origins)
-    states = capture(adapter, tokens, attention_mask=mask, sites=(RESIDUAL_SITE,), n_tokens=UpperBound(n_tokens),
-                     seed=seed, progress=progress)
-    stack = states[RESIDUAL_SITE]  # [L + 1, N, d] float32
-    held = (states.batch_index % _HELD_OUT_EVERY) == 0
-    if int(held.sum()) < 2 or int((~held).sum()) < 8:
-        raise ValueError(f"{states.n_tokens} positions are too few to hold some out: pass more text")
-    train, held_out = stack[:, ~held.to(stack.device)], stack[:, held.to(stack.device)][:, :_EVAL_ROWS]
+    train, held_out, text_of_row, n_captured = _capture_split(adapter, texts, n_tokens=n_tokens, seq_len=seq_len,
+                                                              attention_mask=attention_mask, seed=seed,
+                                                              progress=progress)
     w_u = adapter.unembed_matrix("raw").to(torch.float32)
     b_u = adapter.unembed_bias()
-    settings = dict(ridge=ridge, refine=refine, lr=lr, batch_tokens=batch_tokens, max_steps=max_steps,
-                    max_seconds=max_seconds, eval_every=eval_every, patience=patience, tol=tol, seed=seed,
-                    matmul_dtype=matmul_dtype)
-    recorded = {**settings, "matmul_dtype": dtype_name(matmul_dtype)}  # training_info is saved as JSON
     capture_seconds = round(time.perf_counter() - started, 2)
     # Computed once for every lens fitted on this capture: the held-out targets, and the normal
     # equations of the closed form (a half's are a sum over its rows, the whole's the sum of the halves').
     targets = _held_out_targets(held_out, adapter, w_u, b_u)
-    half_lenses, half_normals = None, []
+    half_lenses, normal = None, None
     if halves:
-        # The half of a training row is its text's parity: disjoint texts, not disjoint windows of one text.
-        text_of_row = torch.tensor(origins, dtype=torch.long)[states.batch_index[~held].cpu()]
-        half_lenses = (TunedLens(adapter), TunedLens(adapter))
-        for part, half_lens in enumerate(half_lenses):
-            rows = (text_of_row % 2 == part).to(train.device)
-            if int(rows.sum()) < 8:
-                raise ValueError(f"halves=True: the training windows of {'even' if part == 0 else 'odd'} texts hold "
-                                 f"{int(rows.sum())} positions; pass at least two texts (or rows of ids) with text")
-            half_train = train[:, rows]
-            half_normals.append(_normal_equations(half_train))
-            info = _fit_rows(half_lens, half_train, held_out, w_u, b_u, desc=f"tuned lens (half {part})",
-                             progress=progress, normal=half_normals[-1], held_out_targets=targets, **settings)
-            del half_train
-            half_lens.training_info = {"method": "fast", "half": part, "seq_len": seq_len, **recorded, **info}
-    normal = tuple(a + b for a, b in zip(*half_normals)) if half_normals else None
-    del half_normals
-    info = _fit_rows(lens, train, held_out, w_u, b_u, desc="tuned lens (fast)", progress=progress, normal=normal,
-                     held_out_targets=targets, **settings)
+        half_lenses, normal = _fit_halves(adapter, train, held_out, text_of_row, w_u, b_u, settings, targets,
+                                          seq_len=seq_len, progress=progress)
+    info = _fit_rows(lens, train, held_out, w_u, b_u, settings, desc="tuned lens (fast)", progress=progress,
+                     normal=normal, held_out_targets=targets)
     lens.training_info = {
-        "method": "fast", "n_tokens": states.n_tokens, "n_held_out": int(held_out.shape[1]), "seq_len": seq_len,
-        **recorded, **info, "capture_seconds": capture_seconds,
+        "method": "fast", "n_tokens": n_captured, "n_held_out": int(held_out.shape[1]), "seq_len": seq_len,
+        **settings.recorded(), **info, "capture_seconds": capture_seconds,
         "seconds": round(time.perf_counter() - started, 2),
     }
     if half_lenses is not None:
-        lens.training_info["halves_held_out_kl"] = [h.training_info["held_out_kl"] for h in half_lenses]
-        halves_kl = torch.tensor(lens.training_info["halves_held_out_kl"], dtype=torch.float64).mean(0)
-        full_kl = torch.tensor(info["held_out_kl"], dtype=torch.float64)
-        lens.training_info["data_gain"] = ((halves_kl - full_kl) / halves_kl.clamp_min(1e-12)).tolist()
+        halves_kl = [h.training_info["held_out_kl"] for h in half_lenses]
+        lens.training_info.update(halves_held_out_kl=halves_kl, data_gain=_data_gain(halves_kl, info["held_out_kl"]))
     lens.halves = half_lenses
     return lens

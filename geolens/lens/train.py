@@ -37,9 +37,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from geolens._validation import check_int
+from geolens._validation import check_float, check_int
 from geolens.lens.logit_lens import residual_stream
-from geolens.lens.tuned_lens import TunedLens
+from geolens.lens.tuned_lens import TunedLens, check_lens_fits
 from geolens.model import ModelAdapter, as_adapter
 
 __all__ = ["train_tuned_lens", "fast_matmul_dtype", "DEFAULT_STEPS", "DEFAULT_TOKENS_PER_STEP", "DEFAULT_SEQ_LEN", "kl_rows"]
@@ -48,6 +48,7 @@ DEFAULT_STEPS = 50
 DEFAULT_TOKENS_PER_STEP = 128  # DEFAULT_STEPS x 128 = 6.4k training tokens: a budget for a CPU
 DEFAULT_SEQ_LEN = 128
 _ROW_CHUNK = 512  # rows of [N, V] logits alive at once
+_WINDOW_GROUP = 8  # windows read at a time when a fit gathers enough positions
 
 
 def kl_rows(log_p: Tensor, logits_q: Tensor) -> Tensor:
@@ -66,53 +67,55 @@ def _kl_of_logits(p: Tensor, p_log_p: Tensor, logits: Tensor) -> tuple[Tensor, T
     return p_log_p - torch.linalg.vecdot(p, logits) + lse.squeeze(-1), lse
 
 
-def _windows_of_texts(adapter: ModelAdapter, texts: Iterable[str], seq_len: int,
-                      origins: list[int] | None = None) -> Iterator[Tensor]:
-    """Token windows of at most ``seq_len`` ids, text by text; a long text is cut into several,
-    each later window re-starting with the BOS the model put first. ``origins`` (if given)
-    receives the index of the text of each window."""
-    bos = getattr(adapter.tokenizer, "bos_token_id", None)
-    for index, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(f"texts must be str, got {type(text).__name__}")
-        ids, mask = adapter.tokenize([text])
-        row = ids[0, : int(mask[0].sum())].cpu()
-        if row.numel() <= seq_len:
-            if origins is not None:
-                origins.append(index)
-            yield row
-            continue
-        head = row[:1] if bos is not None and int(row[0]) == bos else row[:0]
-        body = row[head.numel():]
-        step = seq_len - head.numel()
-        for start in range(0, body.numel(), step):
-            window = torch.cat([head, body[start : start + step]])
-            if window.numel() >= 3:
-                if origins is not None:
-                    origins.append(index)
-                yield window
-
-
 def _windows(adapter: ModelAdapter, data: Any, seq_len: int, attention_mask: Tensor | None,
              origins: list[int] | None = None) -> Iterator[Tensor]:
+    """Token windows of at most ``seq_len`` ids, lazily, in the order of ``data``.
+
+    ``data``: ``[B, T]`` token ids (each row's real tokens are one window, cut at ``seq_len``) or
+    texts (a str, or an iterable of them), each tokenised and cut by :func:`_cut`. ``origins``
+    (if given) receives the index of the text (or row) of each window.
+    """
     if isinstance(data, Tensor):
         if data.ndim != 2 or data.dtype.is_floating_point:
             raise ValueError(f"token ids must be an integer [B, T] tensor, got {data.dtype} {tuple(data.shape)}")
         mask = torch.ones_like(data) if attention_mask is None else attention_mask
-        for index, (row, row_mask) in enumerate(zip(data.cpu(), mask.cpu())):
+        rows: Iterable[tuple[int, list[Tensor]]] = (
+            (index, [row[row_mask != 0][:seq_len]]) for index, (row, row_mask) in enumerate(zip(data.cpu(), mask.cpu())))
+    else:
+        rows = ((index, _cut(_text_ids(adapter, text), seq_len, adapter)) for index, text in
+                enumerate([data] if isinstance(data, str) else data))
+    for index, windows in rows:
+        for window in windows:
             if origins is not None:
-                origins.append(index)  # each row of ids counts as its own text
-            yield row[row_mask != 0][:seq_len]
-        return
-    if isinstance(data, str):
-        data = [data]
-    yield from _windows_of_texts(adapter, data, seq_len, origins)
+                origins.append(index)
+            yield window
+
+
+def _text_ids(adapter: ModelAdapter, text: object) -> Tensor:
+    """The token ids of one text (CPU, no padding)."""
+    if not isinstance(text, str):
+        raise TypeError(f"texts must be str, got {type(text).__name__}")
+    ids, mask = adapter.tokenize([text])
+    return ids[0, : int(mask[0].sum())].cpu()
+
+
+def _cut(row: Tensor, seq_len: int, adapter: ModelAdapter) -> list[Tensor]:
+    """A text's ids as windows of at most ``seq_len``: the whole text if it fits, else consecutive pieces,
+    each re-starting with the BOS the model put first; a piece shorter than 3 tokens is dropped."""
+    if row.numel() <= seq_len:
+        return [row]
+    bos = getattr(adapter.tokenizer, "bos_token_id", None)
+    head = row[:1] if bos is not None and int(row[0]) == bos else row[:0]
+    body = row[head.numel():]
+    step = seq_len - head.numel()
+    pieces = (torch.cat([head, body[start : start + step]]) for start in range(0, body.numel(), step))
+    return [window for window in pieces if window.numel() >= 3]
 
 
 def _micro_batches(adapter, data, seq_len, batch_size, attention_mask,
                    origins: list[int] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
     """Right-padded ``(tokens, mask)`` batches of ``batch_size`` windows, made lazily (``origins``: see
-    :func:`_windows_of_texts`)."""
+    :func:`_windows`)."""
     buffer: list[Tensor] = []
     for window in _windows(adapter, data, seq_len, attention_mask, origins):
         buffer.append(window)
@@ -121,6 +124,26 @@ def _micro_batches(adapter, data, seq_len, batch_size, attention_mask,
             buffer = []
     if buffer:
         yield _pad(buffer, adapter)
+
+
+def _padded_windows(adapter: ModelAdapter, data: Any, seq_len: int, attention_mask: Tensor | None, *,
+                    needed: int, origins: list[int] | None = None) -> tuple[Tensor, Tensor]:
+    """Right-padded ``(tokens, mask)`` of the first :func:`_windows` of ``data`` that hold ``needed`` positions
+    other than each window's first token (or all of them).
+
+    Windows are taken in groups of ``_WINDOW_GROUP``, so a text gives the same windows (and a seeded
+    sample of them the same positions) whatever ``needed`` rounds to within a group.
+    """
+    rows: list[Tensor] = []
+    eligible = 0
+    for window in _windows(adapter, data, seq_len, attention_mask, origins):
+        rows.append(window)
+        eligible += window.numel() - 1  # the first token of each window is never sampled
+        if len(rows) % _WINDOW_GROUP == 0 and eligible >= needed:
+            break
+    if not rows:
+        raise ValueError("the training text holds no token to train on: pass more text")
+    return _pad(rows, adapter)
 
 
 def _pad(rows: list[Tensor], adapter: ModelAdapter) -> tuple[Tensor, Tensor]:
@@ -240,16 +263,13 @@ def train_tuned_lens(
     tokens_per_step = check_int(tokens_per_step, "tokens_per_step", low=1)
     seq_len = check_int(seq_len, "seq_len", low=3)
     batch_size = check_int(batch_size, "batch_size", low=1)
-    for value, name in ((lr, "lr"), (weight_decay, "weight_decay"), (clip_grad, "clip_grad")):
-        if not isinstance(value, (int, float)) or not value >= 0 or value != value:
-            raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    if not 0 <= momentum < 1:
-        raise ValueError(f"momentum must lie in [0, 1), got {momentum!r}")
+    lr, weight_decay, clip_grad = (check_float(value, name, low=0) for value, name in
+                                   ((lr, "lr"), (weight_decay, "weight_decay"), (clip_grad, "clip_grad")))
+    momentum = check_float(momentum, "momentum", low=0, high=1, high_open=True)
     lens = TunedLens(adapter) if lens is None else lens
     if not isinstance(lens, TunedLens):
         raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
-    if (lens.n_layers, lens.d_model, lens.d_vocab) != (adapter.n_layers, adapter.d_model, adapter.d_vocab):
-        raise ValueError("the lens was made for another model shape")
+    check_lens_fits(lens, adapter)
     lens.train()
     params = [p for p in lens.translators.parameters()]
     opt = torch.optim.SGD(params, lr=lr * (1 - momentum), momentum=momentum, nesterov=momentum > 0,

@@ -57,6 +57,15 @@ _FORMAT_VERSION = 1
 _SHAPE_KEYS = ("n_layers", "d_model", "d_vocab")
 
 
+def _shape(lens_or_model: Any) -> dict[str, Any]:
+    return {key: getattr(lens_or_model, key) for key in _SHAPE_KEYS}
+
+
+def check_lens_fits(lens: "TunedLens", adapter: Any) -> None:
+    """Raise ``ValueError`` if ``lens`` was made for a model of another shape than ``adapter``'s (naming each size)."""
+    tl_format.check_lens_shape(_shape(lens), _shape(as_adapter(adapter)), "the lens", lens.model_name)
+
+
 class TunedLens(LogitLens):
     """Affine translators ``h -> h + A_l h + b_l`` for layers ``0..L-1``, then the logit lens.
 
@@ -192,13 +201,7 @@ class TunedLens(LogitLens):
             raise ValueError(f"{config_path} is not a geolens tuned lens (format {found!r})")
         _check_config(config, config_path, remedy)
         lens = cls(model, bias=config.get("bias", True))
-        mismatched = [f"{k}: lens {config.get(k)} vs model {getattr(lens, k)}" for k in _SHAPE_KEYS
-                      if config.get(k) != getattr(lens, k)]
-        if mismatched:
-            raise ValueError(
-                f"the tuned lens in {directory} was made for another model shape ({'; '.join(mismatched)}); "
-                f"it was trained for {config.get('model_name')!r}"
-            )
+        tl_format.check_lens_shape(config, _shape(lens), f"the tuned lens in {directory}", config.get("model_name"))
         if save_id is not None and config.get("save_id") != save_id:
             raise DamagedFileError(f"{config_path} is not the save its parent lens recorded (an interrupted save); "
                                    f"{remedy}")

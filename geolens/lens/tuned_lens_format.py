@@ -53,6 +53,23 @@ LENS_TYPE = "linear_tuned_lens"
 _PREFIX = "layer_translators."
 
 
+def check_lens_shape(lens_shape: dict[str, Any], model_shape: dict[str, Any], what: str,
+                     made_for: object = None) -> None:
+    """Raise ``ValueError`` naming each size (``d_model``, layers, vocabulary) where a lens differs from the model.
+
+    Example:
+        >>> check_lens_shape({"d_model": 64, "n_layers": 2}, {"d_model": 64, "n_layers": 3}, "the lens", "tiny")
+        Traceback (most recent call last):
+        ...
+        ValueError: the lens was made for another model shape (n_layers: lens 2 vs model 3); it was made for 'tiny'
+    """
+    mismatched = [f"{key}: lens {lens_shape.get(key)} vs model {expected}" for key, expected in model_shape.items()
+                  if lens_shape.get(key) != expected]
+    if mismatched:
+        origin = "" if made_for is None else f"; it was made for {made_for!r}"
+        raise ValueError(f"{what} was made for another model shape ({'; '.join(mismatched)}){origin}")
+
+
 def unembed_hash(w_u: Tensor) -> str:
     """tuned-lens's fingerprint of an unembedding given as ``W_U`` ``[d_model, d_vocab]``.
 
@@ -100,16 +117,9 @@ def read_tuned_lens_dir(
     lens_type = config.get("lens_type", LENS_TYPE)
     if lens_type != LENS_TYPE:
         raise ValueError(f"{config_path}: lens_type is {lens_type!r}; only {LENS_TYPE!r} lenses can be read")
-    mismatched = [
-        f"{key}: lens {value} vs model {expected}"
-        for key, expected in (("d_model", d_model), ("num_hidden_layers", n_layers))
-        if (value := _config_int(config, key, config_path)) != expected
-    ]
-    if mismatched:
-        raise ValueError(
-            f"{config_path} describes a lens for another model shape ({'; '.join(mismatched)}); "
-            f"it was made for {config.get('base_model_name_or_path')!r}"
-        )
+    check_lens_shape({key: _config_int(config, key, config_path) for key in ("d_model", "num_hidden_layers")},
+                     {"d_model": d_model, "num_hidden_layers": n_layers}, f"the lens in {config_path}",
+                     config.get("base_model_name_or_path"))
     bias = config.get("bias", True)
     if not isinstance(bias, bool):
         raise ValueError(f"{config_path}: bias must be true or false, got {bias!r}")

@@ -349,7 +349,7 @@ def cell_provenance(path: str | os.PathLike) -> dict[str, Any]:
     """What a cell file records besides its rows: hashes, time, seconds, its analysis's reported parameters."""
     import pyarrow.parquet as pq
 
-    from geolens.results import _restore_non_finite
+    from geolens._json import restore_non_finite
 
     meta = pq.read_schema(path).metadata or {}
-    return _restore_non_finite(json.loads(meta.get(_METADATA_KEY, b"{}")))
+    return restore_non_finite(json.loads(meta.get(_METADATA_KEY, b"{}")))

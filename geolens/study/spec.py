@@ -38,7 +38,6 @@ import functools
 import hashlib
 import importlib
 import json
-import math
 import numbers
 import os
 import re
@@ -47,7 +46,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from geolens._validation import DEFAULT_N_TOKENS, UpperBound
+from geolens._json import callable_id, jsonable
+from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_float
 from geolens.analyses import registry
 from geolens.analyses.grid import SHARED_OPTIONS, check_shared_options, resolve_jobs, route_options
 from geolens.study.factories import model_factories
@@ -89,37 +89,8 @@ def parse_checkpoint_step(checkpoint: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _callable_id(fn: Any) -> Any:
-    """A stable identity of a loader for the cell hash: module and name, and a partial's arguments."""
-    if isinstance(fn, functools.partial):
-        return {"partial": _callable_id(fn.func), "args": _canonical(list(fn.args)),
-                "kwargs": _canonical(dict(fn.keywords))}
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def _canonical(value: Any) -> Any:
-    """JSON-able, deterministic form of a parameter value (for hashing)."""
-    if isinstance(value, UpperBound):  # "at most n" is another setting than "exactly n"
-        return {"at_most": int(value)}
-    if isinstance(value, Mapping):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if callable(value):
-        return _callable_id(value)
-    if hasattr(value, "tolist"):  # tensors, arrays, numpy scalars
-        return _canonical(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return repr(value)
-
-
 def _sha(value: Any, length: int = 16) -> str:
-    return hashlib.sha256(json.dumps(_canonical(value), sort_keys=True).encode()).hexdigest()[:length]
+    return hashlib.sha256(json.dumps(jsonable(value, for_hash=True), sort_keys=True).encode()).hexdigest()[:length]
 
 
 def _table(value: Any, what: str) -> Mapping[Any, Any]:
@@ -149,9 +120,7 @@ def _scalar_metadata(values: Mapping[str, Any], where: str) -> dict[str, Any]:
 def _parse_memory(value: Any) -> int:
     """Bytes from an int or a string such as ``"16GiB"``, ``"500MB"``."""
     if isinstance(value, numbers.Number) and not isinstance(value, bool):
-        if value <= 0:
-            raise ValueError(f"memory must be positive, got {value!r}")
-        return int(value)
+        return int(check_float(value, "memory", low=0, low_open=True))
     match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]i?B|B)?\s*", str(value), flags=re.IGNORECASE)
     if not match:
         raise ValueError(f"memory must be bytes or a size such as '16GiB' or '500MB', got {value!r}")
@@ -176,9 +145,8 @@ def _check_resources(resources: Mapping[str, Any], where: str) -> dict[str, Any]
                 raise ValueError(f"{where}: resources must map custom resource names to amounts >= 0 (CPUs, GPUs "
                                  f"and memory are num_cpus, num_gpus, memory), got {value!r}")
             out[key] = {str(name): amount for name, amount in value.items()}
-        elif not isinstance(value, numbers.Number) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{where}: {key} must be a non-negative number, got {value!r}")
         else:
+            check_float(value, f"{where}: {key}", low=0)
             out[key] = value
     return out
 
@@ -580,7 +548,7 @@ class Study:
                 raise ValueError(f"model {label!r}: checkpoints repeat: {labels}")
             for value, checkpoint in zip(spec.checkpoints, labels):
                 extra = spec.checkpoint_metadata.get(value, spec.checkpoint_metadata.get(checkpoint, {}))
-                source = ({"path": spec.path} if spec.path is not None else {"loader": _callable_id(spec.loader)})
+                source = ({"path": spec.path} if spec.path is not None else {"loader": callable_id(spec.loader)})
                 identity = {"format": CELL_FORMAT, "model": label, "checkpoint": checkpoint, "source": source,
                             "dtype": self.dtype if spec.path is not None else None, "texts": texts_sha}
                 hashes = {name: _sha({**identity, "analysis": name, "options": options})

@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from geolens._validation import check_float
 from geolens.data.texts import default_texts
 
 __all__ = ["EOS", "HELD_OUT_FRACTION", "PAD", "token_windows", "train_tokenizer", "zoo_split"]
@@ -54,8 +55,8 @@ def zoo_split(held_out_fraction: float = HELD_OUT_FRACTION) -> tuple[list[str], 
         >>> set(train) & set(held_out)
         set()
     """
-    if not 0 < held_out_fraction < 1:
-        raise ValueError(f"held_out_fraction must lie in (0, 1), got {held_out_fraction!r}")
+    held_out_fraction = check_float(held_out_fraction, "held_out_fraction", low=0, high=1, low_open=True,
+                                    high_open=True)
     texts = list(dict.fromkeys(default_texts(n=None)))  # drop verbatim repeats, keep corpus order
     n_held = max(1, round(held_out_fraction * len(texts)))
     held = set(random.Random(_SPLIT_SEED).sample(range(len(texts)), n_held))

@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 
 from geolens._cache import cache_root
 from geolens._io import atomic_write_text
-from geolens._validation import check_int
+from geolens._validation import check_float, check_int
 from geolens.data.models import transformers_progress
 from geolens.model import boot_bridge
 from geolens.zoo.corpus import EOS, PAD, token_windows, train_tokenizer, zoo_split
@@ -129,11 +129,7 @@ class ZooConfig:
                 raise ValueError(f"width {width} with d_head {self.d_head} gives heads of size {width / self.n_heads(width):g}; "
                                  "a width must be a multiple of d_head (or below it) with heads of at least 8")
         for name in ("lr", "weight_decay", "clip_grad"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
-        if self.lr == 0:
-            raise ValueError("lr must be positive")
+            check_float(getattr(self, name), name, low=0, low_open=name == "lr")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup!r}")
         schedule = default_checkpoints(self.steps) if self.checkpoints is None else tuple(sorted(set(self.checkpoints)))

@@ -131,3 +131,24 @@ def test_evaluate_scores_given_states_as_its_own_capture(native_bridge, texts):
         evaluate(native_bridge, texts, states=mid, progress=False)
     with pytest.raises(TypeError, match="states must be geolens States"):
         evaluate(native_bridge, texts, states=states[RESIDUAL_SITE], progress=False)
+
+
+def test_next_tokens_and_rows_steps_on_planted_positions():
+    """The evaluation's steps: the next token of each position (none past the end or at padding), and the means."""
+    from geolens._sampling import seeded_subset
+    from geolens.lens.evaluate import _next_tokens, _rows, _subsample
+
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 10, 11]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    rows_b, position = torch.tensor([0, 0, 1, 1]), torch.tensor([1, 2, 0, 3])
+    next_ids, has_next = _next_tokens(ids, mask, rows_b, position)
+    assert next_ids.tolist() == [7, 0, 9, 0] and has_next.tolist() == [True, False, True, False]
+    with pytest.raises(ValueError, match="no sampled position has a next token"):
+        _next_tokens(ids, mask, torch.tensor([0]), torch.tensor([2]))
+    sums = {("logit", 0): torch.tensor([2.0, 3.0, 1.0, 4.0], dtype=torch.float64),
+            ("logit", 1): torch.tensor([0.0, 1.0, 0.0, 4.0], dtype=torch.float64)}
+    rows = _rows(sums, n=4, n_valid=2, ks=[1, 5])
+    assert rows[0] == {"lens": "logit", "layer": 0, "kl": 0.5, "ce": 1.5, "hit@1": 0.25, "hit@5": 1.0, "hit@5/hit@1": 4.0}
+    assert math.isnan(rows[1]["hit@5/hit@1"])  # no hit@1 at all: the ratio is undefined
+    assert _subsample(10, None, 0) == slice(None) and _subsample(10, 10, 0) == slice(None)
+    assert torch.equal(_subsample(10, 4, 3), seeded_subset(10, 4, 3))

@@ -186,3 +186,49 @@ def test_cache_keys_the_halves(native_bridge, train_texts, tmp_path):
     again = cached_tuned_lens(native_bridge, train_texts, halves=True, **common)
     assert again.cache_dir == with_halves.cache_dir
     assert torch.equal(again.halves[1].linear_map(0), with_halves.halves[1].linear_map(0))
+
+
+def test_plateau_and_convergence_on_planted_curves():
+    """The refinement's stopping rules, on held-out curves whose answer is known."""
+    from geolens.lens.fit import _converged, _plateau
+
+    falling = [torch.tensor([8.0, 4.0]) / (i + 1) for i in range(5)]  # halves, thirds, ...: still improving
+    flat = [torch.tensor([2.0, 1.0]), torch.tensor([1.999, 1.0]), torch.tensor([1.998, 1.0])]
+    assert not _plateau(falling, patience=2, tol=0.01) and _plateau(flat, patience=2, tol=0.01)
+    assert not _plateau(flat[:2], patience=2, tol=0.01)  # fewer evaluations than the patience: no plateau yet
+    # Means 6, 3, 2, 1.5, 1.2: over the last two evaluations the mean fell from 2 to 1.2, by 0.4 of itself.
+    assert _plateau(falling, patience=2, tol=0.41) and not _plateau(falling, patience=2, tol=0.39)
+    # Per layer: layer 1 moved by 0.5 of its largest value, layer 0 by 0.1 %.
+    moving = [torch.tensor([1.0, 2.0]), torch.tensor([0.999, 1.5]), torch.tensor([1.0, 1.0])]
+    assert _converged(moving, patience=2, tol=0.01, n_layers=2, closed_form_only=False) == [True, False]
+    assert _converged(moving, patience=2, tol=0.6, n_layers=2, closed_form_only=False) == [True, True]
+    assert _converged(moving[:1], patience=2, tol=0.01, n_layers=2, closed_form_only=True) == [True, True]
+    assert _converged(moving[:2], patience=2, tol=0.01, n_layers=2, closed_form_only=False) == [False, False]
+
+
+def test_one_refinement_step_descends_the_exact_kl(native_bridge):
+    """With plain SGD the step is autograd's gradient of the summed mean KL (scipy-checked above) per layer."""
+    from geolens.lens.fit import _refine_step
+
+    g = torch.Generator().manual_seed(5)
+    lens = TunedLens(native_bridge)
+    with torch.no_grad():
+        for translator in lens.translators:
+            translator.weight.normal_(0, 0.05, generator=g)
+    rows = torch.randn(lens.n_layers + 1, 6, lens.d_model, generator=g)
+    w_u = lens.adapter.unembed_matrix("raw").float().detach()
+    b_u = lens.adapter.unembed_bias()
+    b_u = None if b_u is None else b_u.detach()
+    reference = TunedLens(native_bridge)
+    reference.translators.load_state_dict(lens.translators.state_dict())
+    params = list(reference.translators.parameters())
+    log_p = torch.log_softmax(reference(rows[-1], lens.n_layers, w_u=w_u, b_u=b_u).detach().float(), dim=-1)
+    losses = [kl_rows(log_p, reference(rows[layer], layer, w_u=w_u, b_u=b_u)).mean() for layer in range(lens.n_layers)]
+    grads = torch.autograd.grad(torch.stack(losses).sum(), params)  # the translators' only: the model keeps no grad
+    lr = 0.5
+    kl = _refine_step(lens, rows, torch.optim.SGD(lens.translators.parameters(), lr=lr), w_u, w_u, b_u, None)
+    torch.testing.assert_close(kl, torch.stack(losses).detach(), rtol=1e-4, atol=1e-6)
+    for mine, ref, grad in zip(lens.translators.parameters(), params, grads):
+        torch.testing.assert_close(mine.detach(), ref.detach() - lr * grad, rtol=1e-4, atol=1e-6)
+        assert grad.abs().max() > 0  # the step moved something
+    assert all(p.grad is None for p in native_bridge.parameters())

@@ -61,3 +61,26 @@ def test_lens_does_not_hold_the_model(native_bridge):
     names = set(lens.state_dict())
     assert names == {f"translators.{i}.{p}" for i in range(lens.n_layers) for p in ("weight", "bias")}
     assert as_adapter(native_bridge).n_layers == lens.n_layers
+
+
+def test_one_shape_check_names_each_size_that_differs(native_bridge, neox_bridge, tmp_path):
+    """fit, train, evaluate and load refuse a lens of another model's shape with the same message."""
+    from geolens.lens import evaluate, fit_tuned_lens, train_tuned_lens
+    from geolens.lens.tuned_lens import check_lens_fits
+    from geolens.model import as_adapter
+
+    other = TunedLens(neox_bridge)
+    a, b = as_adapter(native_bridge), as_adapter(neox_bridge)
+    differ = [key for key in ("n_layers", "d_model", "d_vocab") if getattr(a, key) != getattr(b, key)]
+    assert differ
+    expected = f"{differ[0]}: lens {getattr(b, differ[0])} vs model {getattr(a, differ[0])}"
+    check_lens_fits(TunedLens(native_bridge), native_bridge)  # its own model: no error
+    calls = [lambda: check_lens_fits(other, native_bridge),
+             lambda: fit_tuned_lens(native_bridge, ["the cat sat"] * 8, lens=other, progress=False),
+             lambda: train_tuned_lens(native_bridge, ["the cat sat"] * 8, lens=other, progress=False),
+             lambda: evaluate(native_bridge, ["the cat sat on the mat"], lens=other, progress=False),
+             lambda: TunedLens.load(other.save(tmp_path / "other"), native_bridge)]
+    for call in calls:
+        with pytest.raises(ValueError, match="was made for another model shape") as err:
+            call()
+        assert expected in str(err.value)

@@ -1,0 +1,45 @@
+"""The one seeded subset (geolens._sampling) that capture, convergence and the lens evaluation draw."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from geolens._sampling import seeded_subset
+
+
+@pytest.mark.parametrize("available, n, seed", [(10, 4, 0), (1000, 37, 5), (50, 50, 1), (7, 20, 3)])
+def test_the_first_n_of_a_seeded_permutation_sorted(available, n, seed):
+    """Reference: torch's own seeded permutation, written out (the draw every stored sample was made with)."""
+    reference = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    chosen = seeded_subset(available, n, seed)
+    assert torch.equal(chosen, reference) and chosen.dtype == torch.long
+    assert len(set(chosen.tolist())) == min(n, available) and chosen.tolist() == sorted(chosen.tolist())
+
+
+def test_same_seed_same_rows_and_nested_sizes():
+    assert torch.equal(seeded_subset(100, 10, 3), seeded_subset(100, 10, 3))
+    assert not torch.equal(seeded_subset(100, 10, 3), seeded_subset(100, 10, 4))
+    assert set(seeded_subset(100, 10, 3).tolist()) <= set(seeded_subset(100, 30, 3).tolist())
+    assert torch.equal(seeded_subset(100, 10, None), seeded_subset(100, 10, 0))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        seeded_subset(10, 3, -1)
+    with pytest.raises(TypeError, match="n must be an int"):
+        seeded_subset(10, 2.5, 0)
+
+
+def test_capture_draws_its_positions_with_it(native_bridge, texts):
+    from geolens.capture import capture, prepare_tokens, sample_positions
+    from geolens.model import as_adapter
+
+    model = native_bridge
+    batch = prepare_tokens(as_adapter(model), texts, None, None)
+    every_b, every_p = sample_positions(batch.attention_mask, None)
+    b, p = sample_positions(batch.attention_mask, 8, seed=2)
+    pick = seeded_subset(every_b.numel(), 8, 2)
+    assert torch.equal(b, every_b[pick]) and torch.equal(p, every_p[pick])
+    states = capture(model, texts, n_tokens=8, seed=2, progress=False)
+    assert torch.equal(states.batch_index.cpu(), b) and torch.equal(states.position.cpu(), p)
