@@ -1,6 +1,22 @@
 """Small utilities shared by tests (not fixtures)."""
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative: str, name: str):
+    """Import a script of the repository (``examples/x.py``, ``bench/x.py``, ``docs/x.py``) as module ``name``;
+    its ``__main__`` block does not run. Registered in ``sys.modules`` (dataclasses and pickling look it up)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def hook_count(model: torch.nn.Module) -> int:

@@ -19,6 +19,8 @@ import pytest
 
 from tests.test_browser import SHOTS, browser  # noqa: F401  (the headless Chromium fixture)
 
+from tests.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
 REQUIRED = os.environ.get("GEOLENS_REQUIRE_BROWSER") == "1"  # CI: build and open, never skip
@@ -35,10 +37,7 @@ def _require_mkdocs():
 
 
 def _load_builder():
-    spec = importlib.util.spec_from_file_location("execute_notebooks", ROOT / "docs" / "execute_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/execute_notebooks.py", "execute_notebooks")
 
 
 @pytest.fixture(scope="module")

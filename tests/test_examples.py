@@ -1,6 +1,5 @@
 """The examples run end to end (--small, on the real default model: slow) and import cleanly (fast)."""
 
-import importlib.util
 import inspect
 import os
 import subprocess
@@ -8,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {
@@ -21,10 +22,7 @@ EXAMPLES = {
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the __main__ block does not run on import
-    return module
+    return load_script(f"examples/{name}.py", f"example_{name}")  # the __main__ block does not run
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

@@ -8,11 +8,12 @@ and write them under ``out/``.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
@@ -20,10 +21,7 @@ nbformat = pytest.importorskip("nbformat")
 
 
 def _load_builder():
-    spec = importlib.util.spec_from_file_location("execute_notebooks", ROOT / "docs" / "execute_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/execute_notebooks.py", "execute_notebooks")
 
 
 builder = _load_builder()

@@ -6,7 +6,6 @@ The bound is the one ``bench/scale.py`` checks: peak RSS <= 1.2 x the weights' b
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,15 +17,13 @@ import torch
 
 from geolens.metrics.readout import gram_matrix, readout_basis, readout_spectrum
 
+from tests.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"bench/{name}.py", f"bench_{name}")
 
 
 @pytest.fixture(scope="module")

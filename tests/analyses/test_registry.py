@@ -3,7 +3,6 @@ own analysis registered with geolens.register_analysis runs in each of them (exa
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 from pathlib import Path
@@ -16,16 +15,15 @@ import geolens.report
 from geolens.analyses import registry
 from geolens.results import Result
 
+from tests.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "a fish swam under the bridge",
          "my friend reads a book every night"]
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("example_custom_analysis", ROOT / "examples" / "custom_analysis.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/custom_analysis.py", "example_custom_analysis")
 
 
 EXAMPLE = _example()
