@@ -24,7 +24,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from geolens._io import atomic_file, atomic_write_text
-from geolens._validation import UpperBound
+from geolens._validation import UpperBound, check_float
 from geolens.study.cells import (CELLS_DIR, MANIFEST, METADATA_FILE, finish_cell, is_finished, remaining, run_cell,
                                  tidy_cell)
 from geolens.study.spec import CELL_FORMAT, STUDY_KIND, Cell, Study
@@ -356,9 +356,7 @@ def run_study(
         raise ValueError("address= is for executor='ray'")
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
-    if isinstance(infeasible_timeout, bool) or not isinstance(infeasible_timeout, (int, float)) \
-            or not infeasible_timeout >= 0:
-        raise ValueError(f"infeasible_timeout must be a number of seconds >= 0, got {infeasible_timeout!r}")
+    infeasible_timeout = check_float(infeasible_timeout, "infeasible_timeout", low=0, finite=False)  # inf: no limit
     started = time.perf_counter()
     study = _as_study(spec)
     cells = study.cells()

@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Sequence
 import pandas as pd
 
 from geolens._io import atomic_write_text
-from geolens._validation import check_int
+from geolens._validation import check_float, check_int
 from geolens.analyses import registry
 from geolens.report.pages import Section, versions, write_html
 from geolens.results import Result, json_text
@@ -271,8 +271,7 @@ def zoo_report(
         raise ValueError(f"unknown analyses {unknown or list(analyses)}; choose from {known}")
     for name in ("n_texts", "max_length", "n_tokens", "n_null", "lens_steps", "lens_tokens_per_step", "lens_texts"):
         check_int(getattr(settings, name), name, low=1)
-    if not 0 < settings.k_fraction < 1:
-        raise ValueError(f"k_fraction must lie in (0, 1), got {settings.k_fraction!r}")
+    check_float(settings.k_fraction, "k_fraction", low=0, high=1, low_open=True, high_open=True)
     plan = {width: _steps_to_run(zoo, width, checkpoints) for width in zoo.config.widths}
 
     _, held_out = zoo_split()
