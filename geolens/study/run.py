@@ -389,8 +389,8 @@ def run_study(
         infeasible_timeout: seconds a Ray cell may wait for a node that has its ``resources`` (an
             autoscaler adding one). A cell that no alive node can hold fails with an error naming the
             cell and the resource: at once with the default ``0`` (checked against the cluster's nodes
-            before anything is submitted), else after this long; also when the only nodes that could
-            hold it are lost during the run.
+            before anything is submitted), else after this long (``float("inf")``: no limit); also when
+            the only nodes that could hold it are lost during the run.
         progress: a progress bar counting finished cells.
 
     Returns:
