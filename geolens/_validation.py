@@ -84,12 +84,14 @@ def check_float(
     high: float | None = None,
     low_open: bool = False,
     high_open: bool = False,
+    finite: bool = True,
 ) -> float:
     """Return ``value`` as a finite float within ``low``/``high``, else raise naming ``name``.
 
     Bounds are closed (``>=``, ``<=``) unless ``low_open``/``high_open``. Any real number is
     accepted (Python and NumPy ints and floats, 0-d real tensors); ``bool``, strings and complex
     numbers raise ``TypeError``; NaN, infinities and values out of bounds ``ValueError``.
+    ``finite=False`` lets infinities through (a limit that may be "never"); NaN still raises.
 
     Example:
         >>> check_float(1e-3, "lr", low=0, low_open=True)
@@ -104,8 +106,8 @@ def check_float(
     ):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value}")
+    if math.isnan(value) or finite and math.isinf(value):
+        raise ValueError(f"{name} must be a {'finite ' if finite else ''}number, got {value}")
     if low is not None and (value < low or low_open and value == low):
         raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
     if high is not None and (value > high or high_open and value == high):

@@ -121,3 +121,24 @@ def test_convergence_findings_of_one_layer_pair_name_each_verdict():
     no_null = {key: value for key, value in row.items() if not key.endswith("_z")}
     assert len(convergence_findings(Result(rows=[no_null], params={"model_a": "A", "model_b": "B"}))) == 1
     assert convergence_findings(Result(rows=[{"layer_a": 0, "layer_b": 0, "rho_full": 0.3}])) == []
+
+
+def test_interval_steps_classify_layers_find_masking_and_judge_the_end():
+    import pandas as pd
+
+    from geolens.report.findings import _interval_classes, _interval_masking, _recovery_verdict
+
+    # planted intervals: on the ±1.96 edges a layer counts as at chance (closed), just past them as above/below
+    cells = pd.DataFrame({"z": [0.0] * 6, "z_low": [1.97, -3.0, -1.96, -2.5, 0.5, -1.0],
+                          "z_high": [2.5, -1.97, 1.96, 0.0, 2.0, 1.0]})
+    assert _interval_classes(cells) == ([0], [1], [2, 5], [3, 4])
+    base = pd.DataFrame({"z": [-3.0, -3.0], "z_low": [-4.0, -4.0], "z_high": [-2.5, -2.5]})
+    larger = {3: pd.DataFrame({"z": [0.0, 0.0], "z_low": [-1.0, -1.0], "z_high": [1.0, 1.0]}),
+              5: pd.DataFrame({"z": [3.0, 0.0], "z_low": [2.5, -1.0], "z_high": [3.5, 1.0]})}
+    line = _interval_masking({1: base, **larger}, 1, "over resampled texts")
+    assert line.startswith("Masking: at layers 0, CCR-1 z < −1.96 while CCR-5 z > 1.96") and "component(s) 2–5" in line
+    assert _interval_masking({1: base, 3: larger[3]}, 1, "x") is None
+    assert _recovery_verdict([(3.0, 2.0, 4.0), (3.0, 2.5, 3.5)]) == "it recovers"
+    assert _recovery_verdict([(3.0, 2.0, 4.0), (-3.0, -4.0, -2.0)]) == "it does not recover"
+    assert _recovery_verdict([(0.0, -1.0, 1.0)]) == "it is at chance"
+    assert _recovery_verdict([(0.0, -1.0, 2.0)]) == "this sample does not settle whether it recovers"

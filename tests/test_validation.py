@@ -72,3 +72,28 @@ def test_entry_points_validate_floats_with_it(native_bridge):
         Study(models={"a": "x"}, texts=["a b c"], resources={"num_cpus": math.inf}).cells()
     with pytest.raises(ValueError, match="lr must be > 0"):
         ZooConfig(lr=0.0)
+
+
+def test_check_float_finite_false_lets_infinities_through_but_not_nan():
+    assert check_float(math.inf, "timeout", low=0, finite=False) == math.inf
+    with pytest.raises(ValueError, match=r"^timeout must be a number, got nan"):
+        check_float(math.nan, "timeout", finite=False)
+    with pytest.raises(ValueError, match=r"^timeout must be >= 0, got -inf"):
+        check_float(-math.inf, "timeout", low=0, finite=False)
+
+
+def test_study_and_zoo_limits_validate_floats_with_it(tmp_path):
+    """run_study's infeasible_timeout (no limit: inf) and the zoo report's k_fraction, checked before any work."""
+    from geolens.study import Study, run_study
+    from geolens.zoo import zoo_report
+
+    spec = Study(models={"a": "x"}, texts=["a b c"])
+    with pytest.raises(ValueError, match="infeasible_timeout must be >= 0, got -1.0"):
+        run_study(spec, tmp_path / "a", executor="ray", infeasible_timeout=-1, progress=False)
+    with pytest.raises(TypeError, match="infeasible_timeout must be a number, got str"):
+        run_study(spec, tmp_path / "b", executor="ray", infeasible_timeout="5", progress=False)
+    for bad, message in ((0, "k_fraction must be > 0, got 0.0"), (1, "k_fraction must be < 1, got 1.0"),
+                         (math.nan, "k_fraction must be a finite number")):
+        with pytest.raises(ValueError, match=message):
+            zoo_report(None, None, k_fraction=bad)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

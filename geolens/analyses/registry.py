@@ -378,18 +378,26 @@ def unregister_analysis(name: str) -> None:
         _RECORDS.pop(name, None)
 
 
-def resolve_function(text: Any, where: str) -> Callable[..., Any]:
+def resolve_function(text: Any, where: str, *, key: str = "function") -> Callable[..., Any]:
     """A callable from ``"module:function"`` (or a callable as it is); ``ValueError`` naming ``where`` else.
+
+    The one string importer of geolens (analyses' ``function =``, study models' ``loader =`` and
+    ``factory =``); ``key`` is the setting the text came from, for the message. The function may be an
+    attribute path (``"module:Class.method"``).
 
     Example:
         >>> resolve_function("geolens.analyses.pga:pga", "analyses.mine").__name__
         'pga'
+        >>> resolve_function("geolens", "model 'a'", key="loader")
+        Traceback (most recent call last):
+        ...
+        ValueError: model 'a': loader = 'geolens' must be 'module:function'
     """
     if callable(text):
         return text
     module, _, attribute = str(text).partition(":")
     if not isinstance(text, str) or not module or not attribute:
-        raise ValueError(f"{where}: function = {text!r} must be 'module:function'")
+        raise ValueError(f"{where}: {key} = {text!r} must be 'module:function'")
     try:
         value = importlib.import_module(module)
         for part in attribute.split("."):

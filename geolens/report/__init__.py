@@ -441,16 +441,9 @@ def report(
         ['meta.json', 'report.html', 'updates.csv', 'updates.json']
     """
     started, date = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
-    if settings is not None and quick:
-        raise TypeError("give either settings= or quick=True; ReportSettings.quick_preset(...) makes quick settings")
-    if settings is None:
-        settings = ReportSettings.quick_preset() if quick else ReportSettings()
-    settings.update(**overrides)
+    settings = _report_settings(settings, quick, overrides)
     formats = _figure_formats(figures)
-    chosen = list(DEFAULT_SECTIONS) if sections is None else list(sections)
-    unknown = [name for name in chosen if name not in registry.names("report")]
-    if unknown:
-        raise ValueError(f"unknown sections {unknown}; choose from {registry.names('report')}")
+    chosen = _chosen_sections(sections)
     if isinstance(settings.convergence_model, str) and settings.convergence_model == "auto":
         settings.convergence_model = CROSS_FAMILY_MODEL if model is None else None
     if model is None:
@@ -461,43 +454,15 @@ def report(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     paths: dict[str, Path] = {}
-    rendered, timings, errors = [], {}, {}
+    rendered: list[Section] = []
     bar = tqdm(chosen, desc="report", unit="section", disable=not settings.progress)
     for name in bar:
         bar.set_postfix_str(name)  # which section is running: sections take seconds to minutes each
-        record = registry.get(name)
-        heading = record.title
-        section_start = time.perf_counter()
-        try:
-            result, figures_made = run_section(name, adapter, texts, settings)
-        except Exception as error:  # a failed section is reported, the others still run
-            errors[name] = "".join(traceback.format_exception_only(type(error), error)).strip()
-            rendered.append(Section(name, heading, error=errors[name],
-                                    seconds=round(time.perf_counter() - section_start, 1)))
-            continue
-        finally:
-            timings[name] = round(time.perf_counter() - section_start, 1)
-        settings.results[name] = result
-        for i, (label, table) in enumerate(result_tables(result).items()):  # the first is <name>.csv
-            csv = f"{name}.csv" if i == 0 else f"{name}_{label}.csv"
-            paths[csv] = atomic_write_text(out_dir / csv, table.to_csv(index=False))
-        paths[f"{name}.json"] = result.save(out_dir / f"{name}.json")
-        if formats:
-            files = [out_dir / f"{name}-{n}.{ext}" for n in range(1, len(figures_made) + 1) for ext in formats]
-            write_figures([f for f in figures_made for _ in formats], files)
-            paths.update({file.name: file for file in files})
-        rendered.append(Section(name, heading, record.caption, result, figures_made,
-                                findings=findings(name, result), seconds=timings[name],
-                                note=record.notes))
-
-    meta = {
-        "model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model, "texts": len(texts),
-        "sections": chosen, "quick": settings.quick, "date": date,
-        "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings, "errors": errors,
-        "settings": _effective_settings(settings), "versions": versions(),
-        # the positions the shared capture used (n_tokens is an upper bound unless set by hand)
-        "n_tokens_used": None if settings.states is None else settings.states.n_tokens,
-    }
+        section, written = _report_section(name, adapter, texts, settings, out_dir, formats)
+        rendered.append(section)
+        paths.update(written)
+    meta = _report_meta(adapter, texts, chosen, settings, rendered, date=date,
+                        run_time_s=round(time.perf_counter() - started, 1))
     subtitle = (f"{adapter.n_layers} layers, d_model = {adapter.d_model}; {len(texts)} texts; "
                 f"{'quick budgets; ' if settings.quick else ''}{meta['date']}")
     paths["report.html"] = write_html(out_dir / "report.html", title=f"geolens report — {adapter.name}",
@@ -505,3 +470,70 @@ def report(
     atomic_write_text(out_dir / "meta.json", json_text(meta))
     paths["meta.json"] = out_dir / "meta.json"
     return paths
+
+
+def _report_settings(settings: ReportSettings | None, quick: bool, overrides: dict[str, Any]) -> ReportSettings:
+    """The run's settings: ``settings``, else the quick or default preset; ``overrides`` on top."""
+    if settings is not None and quick:
+        raise TypeError("give either settings= or quick=True; ReportSettings.quick_preset(...) makes quick settings")
+    if settings is None:
+        settings = ReportSettings.quick_preset() if quick else ReportSettings()
+    return settings.update(**overrides)
+
+
+def _chosen_sections(sections: Sequence[str] | None) -> list[str]:
+    """``sections`` (default :data:`DEFAULT_SECTIONS`), each a report section of the registry, else ``ValueError``."""
+    chosen = list(DEFAULT_SECTIONS) if sections is None else list(sections)
+    unknown = [name for name in chosen if name not in registry.names("report")]
+    if unknown:
+        raise ValueError(f"unknown sections {unknown}; choose from {registry.names('report')}")
+    return chosen
+
+
+def _report_section(name: str, adapter: ModelAdapter, texts: list[str], settings: ReportSettings, out_dir: Path,
+                    formats: list[str]) -> tuple[Section, dict[str, Path]]:
+    """Run one section and write its files: ``(its Section for the page, {file name: path})``.
+
+    A failed section becomes a Section holding its error (and no files): the others still run.
+    """
+    record = registry.get(name)
+    section_start = time.perf_counter()
+    try:
+        result, figures_made = run_section(name, adapter, texts, settings)
+    except Exception as error:  # a failed section is reported, the others still run
+        message = "".join(traceback.format_exception_only(type(error), error)).strip()
+        return Section(name, record.title, error=message, seconds=round(time.perf_counter() - section_start, 1)), {}
+    seconds = round(time.perf_counter() - section_start, 1)
+    settings.results[name] = result
+    paths = _write_section(name, result, figures_made, out_dir, formats)
+    return Section(name, record.title, record.caption, result, figures_made, findings=findings(name, result),
+                   seconds=seconds, note=record.notes), paths
+
+
+def _write_section(name: str, result: Any, figures_made: Sequence[Any], out_dir: Path,
+                   formats: list[str]) -> dict[str, Path]:
+    """``<name>.csv`` (and ``<name>_<table>.csv`` of further tables), ``<name>.json``, figures in ``formats``."""
+    paths: dict[str, Path] = {}
+    for i, (label, table) in enumerate(result_tables(result).items()):  # the first is <name>.csv
+        csv = f"{name}.csv" if i == 0 else f"{name}_{label}.csv"
+        paths[csv] = atomic_write_text(out_dir / csv, table.to_csv(index=False))
+    paths[f"{name}.json"] = result.save(out_dir / f"{name}.json")
+    if formats:
+        files = [out_dir / f"{name}-{n}.{ext}" for n in range(1, len(figures_made) + 1) for ext in formats]
+        write_figures([f for f in figures_made for _ in formats], files)
+        paths.update({file.name: file for file in files})
+    return paths
+
+
+def _report_meta(adapter: ModelAdapter, texts: list[str], chosen: list[str], settings: ReportSettings,
+                 rendered: list[Section], *, date: str, run_time_s: float) -> dict[str, Any]:
+    """``meta.json``: the model, the sections with their run times and errors, the settings, the versions."""
+    return {
+        "model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model, "texts": len(texts),
+        "sections": chosen, "quick": settings.quick, "date": date, "run_time_s": run_time_s,
+        "section_time_s": {section.name: section.seconds for section in rendered},
+        "errors": {section.name: section.error for section in rendered if section.error is not None},
+        "settings": _effective_settings(settings), "versions": versions(),
+        # the positions the shared capture used (n_tokens is an upper bound unless set by hand)
+        "n_tokens_used": None if settings.states is None else settings.states.n_tokens,
+    }

@@ -123,63 +123,98 @@ def pga_interval_findings(result: Any) -> list[str]:
     boot = result.params.get("bootstrap") or {}
     b, n_texts = boot.get("n_resamples", result.params.get("n_resamples")), boot.get("n_texts")
     over = "over resampled texts" + (f" ({b} resamples of {n_texts} texts)" if b and n_texts else "")
-    lines = []
     resid = table[table["site"] != "final"]
     by_ccr = {int(c): part.set_index("layer")[["z", "z_low", "z_high"]] for c, part in resid.groupby("ccr")}
     base = 1 if 1 in by_ccr else min(by_ccr)
-    low, high = by_ccr[base]["z_low"], by_ccr[base]["z_high"]
-    for m in sorted(c for c in by_ccr if c > base):
-        other_low = by_ccr[m]["z_low"].reindex(low.index)
-        masked = [l for l in low.index if high[l] < -Z_CHANCE and other_low[l] > Z_CHANCE]
-        if masked:
-            hidden = f"{base + 1}" if m == base + 1 else f"{base + 1}–{m}"
-            lines.append(f"Masking: at layers {layer_ranges(masked)}, CCR-{base} z < −1.96 while CCR-{m} z > 1.96 "
-                         f"across the 95 % interval {over} — the readout alignment is hidden by principal "
-                         f"component(s) {hidden}.")
-            break
+    masking = _interval_masking(by_ccr, base, over)
+    lines = [] if masking is None else [masking]
     cells = by_ccr[base].dropna(subset=["z_low", "z_high"])
     if len(cells):
-        above = [l for l in cells.index if cells.at[l, "z_low"] > Z_CHANCE]
-        below = [l for l in cells.index if cells.at[l, "z_high"] < -Z_CHANCE]
-        chance = [l for l in cells.index if cells.at[l, "z_low"] >= -Z_CHANCE and cells.at[l, "z_high"] <= Z_CHANCE]
-        open_ = [l for l in cells.index if l not in above + below + chance]
-
-        def at(layers: list[int]) -> str:
-            return "no layer" if not layers else f"layer{'s' if len(layers) > 1 else ''} {layer_ranges(layers)}"
-
-        line = (f"CCR-{base}, across the 95 % interval {over}: the readout subspace keeps more of the distance "
-                f"structure than chance at {at(above)}, less than chance at {at(below)}")
-        if chance:
-            line += f"; it is at chance at {at(chance)}"
-        if open_:
-            line += f"; {at(open_)} {'is' if len(open_) == 1 else 'are'} not settled by this sample"
-        if above:
-            best = max(above, key=lambda l: cells.at[l, "z_low"])
-            line += (f"; strongest at layer {best} (z = {_fmt(cells.at[best, 'z'])}, interval "
-                     f"{_interval(cells.at[best, 'z_low'], cells.at[best, 'z_high'])})")
-        lines.append(line + ".")
-        last = int(by_ccr[base].index.max())
-        ends = [tuple(by_ccr[base].loc[last, ["z", "z_low", "z_high"]])]
-        end = f"The last block (layer {last}) has z = {_fmt(ends[0][0])} ({_interval(*ends[0][1:])})"
-        final = table[(table["site"] == "final") & (table["ccr"] == base)]
-        if len(final):
-            ends.append(tuple(float(v) for v in final[["z", "z_low", "z_high"]].iloc[0]))
-            end += f" and the post-ln_final state z = {_fmt(ends[1][0])} ({_interval(*ends[1][1:])})"
-        if all(lo > Z_CHANCE for _, lo, _ in ends):
-            verdict = "it recovers"
-        elif any(hi < -Z_CHANCE for _, _, hi in ends):
-            verdict = "it does not recover"
-        elif all(lo >= -Z_CHANCE and hi <= Z_CHANCE for _, lo, hi in ends):
-            verdict = "it is at chance"
-        else:
-            verdict = "this sample does not settle whether it recovers"
-        lines.append(f"{end} at CCR-{base}, 95 % intervals {over.split(' (')[0]}: {verdict}.")
+        lines.append(_interval_layers_line(cells, base, over))
+        lines.append(_interval_ends_line(table, by_ccr[base], base, over))
     if boot.get("few_texts"):
         lines.append(f"The intervals come from resampling only {n_texts} texts: they say little about another sample.")
     if "degenerate" in table and (table["degenerate"].fillna("") != "").any():
         lines.append(f"{int((table['degenerate'].fillna('') != '').sum())} (layer, CCR) scores are undefined "
                      "(degenerate states; see the table).")
     return lines
+
+
+def _interval_masking(by_ccr: dict[int, Any], base: int, over: str) -> str | None:
+    """The first larger CCR whose interval is above chance at a layer where the ``base`` CCR's is below, said."""
+    low, high = by_ccr[base]["z_low"], by_ccr[base]["z_high"]
+    for m in sorted(c for c in by_ccr if c > base):
+        other_low = by_ccr[m]["z_low"].reindex(low.index)
+        masked = [l for l in low.index if high[l] < -Z_CHANCE and other_low[l] > Z_CHANCE]
+        if masked:
+            hidden = f"{base + 1}" if m == base + 1 else f"{base + 1}–{m}"
+            return (f"Masking: at layers {layer_ranges(masked)}, CCR-{base} z < −1.96 while CCR-{m} z > 1.96 "
+                    f"across the 95 % interval {over} — the readout alignment is hidden by principal "
+                    f"component(s) {hidden}.")
+    return None
+
+
+def _interval_classes(cells: Any) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The layers of ``cells`` (``z_low``, ``z_high`` by layer) whose interval is above chance, below, inside ±1.96,
+    and crossing ±1.96 (not settled).
+
+    Example:
+        >>> import pandas as pd
+        >>> _interval_classes(pd.DataFrame({"z_low": [2.0, -3.0, -1.0, 1.0], "z_high": [3.0, -2.0, 1.0, 2.5]}))
+        ([0], [1], [2], [3])
+    """
+    above = [l for l in cells.index if cells.at[l, "z_low"] > Z_CHANCE]
+    below = [l for l in cells.index if cells.at[l, "z_high"] < -Z_CHANCE]
+    chance = [l for l in cells.index if cells.at[l, "z_low"] >= -Z_CHANCE and cells.at[l, "z_high"] <= Z_CHANCE]
+    return above, below, chance, [l for l in cells.index if l not in above + below + chance]
+
+
+def _interval_layers_line(cells: Any, base: int, over: str) -> str:
+    """Where the ``base`` CCR's interval lies (above, below, at chance, not settled) and its strongest layer."""
+    above, below, chance, open_ = _interval_classes(cells)
+
+    def at(layers: list[int]) -> str:
+        return "no layer" if not layers else f"layer{'s' if len(layers) > 1 else ''} {layer_ranges(layers)}"
+
+    line = (f"CCR-{base}, across the 95 % interval {over}: the readout subspace keeps more of the distance "
+            f"structure than chance at {at(above)}, less than chance at {at(below)}")
+    if chance:
+        line += f"; it is at chance at {at(chance)}"
+    if open_:
+        line += f"; {at(open_)} {'is' if len(open_) == 1 else 'are'} not settled by this sample"
+    if above:
+        best = max(above, key=lambda l: cells.at[l, "z_low"])
+        line += (f"; strongest at layer {best} (z = {_fmt(cells.at[best, 'z'])}, interval "
+                 f"{_interval(cells.at[best, 'z_low'], cells.at[best, 'z_high'])})")
+    return line + "."
+
+
+def _interval_ends_line(table: Any, base_rows: Any, base: int, over: str) -> str:
+    """The last block's (and the post-ln_final state's) z and interval at the ``base`` CCR, and the verdict."""
+    last = int(base_rows.index.max())
+    ends = [tuple(base_rows.loc[last, ["z", "z_low", "z_high"]])]
+    end = f"The last block (layer {last}) has z = {_fmt(ends[0][0])} ({_interval(*ends[0][1:])})"
+    final = table[(table["site"] == "final") & (table["ccr"] == base)]
+    if len(final):
+        ends.append(tuple(float(v) for v in final[["z", "z_low", "z_high"]].iloc[0]))
+        end += f" and the post-ln_final state z = {_fmt(ends[1][0])} ({_interval(*ends[1][1:])})"
+    return f"{end} at CCR-{base}, 95 % intervals {over.split(' (')[0]}: {_recovery_verdict(ends)}."
+
+
+def _recovery_verdict(ends: list[tuple[float, float, float]]) -> str:
+    """Whether the readout recovers at the end, from the ``(z, low, high)`` intervals of the last states.
+
+    Example:
+        >>> _recovery_verdict([(3.0, 2.5, 3.5), (0.0, -1.0, 2.5)])
+        'this sample does not settle whether it recovers'
+    """
+    if all(lo > Z_CHANCE for _, lo, _ in ends):
+        return "it recovers"
+    if any(hi < -Z_CHANCE for _, _, hi in ends):
+        return "it does not recover"
+    if all(lo >= -Z_CHANCE and hi <= Z_CHANCE for _, lo, hi in ends):
+        return "it is at chance"
+    return "this sample does not settle whether it recovers"
 
 
 def spectrum_findings(result: Any) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from geolens._io import atomic_file, atomic_write_text
-from geolens._validation import UpperBound
+from geolens._validation import UpperBound, check_float
 from geolens.study.cells import (CELLS_DIR, MANIFEST, METADATA_FILE, finish_cell, is_finished, remaining, run_cell,
                                  tidy_cell)
 from geolens.study.spec import CELL_FORMAT, STUDY_KIND, Cell, Study
@@ -178,112 +178,32 @@ def _run_ray(cells: list[Cell], record: Callable[[Cell, dict], None], *, address
             ray.shutdown()
 
 
-def _ray_loop(ray, cells: list[Cell], record: Callable[[Cell, dict], None], *, max_retries: int,
-              infeasible_timeout: float) -> dict[str, Any]:
-    """Submit every feasible cell; write each outcome as ``ray.wait`` hands it over (one in memory at a time).
+def _cell_key(cell: Cell) -> str:
+    return f"{cell.model}/{cell.checkpoint}"
 
-    A cell whose worker or node died is submitted again, at most ``max_retries`` times. A cell that no
-    alive node can hold (its resources exceed every node's) fails after ``infeasible_timeout`` seconds.
-    """
-    retried = tuple(getattr(ray.exceptions, name) for name in _RETRIED if hasattr(ray.exceptions, name))
-    task = ray.remote(_ray_cell)
-    nodes = {node["NodeID"]: node for node in ray.nodes()}
-    seen_alive = {node_id for node_id, node in nodes.items() if node["Alive"]}
-    failed_attempts: dict[str, list[dict[str, Any]]] = {}
-    retries: dict[str, int] = {}  # cell -> times submitted again
-    where: dict[str, dict[str, Any]] = {}
-    pending: dict[Any, Cell] = {}
-    infeasible: dict[Any, tuple[float, str]] = {}  # ref -> (since when no alive node can hold it, why)
 
-    def key_of(cell: Cell) -> str:
-        return f"{cell.model}/{cell.checkpoint}"
+def _failed_attempt(err: BaseException) -> dict[str, Any]:
+    """What the run record keeps of a lost attempt: the Ray error and the lost node's id where Ray names it."""
+    found = _NODE_ID.search(str(err))
+    return {"error_type": type(err).__name__, "error": str(err)[:500], "node_id": found.group(1) if found else None}
 
-    def submit(cell: Cell) -> Any:
-        ref = task.options(max_retries=0, retry_exceptions=False, name=f"geolens {key_of(cell)}",
-                           **_ray_options(dict(cell.resources))).remote(cell)
-        pending[ref] = cell
-        return ref
 
-    def alive_nodes() -> list[dict[str, Any]]:
-        for node in ray.nodes():
-            nodes[node["NodeID"]] = node
-            if node["Alive"]:
-                seen_alive.add(node["NodeID"])
-        return [node for node in nodes.values() if node["Alive"]]
+def _infeasible_outcome(cell: Cell, why: str, waited: float) -> dict[str, Any]:
+    """The failed outcome of a cell no alive node can hold (``why``: :func:`_shortfall`'s text)."""
+    message = (f"cell {_cell_key(cell)!r} asks for {why}; it cannot run on this Ray cluster"
+               + (f" (waited {waited:.0f} s for a node that can)" if waited > 0 else "")
+               + ". Lower the cell's resources, or start a node that has them (and give infeasible_timeout "
+                 "time for it to join)")
+    return {"ok": False, "error": f"ValueError: {message}", "error_type": "ValueError", "traceback": ""}
 
-    def give_up(cell: Cell, why: str, waited: float) -> None:
-        message = (f"cell {key_of(cell)!r} asks for {why}; it cannot run on this Ray cluster"
-                   + (f" (waited {waited:.0f} s for a node that can)" if waited > 0 else "")
-                   + ". Lower the cell's resources, or start a node that has them (and give infeasible_timeout "
-                     "time for it to join)")
-        where[key_of(cell)] = {"name": "ray", "infeasible": why}
-        record(cell, {"ok": False, "error": f"ValueError: {message}", "error_type": "ValueError", "traceback": ""})
 
-    def check_feasible() -> None:
-        alive, now = alive_nodes(), time.monotonic()
-        for ref, cell in list(pending.items()):
-            why = _shortfall(_demand(dict(cell.resources)), alive)
-            if why is None:
-                infeasible.pop(ref, None)
-                continue
-            since, _ = infeasible.setdefault(ref, (now, why))
-            if now - since >= infeasible_timeout:
-                ray.cancel(ref, force=True)
-                del pending[ref], infeasible[ref]
-                give_up(cell, why, now - since)
-
-    try:
-        alive = alive_nodes()
-        for cell in cells:
-            why = _shortfall(_demand(dict(cell.resources)), alive)
-            if why is not None and infeasible_timeout == 0:
-                give_up(cell, why, 0.0)  # known before anything is submitted
-                continue
-            ref = submit(cell)
-            if why is not None:
-                infeasible[ref] = (time.monotonic(), why)
-        checked = time.monotonic()
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
-            for ref in done:
-                cell = pending.pop(ref)
-                key = key_of(cell)
-                infeasible.pop(ref, None)
-                try:
-                    outcome = ray.get(ref)
-                except retried as err:  # the cell's worker or node died: run it again elsewhere
-                    found = _NODE_ID.search(str(err))
-                    attempts = failed_attempts.setdefault(key, [])
-                    attempts.append({"error_type": type(err).__name__, "error": str(err)[:500],
-                                     "node_id": found.group(1) if found else None})
-                    if len(attempts) <= max_retries:
-                        retries[key] = retries.get(key, 0) + 1
-                        submit(cell)
-                        continue
-                    outcome = _ray_failure(err)
-                except Exception as err:  # Ray could not run the task at all
-                    outcome = _ray_failure(err)
-                attempts = failed_attempts.get(key, [])
-                info = {"name": "ray", **outcome.pop("where", {}), "attempt": retries.get(key, 0) + 1,
-                        "failed_attempts": attempts}
-                where[key] = info
-                if "info" in outcome:  # the model loaded: the cell's files record where it ran
-                    outcome["info"]["executor"] = info
-                record(cell, outcome)
-                del outcome  # written: the driver keeps no cell's rows
-            if pending and time.monotonic() - checked >= _POLL_SECONDS:
-                check_feasible()
-                checked = time.monotonic()
-    except BaseException:
-        for ref in pending:  # a driver stopped by an error stops its cells (a killed one: Ray stops them)
-            with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
-        raise
-    alive_nodes()
+def _run_record(nodes: dict[str, dict[str, Any]], seen_alive: set[str], where: dict[str, dict[str, Any]],
+                retries: dict[str, int]) -> dict[str, Any]:
+    """``params["ray"]``: each cell's executor record, the retries, every node seen alive and those lost since."""
     lost = {node_id: {"node_ip": nodes[node_id].get("NodeManagerAddress"),
                       "reason": nodes[node_id].get("DeathReasonMessage") or None}
             for node_id in sorted(seen_alive) if not nodes[node_id]["Alive"]}
-    ran = {}
+    ran: dict[str, list[str]] = {}
     for key, info in where.items():
         if info.get("node_id"):
             ran.setdefault(info["node_id"], []).append(key)
@@ -292,6 +212,137 @@ def _ray_loop(ray, cells: list[Cell], record: Callable[[Cell, dict], None], *, m
                                 "resources": dict(nodes[node_id].get("Resources", {})), "cells": ran.get(node_id, [])}
                       for node_id in sorted(seen_alive)},
             "lost_nodes": lost}
+
+
+class _RayRun:
+    """The driver's side of a Ray run: the cells in flight, their retries, the infeasible ones and the nodes seen.
+
+    ``submit_all`` then ``drain`` run the cells; each outcome goes to ``record`` as Ray hands it over
+    (one in memory at a time). A cell whose worker or node died is submitted again, at most
+    ``max_retries`` times. A cell that no alive node can hold fails after ``infeasible_timeout`` seconds.
+    """
+
+    def __init__(self, ray: Any, record: Callable[[Cell, dict], None], *, max_retries: int,
+                 infeasible_timeout: float) -> None:
+        self.ray, self.record = ray, record
+        self.max_retries, self.infeasible_timeout = max_retries, infeasible_timeout
+        self.retried = tuple(getattr(ray.exceptions, name) for name in _RETRIED if hasattr(ray.exceptions, name))
+        self.task = ray.remote(_ray_cell)
+        self.nodes = {node["NodeID"]: node for node in ray.nodes()}
+        self.seen_alive = {node_id for node_id, node in self.nodes.items() if node["Alive"]}
+        self.failed_attempts: dict[str, list[dict[str, Any]]] = {}
+        self.retries: dict[str, int] = {}  # cell -> times submitted again
+        self.where: dict[str, dict[str, Any]] = {}
+        self.pending: dict[Any, Cell] = {}
+        self.infeasible: dict[Any, tuple[float, str]] = {}  # ref -> (since when no alive node can hold it, why)
+
+    def alive_nodes(self) -> list[dict[str, Any]]:
+        for node in self.ray.nodes():
+            self.nodes[node["NodeID"]] = node
+            if node["Alive"]:
+                self.seen_alive.add(node["NodeID"])
+        return [node for node in self.nodes.values() if node["Alive"]]
+
+    def submit(self, cell: Cell) -> Any:
+        ref = self.task.options(max_retries=0, retry_exceptions=False, name=f"geolens {_cell_key(cell)}",
+                                **_ray_options(dict(cell.resources))).remote(cell)
+        self.pending[ref] = cell
+        return ref
+
+    def give_up(self, cell: Cell, why: str, waited: float) -> None:
+        self.where[_cell_key(cell)] = {"name": "ray", "infeasible": why}
+        self.record(cell, _infeasible_outcome(cell, why, waited))
+
+    def submit_all(self, cells: list[Cell]) -> None:
+        """Submit each cell; one that no alive node can hold fails here with ``infeasible_timeout=0``, else waits."""
+        alive = self.alive_nodes()
+        for cell in cells:
+            why = _shortfall(_demand(dict(cell.resources)), alive)
+            if why is not None and self.infeasible_timeout == 0:
+                self.give_up(cell, why, 0.0)  # known before anything is submitted
+                continue
+            ref = self.submit(cell)
+            if why is not None:
+                self.infeasible[ref] = (time.monotonic(), why)
+
+    def drain(self) -> None:
+        """Write each cell as it finishes; look at the nodes every poll for cells that have waited too long."""
+        checked = time.monotonic()
+        while self.pending:
+            done, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=_POLL_SECONDS)
+            for ref in done:
+                self.collect(ref)
+            if self.pending and time.monotonic() - checked >= _POLL_SECONDS:
+                self.check_feasible()
+                checked = time.monotonic()
+
+    def check_feasible(self) -> None:
+        """Cancel and fail the pending cells that no alive node has been able to hold for ``infeasible_timeout``."""
+        alive, now = self.alive_nodes(), time.monotonic()
+        for ref, cell in list(self.pending.items()):
+            why = _shortfall(_demand(dict(cell.resources)), alive)
+            if why is None:
+                self.infeasible.pop(ref, None)
+                continue
+            since, _ = self.infeasible.setdefault(ref, (now, why))
+            if now - since >= self.infeasible_timeout:
+                self.ray.cancel(ref, force=True)
+                del self.pending[ref], self.infeasible[ref]
+                self.give_up(cell, why, now - since)
+
+    def collect(self, ref: Any) -> None:
+        """A finished task: submitted again if its worker was lost (and retries remain), else recorded."""
+        cell = self.pending.pop(ref)
+        self.infeasible.pop(ref, None)
+        outcome = self.outcome(ref, cell)
+        if outcome is None:
+            return
+        key = _cell_key(cell)
+        info = {"name": "ray", **outcome.pop("where", {}), "attempt": self.retries.get(key, 0) + 1,
+                "failed_attempts": self.failed_attempts.get(key, [])}
+        self.where[key] = info
+        if "info" in outcome:  # the model loaded: the cell's files record where it ran
+            outcome["info"]["executor"] = info
+        self.record(cell, outcome)  # written: the driver keeps no cell's rows
+
+    def outcome(self, ref: Any, cell: Cell) -> dict[str, Any] | None:
+        """The task's outcome, a failure when Ray could not run it, or ``None`` when it was submitted again."""
+        key = _cell_key(cell)
+        try:
+            return self.ray.get(ref)
+        except self.retried as err:  # the cell's worker or node died: run it again elsewhere
+            attempts = self.failed_attempts.setdefault(key, [])
+            attempts.append(_failed_attempt(err))
+            if len(attempts) <= self.max_retries:
+                self.retries[key] = self.retries.get(key, 0) + 1
+                self.submit(cell)
+                return None
+            return _ray_failure(err)
+        except Exception as err:  # Ray could not run the task at all
+            return _ray_failure(err)
+
+    def cancel_pending(self) -> None:
+        """A driver stopped by an error stops its cells (a killed one: Ray stops them)."""
+        for ref in self.pending:
+            with contextlib.suppress(Exception):
+                self.ray.cancel(ref, force=True)
+
+    def run_record(self) -> dict[str, Any]:
+        self.alive_nodes()  # which nodes died during the run
+        return _run_record(self.nodes, self.seen_alive, self.where, self.retries)
+
+
+def _ray_loop(ray, cells: list[Cell], record: Callable[[Cell, dict], None], *, max_retries: int,
+              infeasible_timeout: float) -> dict[str, Any]:
+    """Run ``cells`` as Ray tasks (see :class:`_RayRun`), each outcome to ``record``; returns the run's record."""
+    run = _RayRun(ray, record, max_retries=max_retries, infeasible_timeout=infeasible_timeout)
+    try:
+        run.submit_all(cells)
+        run.drain()
+    except BaseException:
+        run.cancel_pending()
+        raise
+    return run.run_record()
 
 
 def run_study(
@@ -338,8 +389,8 @@ def run_study(
         infeasible_timeout: seconds a Ray cell may wait for a node that has its ``resources`` (an
             autoscaler adding one). A cell that no alive node can hold fails with an error naming the
             cell and the resource: at once with the default ``0`` (checked against the cluster's nodes
-            before anything is submitted), else after this long; also when the only nodes that could
-            hold it are lost during the run.
+            before anything is submitted), else after this long (``float("inf")``: no limit); also when
+            the only nodes that could hold it are lost during the run.
         progress: a progress bar counting finished cells.
 
     Returns:
@@ -350,62 +401,84 @@ def run_study(
     """
     from geolens.study.results import StudyResult
 
+    infeasible_timeout = _check_run_options(executor, address, max_retries, infeasible_timeout)
+    started = time.perf_counter()
+    study = _as_study(spec)
+    cells = study.cells()
+    out = Path(out_dir).expanduser()
+    write_manifest(out, study, cells)
+    done, todo = _plan(out, cells)
+    with tqdm(total=len(cells), initial=len(done), desc=f"study {study.name}", unit="cell",
+              disable=not progress) as bar:
+        tally = _Tally(out, bar)
+        ray_record = _execute(todo, tally, executor=executor, address=address, max_retries=max_retries,
+                              infeasible_timeout=infeasible_timeout)
+    _warn_of_losses(ray_record, tally.failed, len(cells), out)
+    result = StudyResult.from_dir(out)
+    result.params.update(computed=tally.computed, skipped=[_cell_key(c) for c in done], failed=tally.failed,
+                         executor=executor, seconds=round(time.perf_counter() - started, 2))
+    if executor == "ray":
+        result.params["ray"] = ray_record or {"cells": {}, "retries": {}, "nodes": {}, "lost_nodes": {}}
+    return result
+
+
+def _check_run_options(executor: str, address: str | None, max_retries: int, infeasible_timeout: float) -> float:
+    """Refuse bad executor settings before anything is written; returns ``infeasible_timeout`` as a float."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     if address is not None and executor != "ray":
         raise ValueError("address= is for executor='ray'")
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
-    if isinstance(infeasible_timeout, bool) or not isinstance(infeasible_timeout, (int, float)) \
-            or not infeasible_timeout >= 0:
-        raise ValueError(f"infeasible_timeout must be a number of seconds >= 0, got {infeasible_timeout!r}")
-    started = time.perf_counter()
-    study = _as_study(spec)
-    cells = study.cells()
-    out = Path(out_dir).expanduser()
-    write_manifest(out, study, cells)
+    return check_float(infeasible_timeout, "infeasible_timeout", low=0, finite=False)  # inf: no limit
 
+
+def _plan(out: Path, cells: list[Cell]) -> tuple[list[Cell], list[Cell]]:
+    """``(finished cells, the others narrowed to their unfinished analyses)``; tidies the finished cells' folders."""
     done = [c for c in cells if is_finished(out, c)]
     for cell in done:  # a run killed between writing a new file and removing the old one left both
         tidy_cell(out, cell)
     finished = {c.spec_hash for c in done}
-    todo = [remaining(out, c) for c in cells if c.spec_hash not in finished]  # only its unfinished analyses
-    computed: list[str] = []
-    failed: dict[str, str] = {}
-    bar = tqdm(total=len(cells), initial=len(done), desc=f"study {study.name}", unit="cell", disable=not progress)
+    return done, [remaining(out, c) for c in cells if c.spec_hash not in finished]
 
-    def record(cell: Cell, outcome: dict[str, Any]) -> None:
-        finish_cell(out, cell, outcome)
-        key = f"{cell.model}/{cell.checkpoint}"
+
+class _Tally:
+    """The executors' ``record``: writes a cell's outcome under ``out``, counts it computed or failed, moves the bar."""
+
+    def __init__(self, out: Path, bar: Any) -> None:
+        self.out, self.bar = out, bar
+        self.computed: list[str] = []
+        self.failed: dict[str, str] = {}
+
+    def __call__(self, cell: Cell, outcome: dict[str, Any]) -> None:
+        finish_cell(self.out, cell, outcome)
+        key = _cell_key(cell)
         if outcome["ok"]:
-            computed.append(key)
+            self.computed.append(key)
         else:
-            failed[key] = outcome["error"]
-        bar.set_postfix_str(key)
-        bar.update()
+            self.failed[key] = outcome["error"]
+        self.bar.set_postfix_str(key)
+        self.bar.update()
 
-    ray_record = None
-    try:
-        if todo:
-            if executor == "local":
-                _run_local(todo, record)
-            else:
-                ray_record = _run_ray(todo, record, address=address, max_retries=max_retries,
-                                      infeasible_timeout=infeasible_timeout)
-    finally:
-        bar.close()
+
+def _execute(todo: list[Cell], record: Callable[[Cell, dict], None], *, executor: str, address: str | None,
+             max_retries: int, infeasible_timeout: float) -> dict[str, Any] | None:
+    """Run ``todo`` with ``executor``; the Ray run's record (``None`` locally or with nothing to run)."""
+    if not todo:
+        return None
+    if executor == "local":
+        _run_local(todo, record)
+        return None
+    return _run_ray(todo, record, address=address, max_retries=max_retries, infeasible_timeout=infeasible_timeout)
+
+
+def _warn_of_losses(ray_record: dict[str, Any] | None, failed: dict[str, str], n_cells: int, out: Path) -> None:
+    """One warning for cells Ray ran again, one for failed cells (both at :func:`run_study`'s caller)."""
     if ray_record is not None and ray_record["retries"]:
         lost = ", ".join(node_id[:12] for node_id in ray_record["lost_nodes"]) or "none"
         warnings.warn(f"{len(ray_record['retries'])} cells ran again after their Ray worker or node was lost "
-                      f"(nodes lost: {lost}); see params['ray']", stacklevel=2)
+                      f"(nodes lost: {lost}); see params['ray']", stacklevel=3)
     if failed:
         first = next(iter(failed.items()))
-        warnings.warn(f"{len(failed)} of {len(cells)} cells failed (errors in {out / CELLS_DIR}/*/*/_error*.json), "
-                      f"e.g. {first[0]}: {first[1]}", stacklevel=2)
-    result = StudyResult.from_dir(out)
-    result.params.update(computed=computed, skipped=[f"{c.model}/{c.checkpoint}" for c in done], failed=failed,
-                         executor=executor, seconds=round(time.perf_counter() - started, 2))
-    if executor == "ray":
-        result.params["ray"] = ray_record or {"cells": {}, "retries": {}, "nodes": {}, "lost_nodes": {}}
-    return result
-
+        warnings.warn(f"{len(failed)} of {n_cells} cells failed (errors in {out / CELLS_DIR}/*/*/_error*.json), "
+                      f"e.g. {first[0]}: {first[1]}", stacklevel=3)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import json
 import numbers
 import os
@@ -225,16 +224,6 @@ def as_model_spec(entry: Any, label: str, base_dir: Path | None = None) -> Model
                     f"a table; got {type(entry).__name__}")
 
 
-def _resolve_import(text: str, where: str) -> Callable[..., Any]:
-    module, _, name = str(text).partition(":")
-    if not module or not name:
-        raise ValueError(f"{where}: {text!r} must be 'module:function'")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"{where}: cannot import {text!r} ({err})") from None
-
-
 def _local_path(value: str, base_dir: Path | None) -> str:
     path = Path(value).expanduser()
     if base_dir is not None and not path.is_absolute():
@@ -263,14 +252,14 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
         spec = ModelSpec(path=_local_path(name, base_dir) if source == "path" else name, local=source == "path",
                          checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
     elif source == "loader":
-        fn = _resolve_import(table.pop("loader"), where)
+        fn = registry.resolve_function(table.pop("loader"), where, key="loader")
         kwargs = _table(table.pop("kwargs", {}), f"{where}: kwargs")
         checkpoints = table.pop(revisions[0]) if revisions else None
         spec = ModelSpec(loader=functools.partial(fn, **kwargs) if kwargs else fn,
                          checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
     else:  # a factory returning a ModelSpec: factory = "module:function" with args, or a short name (zoo = ...)
         if source == "factory":
-            factory = _resolve_import(table.pop("factory"), where)
+            factory = registry.resolve_function(table.pop("factory"), where, key="factory")
             args = dict(_table(table.pop("args", {}), f"{where}: args"))
         else:
             factory = factories[source]

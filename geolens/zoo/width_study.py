@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Sequence
 import pandas as pd
 
 from geolens._io import atomic_write_text
-from geolens._validation import check_int
+from geolens._validation import check_float, check_int
 from geolens.analyses import registry
 from geolens.report.pages import Section, versions, write_html
 from geolens.results import Result, json_text
@@ -263,43 +263,12 @@ def zoo_report(
         [[16.0, 4.0, 5.54]]
     """
     started = time.perf_counter()
-    settings = replace(settings or ZooReportSettings(), **overrides) if overrides else (settings or ZooReportSettings())
-    known = zoo_analyses()
-    analyses = known if analyses is None else analyses
-    unknown = [a for a in analyses if a not in known]
-    if unknown or not analyses:
-        raise ValueError(f"unknown analyses {unknown or list(analyses)}; choose from {known}")
-    for name in ("n_texts", "max_length", "n_tokens", "n_null", "lens_steps", "lens_tokens_per_step", "lens_texts"):
-        check_int(getattr(settings, name), name, low=1)
-    if not 0 < settings.k_fraction < 1:
-        raise ValueError(f"k_fraction must lie in (0, 1), got {settings.k_fraction!r}")
+    settings, analyses = _zoo_request(settings, overrides, analyses)
     plan = {width: _steps_to_run(zoo, width, checkpoints) for width in zoo.config.widths}
-
-    _, held_out = zoo_split()
-    if settings.n_texts + settings.lens_texts > len(held_out):
-        raise ValueError(f"n_texts + lens_texts = {settings.n_texts + settings.lens_texts} exceeds the "
-                         f"{len(held_out)} held-out texts")
-    texts, lens_texts = held_out[: settings.n_texts], held_out[settings.n_texts:][: settings.lens_texts]
-
-    study = zoo_study(zoo, plan, texts, lens_texts, settings, [a for a in known if a in analyses])
-    with contextlib.ExitStack() as stack:
-        study_dir = Path(out_dir) / "study" if out_dir is not None else Path(stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="geolens-zoo-")))
-        ran = run_study(study, study_dir, progress=settings.progress)
-        errors = load_errors(study_dir)
-        if len(errors):
-            first = errors.iloc[0]
-            kind = ValueError if first["error_type"] in ("ValueError", "DegenerateError", "TypeError") else RuntimeError
-            raise kind(f"zoo {first['model'].replace('d', 'd=', 1)} step {first['checkpoint']}: {first['error']} "
-                       f"({len(errors)} of {len(study.cells())} checkpoints failed; the others are kept in "
-                       f"{study_dir if out_dir is not None else 'a temporary folder'})")
-        rows = _zoo_rows(ran.to_pandas())
-        provenance = load_provenance(study_dir)
-    splits: dict[str, Any] = {}
-    if "phases" in analyses:
-        for width, steps in plan.items():
-            reported = provenance.get(f"d{width}/{steps[-1]}", {}).get("params", {}).get("phases", {})
-            splits[str(width)] = {key: reported.get(key) for key in ("k", "b1", "b2", "found", "reason")}
+    texts, lens_texts = _zoo_texts(settings)
+    study = zoo_study(zoo, plan, texts, lens_texts, settings, [a for a in zoo_analyses() if a in analyses])
+    rows, provenance, study_dir = _run_zoo_study(study, out_dir, settings.progress)
+    splits = _phase_splits(plan, provenance) if "phases" in analyses else {}
     params = {
         "zoo": str(zoo.root), "family": zoo.config.family(), "widths": list(zoo.config.widths),
         "steps": sorted({s for steps in plan.values() for s in steps}), "analyses": list(analyses),
@@ -315,6 +284,63 @@ def zoo_report(
     if out_dir is not None:
         result.params["paths"] = {name: str(path) for name, path in write_zoo_report(result, Path(out_dir)).items()}
     return result
+
+
+def _zoo_request(settings: ZooReportSettings | None, overrides: dict[str, Any],
+                 analyses: Sequence[str] | None) -> tuple[ZooReportSettings, Sequence[str]]:
+    """The settings (``overrides`` on top) and analyses (default: every zoo analysis), checked before any work."""
+    settings = replace(settings or ZooReportSettings(), **overrides) if overrides else (settings or ZooReportSettings())
+    known = zoo_analyses()
+    analyses = known if analyses is None else analyses
+    unknown = [a for a in analyses if a not in known]
+    if unknown or not analyses:
+        raise ValueError(f"unknown analyses {unknown or list(analyses)}; choose from {known}")
+    for name in ("n_texts", "max_length", "n_tokens", "n_null", "lens_steps", "lens_tokens_per_step", "lens_texts"):
+        check_int(getattr(settings, name), name, low=1)
+    check_float(settings.k_fraction, "k_fraction", low=0, high=1, low_open=True, high_open=True)
+    return settings, analyses
+
+
+def _zoo_texts(settings: ZooReportSettings) -> tuple[list[str], list[str]]:
+    """``(the measured texts, the tuned lens's texts)``: the first held-out texts, then the next ones."""
+    _, held_out = zoo_split()
+    if settings.n_texts + settings.lens_texts > len(held_out):
+        raise ValueError(f"n_texts + lens_texts = {settings.n_texts + settings.lens_texts} exceeds the "
+                         f"{len(held_out)} held-out texts")
+    return held_out[: settings.n_texts], held_out[settings.n_texts:][: settings.lens_texts]
+
+
+def _run_zoo_study(study: Study, out_dir: str | Path | None, progress: bool) -> tuple[pd.DataFrame, dict, Path]:
+    """Run ``study`` in ``out_dir/study`` (a temporary folder without ``out_dir``): ``(rows, provenance, folder)``.
+
+    A failed checkpoint raises (``ValueError`` for bad input, else ``RuntimeError``) naming the first failure.
+    """
+    with contextlib.ExitStack() as stack:
+        study_dir = Path(out_dir) / "study" if out_dir is not None else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="geolens-zoo-")))
+        ran = run_study(study, study_dir, progress=progress)
+        errors = load_errors(study_dir)
+        if len(errors):
+            first = errors.iloc[0]
+            kind = ValueError if first["error_type"] in ("ValueError", "DegenerateError", "TypeError") else RuntimeError
+            raise kind(f"zoo {first['model'].replace('d', 'd=', 1)} step {first['checkpoint']}: {first['error']} "
+                       f"({len(errors)} of {len(study.cells())} checkpoints failed; the others are kept in "
+                       f"{study_dir if out_dir is not None else 'a temporary folder'})")
+        return _zoo_rows(ran.to_pandas()), load_provenance(study_dir), study_dir
+
+
+def _phase_splits(plan: dict[int, list[int]], provenance: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each width's phase split (``k``, ``b1``, ``b2``, ``found``, ``reason``) at its last reported step.
+
+    Example:
+        >>> _phase_splits({16: [0, 4]}, {"d16/4": {"params": {"phases": {"k": 3, "b1": 1, "b2": 2, "found": True}}}})
+        {'16': {'k': 3, 'b1': 1, 'b2': 2, 'found': True, 'reason': None}}
+    """
+    splits: dict[str, dict[str, Any]] = {}
+    for width, steps in plan.items():
+        reported = provenance.get(f"d{width}/{steps[-1]}", {}).get("params", {}).get("phases", {})
+        splits[str(width)] = {key: reported.get(key) for key in ("k", "b1", "b2", "found", "reason")}
+    return splits
 
 
 def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:

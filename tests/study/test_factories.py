@@ -66,3 +66,22 @@ def test_importing_any_geolens_module_registers_the_zoo():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["True"]
+
+
+def test_loader_and_factory_strings_use_the_one_importer(tmp_path):
+    """``loader =`` and ``factory =`` resolve like analyses' ``function =`` (one importer), naming model and key."""
+    from tests.study.loaders import counting_loader
+
+    (tmp_path / "s.toml").write_text('texts = ["a b c"]\n[models.a]\nloader = "tests.study.loaders:counting_loader"\n'
+                                     'kwargs = { path = "p", counter = "c" }\n'
+                                     '[models.b]\nfactory = "tests.study.test_factories:_member"\n'
+                                     'args = { mine = "m", n = 2 }\n')
+    a, b = Study.from_toml(tmp_path / "s.toml").cells()
+    assert a.loader.func is counting_loader and a.loader.keywords == {"path": "p", "counter": "c"}
+    assert b.path == "m" and b.metadata == {"n": 2}
+    for key, text, match in (("loader", "no_colon", "model 'a': loader = 'no_colon' must be 'module:function'"),
+                             ("factory", "nowhere:thing", "model 'a': cannot import 'nowhere:thing'"),
+                             ("loader", "tests.study.loaders:HOLD", "model 'a': 'tests.study.loaders:HOLD' is a str")):
+        (tmp_path / "bad.toml").write_text(f'texts = ["a"]\n[models.a]\n{key} = "{text}"\n')
+        with pytest.raises((ValueError, TypeError), match=match):
+            Study.from_toml(tmp_path / "bad.toml").cells()
