@@ -1,4 +1,5 @@
-"""The one seeded subset every sample of rows draws: token positions, aligned positions, lens rows.
+"""The one seeded subset every sample of rows draws: token positions, aligned positions, lens rows;
+and the one rule for a sample size that is a default upper bound (:func:`bounded_subset`).
 
 Example:
     >>> seeded_subset(10, 4, seed=0)
@@ -7,11 +8,13 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-from geolens._validation import check_int
+from geolens._validation import UpperBound, check_int
 
-__all__ = ["seeded_subset"]
+__all__ = ["seeded_subset", "bounded_subset"]
 
 
 def seeded_subset(available: int, n: int, seed: int | None = 0) -> torch.Tensor:
@@ -24,3 +27,42 @@ def seeded_subset(available: int, n: int, seed: int | None = 0) -> torch.Tensor:
     n = check_int(n, "n", low=0)
     generator = torch.Generator().manual_seed(0 if seed is None else check_int(seed, "seed", low=0))
     return torch.randperm(available, generator=generator)[:n].sort().values
+
+
+def bounded_subset(
+    available: int, n: int | None, seed: int | None = 0, *, name: str, too_many: str, over_default: str,
+    low: int = 3, stacklevel: int = 2,
+) -> torch.Tensor | None:
+    """The :func:`seeded_subset` of ``n`` of ``available`` rows, or ``None`` for all of them.
+
+    ``n=None`` takes all. A default size (an :class:`~geolens._validation.UpperBound`) is an upper
+    bound: larger than ``available``, all rows are used and a ``UserWarning`` says so (``over_default``).
+    An explicit ``n`` larger than ``available`` raises ``ValueError`` (``too_many``). Both messages are
+    format strings with ``{n}`` and ``{available}``; ``name`` names ``n`` (an int ``>= low``).
+    ``stacklevel`` is that of a warning issued by the caller itself.
+
+    Example:
+        >>> from geolens._validation import UpperBound
+        >>> messages = dict(too_many="n = {n} > {available}", over_default="all {available} (default {n})")
+        >>> bounded_subset(10, 4, name="n", **messages)
+        tensor([1, 4, 5, 7])
+        >>> bounded_subset(10, 12, name="n", **messages)
+        Traceback (most recent call last):
+        ...
+        ValueError: n = 12 > 10
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     bounded_subset(10, UpperBound(12), name="n", **messages), str(caught[0].message)
+        (None, 'all 10 (default 12)')
+    """
+    if n is None:
+        return None
+    default = isinstance(n, UpperBound)
+    n = check_int(n, name, low=low)
+    if n > available and default:
+        warnings.warn(over_default.format(n=n, available=available), UserWarning, stacklevel=stacklevel + 1)
+        return None
+    if n > available:
+        raise ValueError(too_many.format(n=n, available=available))
+    return seeded_subset(available, n, seed)

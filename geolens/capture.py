@@ -16,8 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
-
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
@@ -25,8 +23,8 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from geolens._sampling import seeded_subset
-from geolens._validation import UpperBound, check_int
+from geolens._sampling import bounded_subset
+from geolens._validation import check_int
 from geolens.model import ModelAdapter, as_adapter
 from geolens.sites import check_layers, check_site, hook_name
 
@@ -212,20 +210,14 @@ def sample_positions(
             f"only {available} eligible token positions (after removing padding"
             f"{' and the first token of each sequence' if skip_first else ''}); need at least {min_tokens}"
         )
-    if n_tokens is None:
+    chosen = bounded_subset(
+        available, n_tokens, seed, name="n_tokens", stacklevel=3,
+        over_default="n_tokens: the default of {n} positions exceeds the {available} eligible ones; "
+                     "using all {available} (pass n_tokens to choose)",
+        too_many="n_tokens = {n} but only {available} eligible token positions are available; "
+                 "pass more text or a smaller n_tokens")
+    if chosen is None:
         return batch_idx, pos_idx
-    upper_bound = isinstance(n_tokens, UpperBound)
-    n_tokens = check_int(n_tokens, "n_tokens", low=3)
-    if n_tokens > available and upper_bound:
-        warnings.warn(f"n_tokens: the default of {n_tokens} positions exceeds the {available} eligible ones; "
-                      f"using all {available} (pass n_tokens to choose)", stacklevel=3)
-        return batch_idx, pos_idx
-    if n_tokens > available:
-        raise ValueError(
-            f"n_tokens = {n_tokens} but only {available} eligible token positions are available; "
-            "pass more text or a smaller n_tokens"
-        )
-    chosen = seeded_subset(available, n_tokens, seed)
     return batch_idx[chosen], pos_idx[chosen]
 
 
@@ -280,15 +272,7 @@ def capture(
         States(N=8, d=64, resid_post: (3, 8, 64), final: (1, 8, 64))
     """
     adapter = as_adapter(model)
-    if isinstance(sites, str):
-        sites = (sites,)
-    sites = tuple(dict.fromkeys(sites))
-    if not sites:
-        raise ValueError("no sites given")
-    for site in sites:
-        check_site(site, name="sites entry")
-    if "resid_mid" in sites and not adapter.has_resid_mid:
-        raise ValueError("this model has no resid_mid (parallel attention and MLP); drop that site")
+    sites = _checked_sites(sites, adapter)
     batch_size = check_int(batch_size, "batch_size", low=1)
     plan = {site: check_layers(site, layers, n_layers=adapter.n_layers) for site in sites}
     batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
@@ -299,34 +283,12 @@ def capture(
         rows_batch, rows_pos = _check_positions(positions, batch.attention_mask)
     n = rows_batch.numel()
     device = adapter.device
-
     out = {site: torch.empty(len(ls), n, adapter.d_model, dtype=dtype, device=device) for site, ls in plan.items()}
     names = {site: tuple(hook_name(adapter, site, l) for l in ls) for site, ls in plan.items()}
-    # hook name -> list of (site, slot) it fills; one hook can serve two sites.
-    targets: dict[str, list[tuple[str, int]]] = {}
-    for site, hook_names in names.items():
-        for slot, name in enumerate(hook_names):
-            targets.setdefault(name, []).append((site, slot))
-
+    targets = _hook_targets(names)
     n_seqs = batch.tokens.shape[0]
-    starts = [s for s in range(0, n_seqs, batch_size) if bool(((rows_batch >= s) & (rows_batch < s + batch_size)).any())]
-    for start in tqdm(starts, desc="capture", disable=not progress, leave=False):
-        in_batch = (rows_batch >= start) & (rows_batch < start + batch_size)
-        row_ids = in_batch.nonzero(as_tuple=True)[0].to(device)
-        local_b = rows_batch[in_batch] - start  # moved to each activation's device by its hook
-        local_p = rows_pos[in_batch]
-        seq_mask = batch.attention_mask[start : start + batch_size]
-        length = int(seq_mask.any(dim=0).nonzero().max()) + 1  # trim trailing all-padding columns
-        ids = batch.tokens[start : start + batch_size, :length].to(device)
-        mask = seq_mask[:, :length].to(device)
-        fired: set[str] = set()
-        hooks = [(name, _writer(out, slots, row_ids, local_b, local_p, name, fired, len(targets), plan))
-                 for name, slots in targets.items()]
-        try:
-            adapter.run_with_hooks(ids, attention_mask=mask, fwd_hooks=hooks)
-        except _AllCaptured:
-            pass  # every wanted activation is stored: the rest of the forward (and the unembedding) is skipped
-
+    for start in tqdm(_batch_starts(rows_batch, n_seqs, batch_size), desc="capture", disable=not progress, leave=False):
+        _capture_batch(adapter, batch, slice(start, start + batch_size), rows_batch, rows_pos, out, targets, plan)
     return States(
         tensors=out,
         layers={site: tuple(ls) for site, ls in plan.items()},
@@ -337,6 +299,69 @@ def capture(
         n_layers=adapter.n_layers,
         meta={"seed": seed, "skip_first": skip_first, "n_sequences": n_seqs},
     )
+
+
+def _checked_sites(sites: str | Sequence[str], adapter: ModelAdapter) -> tuple[str, ...]:
+    """``sites`` as a tuple without repeats (a string is one site), each known and present in the model."""
+    if isinstance(sites, str):
+        sites = (sites,)
+    sites = tuple(dict.fromkeys(sites))
+    if not sites:
+        raise ValueError("no sites given")
+    for site in sites:
+        check_site(site, name="sites entry")
+    if "resid_mid" in sites and not adapter.has_resid_mid:
+        raise ValueError("this model has no resid_mid (parallel attention and MLP); drop that site")
+    return sites
+
+
+def _hook_targets(names: dict[str, tuple[str, ...]]) -> dict[str, list[tuple[str, int]]]:
+    """Hook name -> the ``(site, slot)`` entries it fills (one hook can serve two sites), from each site's hook names.
+
+    Example:
+        >>> _hook_targets({"resid_post": ("h0", "h1"), "resid_pre": ("h1",)})
+        {'h0': [('resid_post', 0)], 'h1': [('resid_post', 1), ('resid_pre', 0)]}
+    """
+    targets: dict[str, list[tuple[str, int]]] = {}
+    for site, hook_names in names.items():
+        for slot, name in enumerate(hook_names):
+            targets.setdefault(name, []).append((site, slot))
+    return targets
+
+
+def _batch_starts(rows_batch: torch.Tensor, n_seqs: int, batch_size: int) -> list[int]:
+    """The first sequence of each batch of ``batch_size`` sequences that holds a captured row (the rest are not run).
+
+    Example:
+        >>> _batch_starts(torch.tensor([0, 0, 5, 6]), 8, 2)
+        [0, 4, 6]
+    """
+    return [s for s in range(0, n_seqs, batch_size) if bool(((rows_batch >= s) & (rows_batch < s + batch_size)).any())]
+
+
+def _capture_batch(adapter: ModelAdapter, batch: TokenBatch, seqs: slice, rows_batch: torch.Tensor,
+                   rows_pos: torch.Tensor, out: dict[str, torch.Tensor], targets: dict[str, list[tuple[str, int]]],
+                   plan: dict[str, Sequence[int]]) -> None:
+    """One forward pass over the sequences ``seqs``, its hooks writing their captured rows into ``out``.
+
+    Trailing all-padding columns are trimmed first; the forward stops once every wanted activation is stored.
+    """
+    device = adapter.device
+    in_batch = (rows_batch >= seqs.start) & (rows_batch < seqs.stop)
+    row_ids = in_batch.nonzero(as_tuple=True)[0].to(device)
+    local_b = rows_batch[in_batch] - seqs.start  # moved to each activation's device by its hook
+    local_p = rows_pos[in_batch]
+    seq_mask = batch.attention_mask[seqs]
+    length = int(seq_mask.any(dim=0).nonzero().max()) + 1
+    ids = batch.tokens[seqs, :length].to(device)
+    mask = seq_mask[:, :length].to(device)
+    fired: set[str] = set()
+    hooks = [(name, _writer(out, slots, row_ids, local_b, local_p, name, fired, len(targets), plan))
+             for name, slots in targets.items()]
+    try:
+        adapter.run_with_hooks(ids, attention_mask=mask, fwd_hooks=hooks)
+    except _AllCaptured:
+        pass  # every wanted activation is stored: the rest of the forward (and the unembedding) is skipped
 
 
 def _check_positions(positions, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:

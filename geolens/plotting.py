@@ -335,32 +335,49 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
         fig.add_hline(y=0, line_dash="dot", line_color="grey")
     intervals = kind == "z" and {"z_low", "z_high"} <= set(table.columns) and bool(table["z_low"].notna().any())
     for ccr, part in residual.groupby("ccr", sort=True):
-        part = part.sort_values("layer")
-        name, colour = f"CCR-{ccr}", ccr_colour(ccr)
-        if intervals:  # the 95 % interval over resampled texts, the line's colour, toggled with it
-            band = part.dropna(subset=["z_low", "z_high"])
-            fig.add_trace(go.Scatter(x=list(band["layer"]) + list(band["layer"])[::-1],
-                                     y=list(band["z_high"]) + list(band["z_low"])[::-1], mode="lines", fill="toself",
-                                     fillcolor=_rgba(colour, 0.2), line_width=0, legendgroup=name,
-                                     name=f"{name} 95 % over texts", hoverinfo="skip"))
-        if kind == "rho":
-            band_x = list(part["layer"]) + list(part["layer"])[::-1]
-            upper = part["null_mean"] + 2 * part["null_std"]
-            lower = part["null_mean"] - 2 * part["null_std"]
-            fig.add_trace(go.Scatter(x=band_x, y=list(upper) + list(lower)[::-1], mode="lines", fill="toself",
-                                     fillcolor=_rgba(colour, 0.15), line_width=0, name=f"null ±2 sd, {name}",
-                                     legendgroup=name, showlegend=False, hoverinfo="skip"))
-        y = part["z"] if kind == "z" else part["rho_readout"]
-        fig.add_trace(go.Scatter(x=part["layer"], y=y, mode="lines+markers", name=name, legendgroup=name,
-                                 line={"color": colour, "width": 2}, marker={"color": colour, "size": 6},
-                                 customdata=part[["p_value", "pc1_readout_energy"]],
-                                 hovertemplate=f"{name}<br>layer %{{x}}<br>%{{y:.3f}}<br>p=%{{customdata[0]:.3g}}"
-                                               "<br>PC1 readout energy %{customdata[1]:.3f}<extra></extra>"))
+        _add_pga_line(fig, part.sort_values("layer"), ccr, kind=kind, intervals=intervals)
+    _add_pga_finals(fig, final, final_x, kind=kind, intervals=intervals)
+    heading, params = _titled(title, "Subspace PGA by layer")
+    note = _pga_note(kind, has_final=bool(len(final)), intervals=intervals)
+    _style(fig, heading, f"{params}; {note}" if params else note, legend_title="CCR")
+    fig.update_xaxes(title_text=_LAYER_AXIS)
+    fig.update_yaxes(title_text="PGA z-score" if kind == "z" else "Spearman ρ, readout subspace")
+    return fig
+
+
+def _add_pga_line(fig: go.Figure, part: pd.DataFrame, ccr: object, *, kind: str, intervals: bool) -> None:
+    """One CCR value's line by layer (rows sorted by layer), with its band: the 95 % interval over
+    resampled texts (``intervals``) or, for ``kind="rho"``, the null mean ± 2 sd; both toggle with the line."""
+    name, colour = f"CCR-{ccr}", ccr_colour(ccr)
+    if intervals:
+        band = part.dropna(subset=["z_low", "z_high"])
+        fig.add_trace(go.Scatter(x=list(band["layer"]) + list(band["layer"])[::-1],
+                                 y=list(band["z_high"]) + list(band["z_low"])[::-1], mode="lines", fill="toself",
+                                 fillcolor=_rgba(colour, 0.2), line_width=0, legendgroup=name,
+                                 name=f"{name} 95 % over texts", hoverinfo="skip"))
+    if kind == "rho":
+        band_x = list(part["layer"]) + list(part["layer"])[::-1]
+        upper = part["null_mean"] + 2 * part["null_std"]
+        lower = part["null_mean"] - 2 * part["null_std"]
+        fig.add_trace(go.Scatter(x=band_x, y=list(upper) + list(lower)[::-1], mode="lines", fill="toself",
+                                 fillcolor=_rgba(colour, 0.15), line_width=0, name=f"null ±2 sd, {name}",
+                                 legendgroup=name, showlegend=False, hoverinfo="skip"))
+    y = part["z"] if kind == "z" else part["rho_readout"]
+    fig.add_trace(go.Scatter(x=part["layer"], y=y, mode="lines+markers", name=name, legendgroup=name,
+                             line={"color": colour, "width": 2}, marker={"color": colour, "size": 6},
+                             customdata=part[["p_value", "pc1_readout_energy"]],
+                             hovertemplate=f"{name}<br>layer %{{x}}<br>%{{y:.3f}}<br>p=%{{customdata[0]:.3g}}"
+                                           "<br>PC1 readout energy %{customdata[1]:.3f}<extra></extra>"))
+
+
+def _add_pga_finals(fig: go.Figure, final: pd.DataFrame, final_x: float, *, kind: str, intervals: bool) -> None:
+    """The final state's value per CCR as a star at ``final_x`` in its line's colour (side by side, so equal
+    values do not hide each other), with error bars from ``intervals``, and the "final" marker."""
     finals = list(final.groupby("ccr", sort=True))
     for i, (ccr, part) in enumerate(finals):
         y = part["z"] if kind == "z" else part["rho_readout"]
         name, colour = f"CCR-{ccr}", ccr_colour(ccr)
-        spread = (i - (len(finals) - 1) / 2) * 0.12  # side by side, so equal values do not hide each other
+        spread = (i - (len(finals) - 1) / 2) * 0.12
         bars = {}
         if intervals:
             bars = {"error_y": {"type": "data", "symmetric": False, "array": list(part["z_high"] - part["z"]),
@@ -372,16 +389,21 @@ def pga_figure(table: pd.DataFrame, *, kind: str = "z", title: str = "") -> go.F
                                  hovertemplate=f"{name}<br>final state (after ln_final)<br>%{{y:.3f}}<extra></extra>"))
     if len(final):
         _final_marker(fig, final_x)
-    heading, params = _titled(title, "Subspace PGA by layer")
-    note = ("grey band: |z| < 1.96 (null 95%)" if kind == "z" else "shaded: null mean ± 2 sd")
-    if len(final):
+
+
+def _pga_note(kind: str, *, has_final: bool, intervals: bool) -> str:
+    """The PGA figure's subtitle note: what the bands and the star mean.
+
+    Example:
+        >>> _pga_note("z", has_final=True, intervals=False)
+        'grey band: |z| < 1.96 (null 95%); ★ final state (after ln_final)'
+    """
+    note = "grey band: |z| < 1.96 (null 95%)" if kind == "z" else "shaded: null mean ± 2 sd"
+    if has_final:
         note += "; ★ final state (after ln_final)"
     if intervals:
         note += "; coloured bands: 95 % over resampled texts"
-    _style(fig, heading, f"{params}; {note}" if params else note, legend_title="CCR")
-    fig.update_xaxes(title_text=_LAYER_AXIS)
-    fig.update_yaxes(title_text="PGA z-score" if kind == "z" else "Spearman ρ, readout subspace")
-    return fig
+    return note
 
 
 def ablation_figure(result) -> go.Figure:
@@ -420,52 +442,70 @@ def convergence_figure(result, value: str = "spearman_full") -> go.Figure:
     params = result.params
     prefix = value.split("_")[0]
     measure, short = _CONVERGENCE_MEASURES.get(prefix, (label(value), label(value)))
-    model_a, model_b = params.get("model_a"), params.get("model_b")
     shown = {k: params[k] for k in ("ccr", "k", "n_positions", "n_null") if k in params}
     details = " · ".join(f"{k} = {v}" for k, v in shown.items())
+    suffix = f"; {details}" if details else ""
     if params.get("grid"):
         if "comparison" in table:  # the report's table: the grid is the model with itself
             table = table[table["comparison"] == "self"]
-        pivot = table.pivot(index="layer_a", columns="layer_b", values=value)
-        part = value[len(prefix) + 1:]
-        where = _CONVERGENCE_PARTS.get(part, part.replace("_", " "))
-        fig = go.Figure(go.Heatmap(z=pivot.values, x=list(pivot.columns), y=list(pivot.index), colorscale="Viridis",
-                                   colorbar={"title": {"text": short, "side": "right"}, "thickness": 14},
-                                   hovertemplate="layers %{y} / %{x}<br>" + short + " %{z:.3f}<extra></extra>"))
-        same = model_b is None or model_a == model_b
-        _style(fig, _heading(f"Convergence across layers ({short})", model_a),
-               f"{measure}, {where}" + (f"; {details}" if details else ""), height=520, width=600, legend=False)
-        fig.update_xaxes(title_text="layer" if same else f"layer of {_short_model(model_b)}", constrain="domain")
-        fig.update_yaxes(title_text="layer" if same else f"layer of {_short_model(model_a)}", scaleanchor="x")
-        return fig
-    columns = {part: f"{prefix}_{part}" for part in _CONVERGENCE_PARTS}
-    pair = f"{_short_model(model_a)} vs {_short_model(model_b)}"
+        return _convergence_heatmap(table, value, params.get("model_a"), params.get("model_b"), measure=measure,
+                                    short=short, suffix=suffix)
+    pair = f"{_short_model(params.get('model_a'))} vs {_short_model(params.get('model_b'))}"
     if len(table) == 1:
-        row = table.iloc[0]
-        values = [row.get(column) for column in columns.values()]
-        errors = [0, 0, row.get(f"{prefix}_random_std", 0)]
-        names = list(_CONVERGENCE_PARTS.values())
-        fig = go.Figure(go.Bar(x=names, y=values, error_y={"type": "data", "array": errors},
-                               marker_color=[series_colour(n) for n in names], showlegend=False))
-        _style(fig, _heading(f"Convergence ({short}), one layer pair", None),
-               f"{pair}: layer {row['layer_a']} vs {row['layer_b']}" + (f"; {details}" if details else ""),
-               legend=False)
-        fig.update_xaxes(title_text="subspace")
-        fig.update_yaxes(title_text=measure)
-        return fig
+        return _convergence_bars(table.iloc[0], prefix, measure=measure, short=short,
+                                 subtitle=f"{pair}: layer {table.iloc[0]['layer_a']} vs {table.iloc[0]['layer_b']}"
+                                          + suffix)
+    return _convergence_curves(table, prefix, params.get("model_a"), measure=measure, short=short,
+                               subtitle=f"{pair}; {measure}{suffix}; bars: ±1 sd of the random subspaces")
+
+
+def _convergence_heatmap(table: pd.DataFrame, value: str, model_a: object, model_b: object, *, measure: str,
+                         short: str, suffix: str) -> go.Figure:
+    """``value`` over the grid of (layer_a, layer_b) as a heatmap; the axes name the models when they differ."""
+    prefix = value.split("_")[0]
+    pivot = table.pivot(index="layer_a", columns="layer_b", values=value)
+    part = value[len(prefix) + 1:]
+    where = _CONVERGENCE_PARTS.get(part, part.replace("_", " "))
+    fig = go.Figure(go.Heatmap(z=pivot.values, x=list(pivot.columns), y=list(pivot.index), colorscale="Viridis",
+                               colorbar={"title": {"text": short, "side": "right"}, "thickness": 14},
+                               hovertemplate="layers %{y} / %{x}<br>" + short + " %{z:.3f}<extra></extra>"))
+    same = model_b is None or model_a == model_b
+    _style(fig, _heading(f"Convergence across layers ({short})", model_a), f"{measure}, {where}{suffix}",
+           height=520, width=600, legend=False)
+    fig.update_xaxes(title_text="layer" if same else f"layer of {_short_model(model_b)}", constrain="domain")
+    fig.update_yaxes(title_text="layer" if same else f"layer of {_short_model(model_a)}", scaleanchor="x")
+    return fig
+
+
+def _convergence_bars(row: pd.Series, prefix: str, *, measure: str, short: str, subtitle: str) -> go.Figure:
+    """One layer pair: full / readout / random bars of the ``prefix`` measure, the random one with its ±1 sd."""
+    values = [row.get(f"{prefix}_{part}") for part in _CONVERGENCE_PARTS]
+    errors = [0, 0, row.get(f"{prefix}_random_std", 0)]
+    names = list(_CONVERGENCE_PARTS.values())
+    fig = go.Figure(go.Bar(x=names, y=values, error_y={"type": "data", "array": errors},
+                           marker_color=[series_colour(n) for n in names], showlegend=False))
+    _style(fig, _heading(f"Convergence ({short}), one layer pair", None), subtitle, legend=False)
+    fig.update_xaxes(title_text="subspace")
+    fig.update_yaxes(title_text=measure)
+    return fig
+
+
+def _convergence_curves(table: pd.DataFrame, prefix: str, model_a: object, *, measure: str, short: str,
+                        subtitle: str) -> go.Figure:
+    """Several layer pairs: full / readout / random curves of the ``prefix`` measure by relative depth of model a."""
     table = table.sort_values("depth_a")
     hover = [f"layers {a} / {b}" for a, b in zip(table["layer_a"], table["layer_b"])]
     fig = go.Figure()
     for part, name in _CONVERGENCE_PARTS.items():
-        if columns[part] not in table:
+        column = f"{prefix}_{part}"
+        if column not in table:
             continue
         std = table.get(f"{prefix}_random_std") if part == "random_mean" else None
         colour = series_colour(name)
-        fig.add_trace(go.Scatter(x=table["depth_a"], y=table[columns[part]], mode="lines+markers", name=name,
+        fig.add_trace(go.Scatter(x=table["depth_a"], y=table[column], mode="lines+markers", name=name,
                                  text=hover, line_color=colour, marker_color=colour,
                                  error_y=None if std is None else {"type": "data", "array": std, "color": colour}))
-    _style(fig, _heading(f"Convergence by relative depth ({short})", None),
-           f"{pair}; {measure}" + (f"; {details}" if details else "") + "; bars: ±1 sd of the random subspaces")
+    _style(fig, _heading(f"Convergence by relative depth ({short})", None), subtitle)
     fig.update_xaxes(title_text=f"relative depth of {_short_model(model_a)} (layer / number of layers)")
     fig.update_yaxes(title_text=measure)
     return fig

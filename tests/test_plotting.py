@@ -400,3 +400,42 @@ def test_a_long_model_name_is_shortened_in_the_title_and_given_in_full_below():
 def test_extreme_log_isotropy_is_explained_in_the_printed_figure():
     assert "underflows" in FIGURES["spectrum"].layout.title.subtitle.text
     assert "underflows" not in weights_result().plot().layout.title.subtitle.text  # no extreme value: no note
+
+
+def test_pga_figure_steps_one_line_with_its_bands_and_finals_side_by_side():
+    import plotly.graph_objects as go
+
+    from geolens.plotting import _add_pga_finals, _add_pga_line, _pga_note
+
+    part = pd.DataFrame({"layer": [0, 1, 2], "z": [0.5, 2.0, 3.0], "z_low": [0.0, 1.0, None],
+                         "z_high": [1.0, 3.0, None], "rho_readout": [0.1, 0.2, 0.3], "null_mean": [0.0] * 3,
+                         "null_std": [0.05] * 3, "p_value": [0.5, 0.1, 0.01], "pc1_readout_energy": [0.2] * 3})
+    fig = go.Figure()
+    _add_pga_line(fig, part, 1, kind="z", intervals=True)
+    band, line = fig.data
+    assert list(band.x) == [0, 1, 1, 0] and list(band.y) == [1.0, 3.0, 1.0, 0.0]  # rows without an interval left out
+    assert list(line.y) == [0.5, 2.0, 3.0] and band.legendgroup == line.legendgroup == "CCR-1"
+    fig = go.Figure()
+    _add_pga_line(fig, part, 0, kind="rho", intervals=False)
+    assert [round(v, 6) for v in fig.data[0].y] == [0.1, 0.1, 0.1, -0.1, -0.1, -0.1] and list(fig.data[1].y) == [0.1, 0.2, 0.3]
+    final = pd.DataFrame({"ccr": [0, 1], "z": [4.0, 4.0], "z_low": [3.0, 3.5], "z_high": [5.0, 4.5]})
+    fig = go.Figure()
+    _add_pga_finals(fig, final, 2.6, kind="z", intervals=True)
+    assert [float(t.x[0]) for t in fig.data] == pytest.approx([2.54, 2.66])  # equal values do not hide each other
+    assert list(fig.data[1].error_y.array) == [0.5] and list(fig.data[1].error_y.arrayminus) == [0.5]
+    assert _pga_note("rho", has_final=False, intervals=False) == "shaded: null mean ± 2 sd"
+
+
+def test_convergence_figure_steps_bars_and_curves():
+    from geolens.plotting import _convergence_bars, _convergence_curves
+
+    row = pd.Series({"layer_a": 1, "layer_b": 2, "cka_full": 0.9, "cka_readout": 0.7, "cka_random_mean": 0.3,
+                     "cka_random_std": 0.05})
+    fig = _convergence_bars(row, "cka", measure="linear CKA", short="CKA", subtitle="a vs b")
+    assert list(fig.data[0].y) == [0.9, 0.7, 0.3] and list(fig.data[0].error_y.array) == [0, 0, 0.05]
+    table = pd.DataFrame({"layer_a": [2, 0], "layer_b": [2, 0], "depth_a": [1.0, 0.0], "cka_full": [0.5, 0.9],
+                          "cka_random_mean": [0.1, 0.2], "cka_random_std": [0.01, 0.02]})
+    fig = _convergence_curves(table, "cka", "m", measure="linear CKA", short="CKA", subtitle="s")
+    assert [t.name for t in fig.data] == ["full space", "random subspaces"]  # no readout column: no readout curve
+    assert list(fig.data[0].x) == [0.0, 1.0] and list(fig.data[0].y) == [0.9, 0.5]  # sorted by depth
+    assert list(fig.data[1].error_y.array) == [0.02, 0.01]

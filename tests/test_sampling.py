@@ -43,3 +43,35 @@ def test_capture_draws_its_positions_with_it(native_bridge, texts):
     assert torch.equal(b, every_b[pick]) and torch.equal(p, every_p[pick])
     states = capture(model, texts, n_tokens=8, seed=2, progress=False)
     assert torch.equal(states.batch_index.cpu(), b) and torch.equal(states.position.cpu(), p)
+
+
+def test_bounded_subset_a_default_is_an_upper_bound_an_explicit_size_is_exact():
+    from geolens._sampling import bounded_subset
+    from geolens._validation import UpperBound
+
+    messages = dict(name="n", too_many="asked {n}, have {available}", over_default="default {n} > {available}")
+    assert torch.equal(bounded_subset(50, 10, 3, **messages), seeded_subset(50, 10, 3))
+    assert torch.equal(bounded_subset(50, UpperBound(10), 3, **messages), seeded_subset(50, 10, 3))
+    assert bounded_subset(50, None, 3, **messages) is None
+    assert len(bounded_subset(50, 50, 3, **messages)) == 50  # exactly what there is: a subset of all rows
+    with pytest.warns(UserWarning, match=r"^default 60 > 50$") as caught:
+        assert bounded_subset(50, UpperBound(60), 3, stacklevel=1, **messages) is None
+    assert caught[0].filename == __file__  # stacklevel 1, as if this line warned: it points here
+    with pytest.raises(ValueError, match=r"^asked 60, have 50$"):
+        bounded_subset(50, 60, 3, **messages)
+    with pytest.raises(ValueError, match="n must be >= 3"):
+        bounded_subset(50, 2, 3, **messages)
+    with pytest.raises(TypeError, match="n must be an int"):
+        bounded_subset(50, 2.5, 3, **messages)
+
+
+def test_capture_warns_at_the_callers_line_when_its_default_is_too_large(native_bridge):
+    from geolens.capture import capture
+    from geolens._validation import UpperBound
+
+    tokens = torch.randint(3, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="n_tokens: the default of 100 positions exceeds the 14 eligible ones") as caught:
+        states = capture(native_bridge, tokens, n_tokens=UpperBound(100), progress=False)
+    assert states.n_tokens == 14 and caught[0].filename == __file__
+    with pytest.raises(ValueError, match="n_tokens = 100 but only 14 eligible token positions are available"):
+        capture(native_bridge, tokens, n_tokens=100, progress=False)

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
-from geolens._sampling import seeded_subset
+from geolens._sampling import bounded_subset
 from geolens._validation import UpperBound, check_int, working_dtype
 from geolens.analyses.pga import default_k
 from geolens.capture import capture
@@ -67,7 +67,7 @@ RENAMED_COLUMNS = {
 MAX_POSITIONS = 1024
 
 
-class _AtMost(int):
+class _AtMost(UpperBound):
     """The default ``n_positions``: an upper bound (fewer aligned positions: use them all, with a warning)."""
 
     def __repr__(self) -> str:
@@ -438,16 +438,11 @@ def _sample_positions(available: int, n_positions: int | None, seed: int | None)
     """
     if available < 3:
         raise ValueError(f"only {available} word ends are shared by both tokenizations; need at least 3")
-    if (n_positions is _DEFAULT_POSITIONS or isinstance(n_positions, UpperBound)) and available < n_positions:
-        warnings.warn(f"the texts give only {available} aligned positions (fewer than the default n_positions = "
-                      f"{int(n_positions)}): using all of them", UserWarning, stacklevel=3)
-        n_positions = None
-    if n_positions is None:
-        return None
-    n_positions = check_int(n_positions, "n_positions", low=3)
-    if n_positions > available:
-        raise ValueError(f"n_positions = {n_positions} but the texts give only {available} aligned positions")
-    return seeded_subset(available, n_positions, seed)
+    return bounded_subset(
+        available, n_positions, seed, name="n_positions", stacklevel=3,
+        over_default="the texts give only {available} aligned positions (fewer than the default n_positions = "
+                     "{n}): using all of them",
+        too_many="n_positions = {n} but the texts give only {available} aligned positions")
 
 
 def _capture_pair(a: ModelAdapter, b: ModelAdapter, side_a: tuple, side_b: tuple, *, batch_size: int,

@@ -266,60 +266,22 @@ def train_tuned_lens(
     lr, weight_decay, clip_grad = (check_float(value, name, low=0) for value, name in
                                    ((lr, "lr"), (weight_decay, "weight_decay"), (clip_grad, "clip_grad")))
     momentum = check_float(momentum, "momentum", low=0, high=1, high_open=True)
-    lens = TunedLens(adapter) if lens is None else lens
-    if not isinstance(lens, TunedLens):
-        raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
-    check_lens_fits(lens, adapter)
-    lens.train()
-    params = [p for p in lens.translators.parameters()]
-    opt = torch.optim.SGD(params, lr=lr * (1 - momentum), momentum=momentum, nesterov=momentum > 0,
-                          weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1.0 - step / steps))
-    w_u = adapter.unembed_matrix("raw")
-    matmul_dtype = resolve_matmul_dtype(matmul_dtype, w_u.device)
-    w_u = w_u.to(matmul_dtype) if matmul_dtype is not None else w_u.to(torch.float32)
-    b_u = adapter.unembed_bias()
-
-    batches = _micro_batches(adapter, texts, seq_len, batch_size, attention_mask)
+    lens = _trainable_lens(lens, adapter)
+    params = list(lens.translators.parameters())
+    opt, schedule = _optimiser(params, lr=lr, momentum=momentum, weight_decay=weight_decay, steps=steps)
+    w_u, b_u, matmul_dtype = _unembedding(adapter, matmul_dtype)
+    text = _TrainingText(adapter, texts, seq_len, batch_size, attention_mask)
     losses: list[float] = []
-    n_seen, restarts, started = 0, 0, time.perf_counter()
+    started = time.perf_counter()
     bar = tqdm(range(steps), desc="tuned lens", disable=not progress, leave=False)
     for _ in bar:
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        step_kl = torch.zeros(adapter.n_layers, dtype=torch.float64)
-        taken = 0
-        while taken < tokens_per_step:
-            try:
-                tokens, mask = next(batches)
-            except StopIteration:
-                if not _restartable(texts) or (n_seen == 0 and restarts > 0):
-                    break
-                restarts += 1
-                batches = _micro_batches(adapter, texts, seq_len, batch_size, attention_mask)
-                continue
-            resid, final_logits = residual_stream(adapter, tokens, attention_mask=mask)
-            keep = _eligible(mask.to(resid.device))
-            b_idx, p_idx = keep.nonzero(as_tuple=True)
-            b_idx, p_idx = b_idx[: tokens_per_step - taken], p_idx[: tokens_per_step - taken]
-            if b_idx.numel() == 0:
-                continue
-            taken += b_idx.numel()
-            n_seen += b_idx.numel()
-            states = resid[:, b_idx, p_idx].to(torch.float32)  # [L + 1, n, d], upcast from a bf16/fp16 model
-            picked = final_logits[b_idx.to(final_logits.device), p_idx.to(final_logits.device)]
-            log_p = torch.log_softmax(picked.to(device=w_u.device, dtype=torch.float32), dim=-1)
-            _accumulate(lens, states, log_p, step_kl, tokens_per_step, w_u, b_u, matmul_dtype)
+        taken, step_kl = _step_gradients(lens, text, tokens_per_step, w_u, b_u, matmul_dtype)
         if taken == 0 and not losses:
             raise ValueError("the training text holds no token to train on (each sequence's first token is skipped): "
                              "pass more text")
         if taken == 0:
             warnings.warn(f"the text ran out after {len(losses)} of {steps} steps; stopping there", stacklevel=2)
             break
-        if taken < tokens_per_step:  # a one-shot iterator ran dry mid-step: rescale to a mean
-            for p in params:
-                p.grad.mul_(tokens_per_step / taken)
-            step_kl *= tokens_per_step / taken
         if clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(params, clip_grad)
         opt.step()
@@ -330,8 +292,8 @@ def train_tuned_lens(
             warnings.warn(f"the text ran out after {len(losses)} of {steps} steps; stopping there", stacklevel=2)
             break
     bar.close()
-    if restarts:
-        warnings.warn(f"the training text was read {restarts + 1} times (more steps than text)", stacklevel=2)
+    if text.restarts:
+        warnings.warn(f"the training text was read {text.restarts + 1} times (more steps than text)", stacklevel=2)
     for p in params:
         p.grad = None
     lens.eval()
@@ -340,10 +302,112 @@ def train_tuned_lens(
         "lr": lr, "momentum": momentum, "nesterov": momentum > 0, "weight_decay": weight_decay,
         "clip_grad": clip_grad, "schedule": "linear decay to 0, no warm-up",
         "matmul_dtype": dtype_name(matmul_dtype),
-        "tokens_seen": n_seen, "text_passes": restarts + 1, "losses": losses,
+        "tokens_seen": text.n_seen, "text_passes": text.restarts + 1, "losses": losses,
         "seconds": time.perf_counter() - started,
     }
     return lens
+
+
+def _trainable_lens(lens: object, adapter: ModelAdapter) -> TunedLens:
+    """``lens`` (a fresh, zero-initialised one when ``None``), checked to fit ``adapter``, in training mode."""
+    lens = TunedLens(adapter) if lens is None else lens
+    if not isinstance(lens, TunedLens):
+        raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
+    check_lens_fits(lens, adapter)
+    return lens.train()
+
+
+def _optimiser(params: list[Tensor], *, lr: float, momentum: float, weight_decay: float,
+               steps: int) -> tuple[torch.optim.SGD, torch.optim.lr_scheduler.LambdaLR]:
+    """SGD (Nesterov when ``momentum > 0``) at ``lr * (1 - momentum)``, with its lr decayed linearly to 0 over ``steps``.
+
+    PyTorch's momentum scales the step by ``1 / (1 - momentum)``; the factor undoes it (the reference recipe).
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.zeros(2))
+        >>> opt, schedule = _optimiser([w], lr=1.0, momentum=0.9, weight_decay=0.0, steps=4)
+        >>> round(opt.param_groups[0]["lr"], 6), opt.param_groups[0]["nesterov"]
+        (0.1, True)
+    """
+    opt = torch.optim.SGD(params, lr=lr * (1 - momentum), momentum=momentum, nesterov=momentum > 0,
+                          weight_decay=weight_decay)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1.0 - step / steps))
+
+
+def _unembedding(adapter: ModelAdapter, matmul_dtype: object) -> tuple[Tensor, Tensor | None, torch.dtype | None]:
+    """``(W_U in the product's dtype, b_U, the product's dtype)``; ``None`` is float32 (see :func:`resolve_matmul_dtype`)."""
+    w_u = adapter.unembed_matrix("raw")
+    matmul_dtype = resolve_matmul_dtype(matmul_dtype, w_u.device)
+    w_u = w_u.to(matmul_dtype) if matmul_dtype is not None else w_u.to(torch.float32)
+    return w_u, adapter.unembed_bias(), matmul_dtype
+
+
+class _TrainingText:
+    """The training text as micro-batches of windows, re-read from the start when a list, string or tensor
+    runs out (``restarts`` counts it); a one-shot iterator, or a text with no token to train on, just ends.
+
+    ``n_seen`` counts the tokens trained on (the caller adds them), which tells an empty text from a short one.
+    """
+
+    def __init__(self, adapter: ModelAdapter, texts: Any, seq_len: int, batch_size: int,
+                 attention_mask: Tensor | None) -> None:
+        self.adapter, self.texts, self.seq_len, self.batch_size = adapter, texts, seq_len, batch_size
+        self.attention_mask = attention_mask
+        self.batches = self._read()
+        self.restarts = 0
+        self.n_seen = 0
+
+    def _read(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return _micro_batches(self.adapter, self.texts, self.seq_len, self.batch_size, self.attention_mask)
+
+    def next_batch(self) -> tuple[Tensor, Tensor] | None:
+        """The next ``(tokens, mask)`` micro-batch, or ``None`` once the text is done."""
+        while True:
+            try:
+                return next(self.batches)
+            except StopIteration:
+                if not _restartable(self.texts) or (self.n_seen == 0 and self.restarts > 0):
+                    return None
+                self.restarts += 1
+                self.batches = self._read()
+
+
+def _step_gradients(lens: TunedLens, text: _TrainingText, tokens_per_step: int, w_u: Tensor, b_u: Tensor | None,
+                    matmul_dtype: torch.dtype | None) -> tuple[int, Tensor]:
+    """One step's gradients in the translators' ``.grad`` (zeroed first) and the per-layer KL ``[L]`` (float64),
+    both means over the ``taken <= tokens_per_step`` tokens read; returns ``(taken, kl)``.
+
+    The means are over ``tokens_per_step`` tokens; when the text runs dry mid-step they are rescaled to
+    the tokens taken.
+    """
+    adapter = text.adapter
+    params = list(lens.translators.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    step_kl = torch.zeros(adapter.n_layers, dtype=torch.float64)
+    taken = 0
+    while taken < tokens_per_step:
+        batch = text.next_batch()
+        if batch is None:
+            break
+        tokens, mask = batch
+        resid, final_logits = residual_stream(adapter, tokens, attention_mask=mask)
+        keep = _eligible(mask.to(resid.device))
+        b_idx, p_idx = keep.nonzero(as_tuple=True)
+        b_idx, p_idx = b_idx[: tokens_per_step - taken], p_idx[: tokens_per_step - taken]
+        if b_idx.numel() == 0:
+            continue
+        taken += b_idx.numel()
+        text.n_seen += b_idx.numel()
+        states = resid[:, b_idx, p_idx].to(torch.float32)  # [L + 1, n, d], upcast from a bf16/fp16 model
+        picked = final_logits[b_idx.to(final_logits.device), p_idx.to(final_logits.device)]
+        log_p = torch.log_softmax(picked.to(device=w_u.device, dtype=torch.float32), dim=-1)
+        _accumulate(lens, states, log_p, step_kl, tokens_per_step, w_u, b_u, matmul_dtype)
+    if 0 < taken < tokens_per_step:  # a one-shot iterator ran dry mid-step: rescale to a mean
+        for p in params:
+            p.grad.mul_(tokens_per_step / taken)
+        step_kl *= tokens_per_step / taken
+    return taken, step_kl
 
 
 def _accumulate(lens, states, log_p, step_kl, tokens_per_step, w_u, b_u, matmul_dtype) -> None:

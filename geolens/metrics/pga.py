@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 from dataclasses import dataclass, field
@@ -203,82 +204,36 @@ def subspace_pga(
     n, d = states.shape
     n_pairs = check_n_pairs(n_pairs, n)
     input_dtype = states.dtype
-    dtype = working_dtype(states)
-    states = states.to(dtype)
-    readout = orthonormal_basis(readout, name="readout")
-    if readout.shape[0] != d:
-        raise ValueError(f"readout must be [d, k] with d = {d} (the states' width), got {tuple(readout.shape)}")
+    states = states.to(working_dtype(states))
+    readout = _checked_readout(readout, d)
     k = readout.shape[1]
-    if k >= d:
-        raise ValueError(f"k must be < d = {d} (k = d is the whole space), got k = {k}")
     ccr = check_ccr(ccr, n, d)
     total = n * (n - 1) // 2
     exact = n_pairs is None or n_pairs >= total
-    backend = select_backend(backend, device=states.device, dtype=dtype, n_values=total if exact else n_pairs,
+    backend = select_backend(backend, device=states.device, dtype=states.dtype, n_values=total if exact else n_pairs,
                              n_blocks=None if exact else min(JACKKNIFE_BLOCKS, n_pairs))
-    if null_subspaces is None:
-        n_null = check_int(n_null, "n_null", low=2)
-        null_subspaces = random_subspaces(d, k, n_null, seed=seed, dtype=dtype, device=states.device)
-    else:
-        if null_subspaces.ndim != 3 or tuple(null_subspaces.shape[1:]) != (d, k):
-            raise ValueError(f"null_subspaces must be [R, {d}, {k}], got {tuple(null_subspaces.shape)}")
-        n_null = check_int(null_subspaces.shape[0], "number of null subspaces", low=2)
-        null_subspaces = null_subspaces.to(dtype=dtype, device=states.device)
-    readout = readout.to(dtype=dtype, device=states.device)
-
-    centred = center(states)
-    check_spread(states, centred, dtype=input_dtype, what="the states")
-    # One decomposition gives both PC1 (for migration) and the CCR components.
-    sv, vh = _singular(centred, top=max(ccr, 1))
-    # Cosine distances of a cloud that is (numerically) one line are all 0 or 2: no geometry to rank.
-    kept_rank = int((sv[ccr:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum())
-    if kept_rank < 2:
-        raise DegenerateError(f"after centring and CCR-{ccr} the states span {kept_rank} direction(s); "
-                              "cosine distances need at least 2 (lower ccr, or give more varied states)")
-    pc1 = vh[0]
-    pc1_energy = float((readout.T @ pc1).pow(2).sum())
-    processed = centred
-    if ccr:
-        pcs = vh[:ccr].T
-        processed = centred - (centred @ pcs) @ pcs.T
-        check_spread(centred, processed, dtype=input_dtype, what=f"the states after CCR-{ccr}")
-
+    null_subspaces = _null_subspaces(null_subspaces, n_null, d, k, seed=seed, like=states)
+    n_null = null_subspaces.shape[0]
+    readout = readout.to(dtype=states.dtype, device=states.device)
+    processed, pc1_energy = _centred_and_reduced(states, readout, ccr, input_dtype)
     subspaces = torch.cat([readout.unsqueeze(0), null_subspaces], dim=0)
     if exact:
-        rhos = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes, backend=backend).cpu()
+        rhos, deleted = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes, backend=backend).cpu(), None
         used = total
-        deleted = None
     else:
         pairs = shared_pair_sample(n, n_pairs, 0 if seed is None else int(seed))
         rhos, deleted = sampled_rank_alignment(processed, subspaces, pairs, seed=0 if seed is None else seed,
                                                chunk_bytes=chunk_bytes, backend=backend)
         used = pairs.n_pairs
-    rho_readout = float(rhos[0])
-    null_rhos = rhos[1:]
-    null_mean = float(null_rhos.mean())
-    null_std_raw = float(null_rhos.std(unbiased=True))
-    if not null_std_raw > 1e-9:  # rho lies in [-1, 1]: a spread below 1e-9 is rounding
-        raise DegenerateError(f"the null rhos have (numerically) zero spread ({null_std_raw:.2g}), so the z-score is "
-                              "undefined; the states' distance structure is degenerate")
-    if deleted is None:
-        z, null_std, rho_se, z_se, noise_std, floored = _z_score(rhos), null_std_raw, 0.0, 0.0, 0.0, False
-    else:
-        sampled = sampled_z(rhos, deleted, 1.0 - used / total)
-        z, null_std, rho_se, z_se = sampled.z, sampled.null_std, sampled.rho_se, sampled.z_se
-        noise_std, floored = sampled.pair_noise_std, sampled.floored
-        if floored:
-            warnings.warn(f"approximate PGA (n_pairs = {used}, N = {n}): the pair-sampling noise is "
-                          f"{100 * noise_std**2 / null_std_raw**2:.0f}% of the null rhos' variance, so their spread is "
-                          f"floored at {MIN_NULL_VARIANCE_FRACTION:g} of it and z is unreliable; use more pairs",
-                          RuntimeWarning, stacklevel=2)
-    p_value = (1 + int((null_rhos >= rho_readout).sum())) / (n_null + 1)
+    stats = _null_statistics(rhos, deleted, n_tokens=n, n_pairs=used)
+    rho_readout, null_rhos = float(rhos[0]), rhos[1:]
     return PGAScore(
         rho_readout=rho_readout,
         null_rhos=null_rhos,
-        z=z,
-        p_value=p_value,
-        null_mean=null_mean,
-        null_std=null_std,
+        z=stats.z,
+        p_value=(1 + int((null_rhos >= rho_readout).sum())) / (n_null + 1),
+        null_mean=float(null_rhos.mean()),
+        null_std=stats.null_std,
         pc1_readout_energy=pc1_energy,
         random_energy=k / d,
         k=k,
@@ -288,12 +243,108 @@ def subspace_pga(
         ccr=ccr,
         seed=seed,
         n_pairs=used,
-        rho_se=rho_se,
-        z_se=z_se,
-        null_std_raw=null_std_raw,
-        pair_noise_std=noise_std,
-        null_floored=floored,
+        rho_se=stats.rho_se,
+        z_se=stats.z_se,
+        null_std_raw=stats.null_std_raw,
+        pair_noise_std=stats.pair_noise_std,
+        null_floored=stats.floored,
     )
+
+
+def _checked_readout(readout: torch.Tensor, d: int) -> torch.Tensor:
+    """``readout`` orthonormalised, checked to be ``[d, k]`` with ``1 <= k < d``.
+
+    Example:
+        >>> tuple(_checked_readout(torch.randn(4, 2), 4).shape)
+        (4, 2)
+    """
+    readout = orthonormal_basis(readout, name="readout")
+    if readout.shape[0] != d:
+        raise ValueError(f"readout must be [d, k] with d = {d} (the states' width), got {tuple(readout.shape)}")
+    k = readout.shape[1]
+    if k >= d:
+        raise ValueError(f"k must be < d = {d} (k = d is the whole space), got k = {k}")
+    return readout
+
+
+def _null_subspaces(
+    given: torch.Tensor | None, n_null: int, d: int, k: int, *, seed: int | None, like: torch.Tensor
+) -> torch.Tensor:
+    """The ``[R >= 2, d, k]`` null bases in ``like``'s dtype and device: ``given``, checked, or ``n_null``
+    Haar-random ones drawn from ``seed``.
+
+    Example:
+        >>> _null_subspaces(None, 3, 6, 2, seed=0, like=torch.zeros(1, dtype=torch.float64)).shape
+        torch.Size([3, 6, 2])
+    """
+    if given is None:
+        n_null = check_int(n_null, "n_null", low=2)
+        return random_subspaces(d, k, n_null, seed=seed, dtype=like.dtype, device=like.device)
+    if given.ndim != 3 or tuple(given.shape[1:]) != (d, k):
+        raise ValueError(f"null_subspaces must be [R, {d}, {k}], got {tuple(given.shape)}")
+    check_int(given.shape[0], "number of null subspaces", low=2)
+    return given.to(dtype=like.dtype, device=like.device)
+
+
+def _centred_and_reduced(
+    states: torch.Tensor, readout: torch.Tensor, ccr: int, input_dtype: torch.dtype
+) -> tuple[torch.Tensor, float]:
+    """The states centred with their top ``ccr`` principal components removed, and the first PC's
+    readout energy ``||V_k^T pc1||^2`` (of the centred states, before CCR).
+
+    Raises :class:`DegenerateError` when fewer than two directions are left: cosine distances of a
+    cloud that is (numerically) one line are all 0 or 2, no geometry to rank.
+
+    Example:
+        >>> h = torch.randn(50, 4, dtype=torch.float64) * torch.tensor([10.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+        >>> reduced, energy = _centred_and_reduced(h, torch.eye(4, dtype=torch.float64)[:, :1], 1, torch.float64)
+        >>> energy > 0.9, abs(float(reduced.mean(0).abs().max())) < 1e-12
+        (True, True)
+    """
+    centred = center(states)
+    check_spread(states, centred, dtype=input_dtype, what="the states")
+    # One decomposition gives both PC1 (for migration) and the CCR components.
+    sv, vh = _singular(centred, top=max(ccr, 1))
+    kept_rank = int((sv[ccr:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum())
+    if kept_rank < 2:
+        raise DegenerateError(f"after centring and CCR-{ccr} the states span {kept_rank} direction(s); "
+                              "cosine distances need at least 2 (lower ccr, or give more varied states)")
+    pc1_energy = float((readout.T @ vh[0]).pow(2).sum())
+    if not ccr:
+        return centred, pc1_energy
+    pcs = vh[:ccr].T
+    processed = centred - (centred @ pcs) @ pcs.T
+    check_spread(centred, processed, dtype=input_dtype, what=f"the states after CCR-{ccr}")
+    return processed, pc1_energy
+
+
+def _null_statistics(rhos: torch.Tensor, deleted: torch.Tensor | None, *, n_tokens: int, n_pairs: int) -> SampledZ:
+    """The z-score and the null's spread from the rhos ``[S]`` (readout first): plain when exact
+    (``deleted`` is ``None``), corrected for the pair sampling by :func:`sampled_z` otherwise.
+
+    Raises :class:`DegenerateError` when the null rhos have no spread; warns (``RuntimeWarning``) when
+    the sampled null's spread had to be floored.
+
+    Example:
+        >>> s = _null_statistics(torch.tensor([0.5, 0.1, 0.2, 0.3], dtype=torch.float64), None, n_tokens=4, n_pairs=6)
+        >>> round(s.z, 6), s.z_se, s.null_std == s.null_std_raw
+        (3.0, 0.0, True)
+    """
+    null_std_raw = float(rhos[1:].std(unbiased=True))
+    if not null_std_raw > 1e-9:  # rho lies in [-1, 1]: a spread below 1e-9 is rounding
+        raise DegenerateError(f"the null rhos have (numerically) zero spread ({null_std_raw:.2g}), so the z-score is "
+                              "undefined; the states' distance structure is degenerate")
+    if deleted is None:
+        return SampledZ(z=_z_score(rhos), null_std=null_std_raw, null_std_raw=null_std_raw, pair_noise_std=0.0,
+                        rho_se=0.0, z_se=0.0, floored=False)
+    total = n_tokens * (n_tokens - 1) // 2
+    sampled = sampled_z(rhos, deleted, 1.0 - n_pairs / total)
+    if sampled.floored:
+        warnings.warn(f"approximate PGA (n_pairs = {n_pairs}, N = {n_tokens}): the pair-sampling noise is "
+                      f"{100 * sampled.pair_noise_std**2 / null_std_raw**2:.0f}% of the null rhos' variance, so their "
+                      f"spread is floored at {MIN_NULL_VARIANCE_FRACTION:g} of it and z is unreliable; use more pairs",
+                      RuntimeWarning, stacklevel=3)
+    return dataclasses.replace(sampled, null_std_raw=null_std_raw)
 
 
 def _singular(x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,18 +489,11 @@ def rank_alignment(
     """
     n = states.shape[0]
     flat_index = condensed_indices(n, device=states.device)
-    m = flat_index.numel()
-    backend = select_backend(backend, device=states.device, dtype=states.dtype, n_values=m)
-    mean_rank = (m + 1) / 2.0  # the same with or without ties
+    backend = select_backend(backend, device=states.device, dtype=states.dtype, n_values=flat_index.numel())
     # The full space in float64 whatever the states' dtype: its distances then tie only where they are
     # equal (float32 rounding ties many of them at large N), which also lets the CPU kernel read the
     # full ranks off its sort keys instead of gathering them (FullRanks).
-    full_sorted, full_order = sort_with_order(negated_cosines(states.double(), flat_index=flat_index))
-    full = FullRanks(sorted_average_ranks(full_sorted).sub_(mean_rank), full_order)
-    del full_sorted, full_order
-    full_norm = torch.linalg.vector_norm(full.by_position)
-    if full_norm == 0:
-        raise DegenerateError("all full-space distances are equal: rank correlation undefined")
+    full, full_norm = _centred_full_ranks(negated_cosines(states.double(), flat_index=flat_index), "full-space")
     out = []
     for dots, sq_norms in backend.exact_chunks(states, subspaces, flat_index, full, chunk_bytes=chunk_bytes):
         if bool((sq_norms <= 0).any()):
@@ -495,6 +539,10 @@ def sampled_rank_alignment(
     n_blocks = min(n_blocks, p)
     device = states.device
     backend = select_backend(backend, device=device, dtype=states.dtype, n_values=p, n_blocks=n_blocks)
+    # The full space in float64, as in the exact mode: its values tie only where they are equal.
+    full, full_norm = _centred_full_ranks(backend.pair_values(states.double(), pairs), "sampled full-space")
+    blocks, sizes = _jackknife_blocks(p, n_blocks, seed=seed)
+    ranks = backend.sampled_ranks(full, blocks.to(device), n_blocks)
     # Scratch per subspace: its coordinates (the compiled kernel makes the pair values inside its sort
     # keys, in buffers of its worker threads); two chunks are alive at once. One batched product makes
     # them: products in a pool thread beside the full space's ranking, or per subspace in the workers,
@@ -502,27 +550,6 @@ def sampled_rank_alignment(
     per_subspace = 2 * states.shape[0] * subspaces.shape[-1] * states.element_size()
     chunk = max(1, int(chunk_bytes // per_subspace))
     compiled = backend.takes_unit_rows
-
-    def project(start: int) -> torch.Tensor:
-        if coords is not None:
-            given = coords[start : start + chunk]
-            return unit_rows(given) if compiled else given
-        product = states @ subspaces[start : start + chunk]
-        return unit_rows(product, in_place=True) if compiled else product  # a fresh product
-
-    # The full space in float64, as in the exact mode: its values tie only where they are equal.
-    full_sorted, full_order = sort_with_order(backend.pair_values(states.double(), pairs))
-    full = FullRanks(sorted_average_ranks(full_sorted).sub_((p + 1) / 2.0), full_order)
-    del full_sorted, full_order
-    full_norm = torch.linalg.vector_norm(full.by_position)
-    if full_norm == 0:
-        raise DegenerateError("all sampled full-space distances are equal: rank correlation undefined")
-    # Random, equal-sized blocks: block g holds the pairs at positions perm[g::G] of a seeded permutation.
-    perm = torch.randperm(p, generator=torch.Generator().manual_seed(int(seed) + 0x5EED))
-    blocks = torch.empty(p, dtype=torch.int64)
-    blocks[perm] = torch.arange(p) % n_blocks
-    sizes = torch.bincount(blocks, minlength=n_blocks).to(torch.float64)
-    ranks = backend.sampled_ranks(full, blocks.to(device), n_blocks)
     rhos, phis = [], []
 
     def collect(pending) -> None:
@@ -535,14 +562,85 @@ def sampled_rank_alignment(
     pending = None
     for start in range(0, subspaces.shape[0], chunk):
         # On the CPU, the workers rank this chunk while the next one is built.
-        submitted = ranks.submit_pairs(project(start), pairs, normalised=compiled)
+        coordinates = _chunk_coordinates(states, subspaces, coords, start, chunk, unit=compiled)
+        submitted = ranks.submit_pairs(coordinates, pairs, normalised=compiled)
         if pending is not None:
             collect(pending)
         pending = submitted
     collect(pending)
     rho = torch.cat(rhos)
-    phi = torch.cat(phis)
-    # Influence sums per block: 12 (sum_{p in g} phi_p - |g| mean phi); leaving block g out moves rho by -that / (P - |g|).
+    return rho, _deleted_rhos(rho, torch.cat(phis), sizes)
+
+
+def _centred_full_ranks(values: torch.Tensor, what: str) -> tuple[FullRanks, torch.Tensor]:
+    """The average ranks of the full space's values ``[M]`` (ties averaged), less their mean ``(M + 1) / 2`` (the same
+    with or without ties), with their sort order, and their norm; ``what`` names the values in the
+    :class:`DegenerateError` raised when they are all equal.
+
+    Example:
+        >>> full, norm = _centred_full_ranks(torch.tensor([0.3, 0.1, 0.2], dtype=torch.float64), "full-space")
+        >>> full.centred().tolist(), round(float(norm) ** 2, 6)
+        ([1.0, -1.0, 0.0], 2.0)
+    """
+    full_sorted, full_order = sort_with_order(values)
+    del values
+    full = FullRanks(sorted_average_ranks(full_sorted).sub_((full_sorted.numel() + 1) / 2.0), full_order)
+    del full_sorted, full_order
+    full_norm = torch.linalg.vector_norm(full.by_position)
+    if full_norm == 0:
+        raise DegenerateError(f"all {what} distances are equal: rank correlation undefined")
+    return full, full_norm
+
+
+def _chunk_coordinates(
+    states: torch.Tensor, subspaces: torch.Tensor, coords: torch.Tensor | None, start: int, chunk: int, *, unit: bool
+) -> torch.Tensor:
+    """The coordinates ``[C, N, k]`` of the states in subspaces ``start:start + chunk``: read from ``coords``
+    when given (never changed), else one batched product; with ``unit`` (the compiled kernel's input)
+    as unit rows, normalising a fresh product in place.
+
+    Example:
+        >>> h = torch.randn(5, 4, dtype=torch.float64)
+        >>> c = _chunk_coordinates(h, torch.eye(4, dtype=torch.float64)[None, :, :2], None, 0, 8, unit=True)
+        >>> torch.allclose(c.norm(dim=-1), torch.ones(1, 5, dtype=torch.float64))
+        True
+    """
+    if coords is not None:
+        given = coords[start : start + chunk]
+        return unit_rows(given) if unit else given
+    product = states @ subspaces[start : start + chunk]
+    return unit_rows(product, in_place=True) if unit else product
+
+
+def _jackknife_blocks(n_pairs: int, n_blocks: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random, equal-sized blocks of the sampled pairs: ``(block of each pair [P] int64, block sizes [G]
+    float64)``, on the CPU. Block ``g`` holds the pairs at positions ``perm[g::G]`` of a permutation seeded
+    by ``seed``, so the sizes differ by at most one.
+
+    Example:
+        >>> blocks, sizes = _jackknife_blocks(10, 4, seed=0)
+        >>> sizes.tolist(), sorted(blocks.tolist()) == sorted([g % 4 for g in range(10)])
+        ([3.0, 3.0, 2.0, 2.0], True)
+    """
+    perm = torch.randperm(n_pairs, generator=torch.Generator().manual_seed(int(seed) + 0x5EED))
+    blocks = torch.empty(n_pairs, dtype=torch.int64)
+    blocks[perm] = torch.arange(n_pairs) % n_blocks
+    return blocks, torch.bincount(blocks, minlength=n_blocks).to(torch.float64)
+
+
+def _deleted_rhos(rho: torch.Tensor, phi: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """The delete-a-group jackknife replicates ``[S, G]`` of the rhos ``[S]`` to first order, from the
+    per-block sums ``phi [S, G]`` of the pairs' influence terms and the block sizes ``[G]``.
+
+    Leaving block ``g`` out moves rho by ``-12 (sum_{p in g} phi_p - |g| mean phi) / (P - |g|)``,
+    with ``P`` the number of pairs (docs/methods.md §A.4a).
+
+    Example:
+        >>> rho = torch.tensor([0.5], dtype=torch.float64)
+        >>> phi = torch.tensor([[1.0, 1.0]], dtype=torch.float64)   # the same influence in each block: no move
+        >>> _deleted_rhos(rho, phi, torch.tensor([2.0, 2.0], dtype=torch.float64)).tolist()
+        [[0.5, 0.5]]
+    """
+    p = float(sizes.sum())
     influence = 12.0 * (phi - sizes * (phi.sum(1, keepdim=True) / p))
-    deleted = rho.unsqueeze(1) - influence / (p - sizes)
-    return rho, deleted
+    return rho.unsqueeze(1) - influence / (p - sizes)

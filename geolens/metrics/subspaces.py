@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 
-from geolens._validation import check_float_matrix, check_int
+from geolens._validation import check_float, check_float_matrix, check_int
 from geolens.metrics.grassmann import orthonormal_basis
 
 __all__ = [
@@ -144,6 +144,9 @@ def resolution_sweep(linear_maps: Float[torch.Tensor, "L d d"], fractions) -> li
     """
     if linear_maps.ndim != 3 or linear_maps.shape[1] != linear_maps.shape[2] or linear_maps.shape[0] < 2:
         raise ValueError(f"linear_maps must be [L >= 2, d, d], got shape {tuple(linear_maps.shape)}")
+    # Checked before the SVD, each named by its position in the list.
+    fractions = [check_float(f, f"fractions[{i}] (each in (0, 1))", low=0, high=1, low_open=True, high_open=True)
+                 for i, f in enumerate(fractions)]
     d = linear_maps.shape[-1]
     _, s, vh = torch.linalg.svd(linear_maps.to(torch.float64))
     sq = s.pow(2)
@@ -152,9 +155,6 @@ def resolution_sweep(linear_maps: Float[torch.Tensor, "L d d"], fractions) -> li
         raise ValueError("a linear map is zero: it has no readout subspace")
     out = []
     for fraction in fractions:
-        fraction = float(fraction)
-        if not 0 < fraction < 1:
-            raise ValueError(f"fractions must lie in (0, 1), got {fraction}")
         k = max(1, round(fraction * d))
         bases = vh[:, :k].transpose(1, 2)  # [L, d, k]: rows of vh are right singular vectors
         rss = readout_subspace_similarity(bases)

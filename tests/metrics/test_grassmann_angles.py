@@ -102,3 +102,16 @@ def test_resolution_sweep_against_per_map_svd():
     assert all(row["k"] >= chosen["k"] for row in sweep if row["visibility"] >= 0.95 * top)
     with pytest.raises(ValueError, match=r"\(0, 1\)"):
         resolution_sweep(maps, [1.5])
+
+
+def test_resolution_sweep_checks_each_fraction_before_the_svd():
+    """check_float names the offending entry: its position, the interval and the bound it broke."""
+    from geolens.metrics.subspaces import resolution_sweep
+
+    maps = torch.eye(6, dtype=torch.float64).expand(3, 6, 6).clone()
+    with pytest.raises(ValueError, match=r"fractions\[1\] \(each in \(0, 1\)\) must be > 0, got 0.0"):
+        resolution_sweep(maps, [0.5, 0])
+    with pytest.raises(ValueError, match=r"fractions\[0\].*finite"):
+        resolution_sweep(maps, [float("nan")])
+    with pytest.raises(TypeError, match=r"fractions\[0\].*must be a number, got str"):
+        resolution_sweep(maps, ["half"])
