@@ -512,55 +512,114 @@ def spectral_summary_blocks(
     if n < d:
         raise ValueError(f"X must have at least as many rows as columns (N >= d), got shape {tuple(x.shape)}; "
                          "use spectral_summary")
-    f64 = torch.float64
     blocks = [(start, min(start + block, n)) for start in range(0, n, block)]
-    mean = torch.zeros(d, dtype=f64, device=x.device)
-    if centre:
-        for a, b in blocks:
-            mean += x[a:b].to(f64).sum(dim=0)
-        mean /= n
-    gram = torch.zeros(d, d, dtype=f64, device=x.device)
-    unit_sum = torch.zeros(d, dtype=f64, device=x.device)
-    unit_gram = torch.zeros(d, d, dtype=f64, device=x.device)
-    raw_sq = 0.0
-    n_zero = 0
-    for a, b in blocks:
-        rows = x[a:b].to(f64)
-        raw_sq += float(rows.square().sum())
-        rows = rows - mean  # not in place: for float64 input the block is a view of x
-        gram.addmm_(rows.T, rows)
-        norms = rows.norm(dim=1)
-        zero = norms <= torch.finfo(f64).tiny
-        n_zero += int(zero.sum())
-        unit = rows / norms.clamp_min(torch.finfo(f64).tiny).unsqueeze(1)
-        unit_sum += unit.sum(dim=0)
-        unit_gram.addmm_(unit.T, unit)
+    mean = _block_mean(x, blocks) if centre else torch.zeros(d, dtype=torch.float64, device=x.device)
+    sums = _block_sums(x, blocks, mean)
     if centre:  # the spread check of _prepare, from the two Frobenius norms
-        check_spread(torch.tensor([[raw_sq ** 0.5]]), torch.tensor([[float(gram.trace().clamp_min(0)) ** 0.5]]),
-                     dtype=x.dtype, what="the rows of X")
-    eigvals, eigvecs = torch.linalg.eigh(gram)
-    order = torch.argsort(eigvals, descending=True)
-    s, right = eigvals[order].clamp_min(0).sqrt(), eigvecs[:, order]
-    # The Gram squares the spectrum, so float64 resolves singular values only down to about
-    # s_max * sqrt(d * eps); below that an eigenvalue is rounding, and its singular value is taken as 0.
-    s = torch.where(s > s[0] * math.sqrt(d * torch.finfo(f64).eps), s, torch.zeros_like(s))
+        check_spread(torch.tensor([[sums.raw_sq ** 0.5]]),
+                     torch.tensor([[float(sums.gram.trace().clamp_min(0)) ** 0.5]]), dtype=x.dtype, what="the rows of X")
+    s, right = _gram_spectrum(sums.gram)
     if not bool(s[0] > 0):
         raise ValueError(f"X is all zeros{' after centring (every row is the same)' if centre else ''}; "
                          "its spectrum is undefined")
     sp = Spectrum(s=s, u=None, n_rows=n, n_cols=d, dtype=working_dtype(x), centred=centre)
-    log_pos = torch.full((d,), -math.inf, dtype=f64, device=x.device)
+    log_iso = _block_log_isotropy(x, blocks, mean, right)
+    if sums.n_zero:
+        raise ValueError(f"{sums.n_zero} rows have zero norm{' after centring' if centre else ''}; "
+                         "their cosine similarity is undefined")
+    pairs = n * (n - 1)
+    cos_mean = (sums.unit_sum.square().sum() - n) / pairs
+    cos_var = ((sums.unit_gram.square().sum() - n) / pairs - cos_mean.square()).clamp_min(0.0)
+    return _summary(sp, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps, clip_fit_range=clip_fit_range,
+                    log_iso=log_iso, cos_mean=cos_mean, cos_std=cos_var.sqrt())
+
+
+@dataclass
+class _BlockSums:
+    """What one pass over the rows of ``X`` accumulates (float64): the centred Gram matrix, the sum and Gram
+    matrix of the unit rows (the cosines' moments), the raw squared norm and the count of zero rows."""
+
+    gram: torch.Tensor
+    unit_sum: torch.Tensor
+    unit_gram: torch.Tensor
+    raw_sq: float = 0.0
+    n_zero: int = 0
+
+
+def _block_mean(x: torch.Tensor, blocks: list[tuple[int, int]]) -> torch.Tensor:
+    """The float64 mean row of ``x``, read ``blocks`` at a time.
+
+    Example:
+        >>> x = torch.arange(12.0).reshape(6, 2)
+        >>> _block_mean(x, [(0, 4), (4, 6)]).tolist()
+        [5.0, 6.0]
+    """
+    mean = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
+    for a, b in blocks:
+        mean += x[a:b].to(torch.float64).sum(dim=0)
+    return mean / x.shape[0]
+
+
+def _block_sums(x: torch.Tensor, blocks: list[tuple[int, int]], mean: torch.Tensor) -> _BlockSums:
+    """One float64 pass over the rows of ``x`` less ``mean``, block by block (see :class:`_BlockSums`).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 2.0], [0.0, 0.0]])
+        >>> sums = _block_sums(x, [(0, 2), (2, 3)], torch.zeros(2, dtype=torch.float64))
+        >>> sums.gram.tolist(), sums.unit_sum.tolist(), sums.raw_sq, sums.n_zero
+        ([[1.0, 0.0], [0.0, 4.0]], [1.0, 1.0], 5.0, 1)
+    """
+    d, f64 = x.shape[1], torch.float64
+    tiny = torch.finfo(f64).tiny
+    sums = _BlockSums(gram=torch.zeros(d, d, dtype=f64, device=x.device),
+                      unit_sum=torch.zeros(d, dtype=f64, device=x.device),
+                      unit_gram=torch.zeros(d, d, dtype=f64, device=x.device))
+    for a, b in blocks:
+        rows = x[a:b].to(f64)
+        sums.raw_sq += float(rows.square().sum())
+        rows = rows - mean  # not in place: for float64 input the block is a view of x
+        sums.gram.addmm_(rows.T, rows)
+        norms = rows.norm(dim=1)
+        sums.n_zero += int((norms <= tiny).sum())
+        unit = rows / norms.clamp_min(tiny).unsqueeze(1)
+        sums.unit_sum += unit.sum(dim=0)
+        sums.unit_gram.addmm_(unit.T, unit)
+    return sums
+
+
+def _gram_spectrum(gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Singular values (descending) and right singular vectors of ``X`` from its float64 Gram matrix.
+
+    The Gram squares the spectrum, so float64 resolves singular values only down to about
+    ``s_max * sqrt(d * eps)``; below that an eigenvalue is rounding, and its singular value is taken as 0.
+
+    Example:
+        >>> s, right = _gram_spectrum(torch.diag(torch.tensor([4.0, 9.0, 0.0], dtype=torch.float64)))
+        >>> s.tolist(), right[:, 0].abs().tolist()
+        ([3.0, 2.0, 0.0], [0.0, 1.0, 0.0])
+    """
+    eigvals, eigvecs = torch.linalg.eigh(gram)
+    order = torch.argsort(eigvals, descending=True)
+    s, right = eigvals[order].clamp_min(0).sqrt(), eigvecs[:, order]
+    floor = s[0] * math.sqrt(gram.shape[0] * torch.finfo(torch.float64).eps)
+    return torch.where(s > floor, s, torch.zeros_like(s)), right
+
+
+def _block_log_isotropy(x: torch.Tensor, blocks: list[tuple[int, int]], mean: torch.Tensor,
+                        right: torch.Tensor) -> float:
+    """The isotropy's ``min log Z(+-v_j) - max log Z(+-v_j)``, with ``log Z(+-v_j)`` the logsumexp over rows of
+    ``+-(x_i - mean) . v_j``, accumulated block by block.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+        >>> _block_log_isotropy(x, [(0, 3), (3, 4)], torch.zeros(2, dtype=torch.float64), torch.eye(2, dtype=torch.float64))
+        0.0
+    """
+    log_pos = torch.full((right.shape[1],), -math.inf, dtype=torch.float64, device=x.device)
     log_neg = log_pos.clone()
-    for a, b in blocks:  # the isotropy's log Z(+-v_j) = logsumexp over rows of +-(x_i - mean) . v_j
-        scores = (x[a:b].to(f64) - mean) @ right
+    for a, b in blocks:
+        scores = (x[a:b].to(torch.float64) - mean) @ right
         log_pos = torch.logaddexp(log_pos, torch.logsumexp(scores, dim=0))
         log_neg = torch.logaddexp(log_neg, torch.logsumexp(-scores, dim=0))
     log_z = torch.cat([log_pos, log_neg])
-    log_iso = float(log_z.min() - log_z.max())
-    if n_zero:
-        raise ValueError(f"{n_zero} rows have zero norm{' after centring' if centre else ''}; "
-                         "their cosine similarity is undefined")
-    pairs = n * (n - 1)
-    cos_mean = (unit_sum.square().sum() - n) / pairs
-    cos_var = ((unit_gram.square().sum() - n) / pairs - cos_mean.square()).clamp_min(0.0)
-    return _summary(sp, alpha_fit_range=alpha_fit_range, rtol=rtol, eps=eps, clip_fit_range=clip_fit_range,
-                    log_iso=log_iso, cos_mean=cos_mean, cos_std=cos_var.sqrt())
+    return float(log_z.min() - log_z.max())

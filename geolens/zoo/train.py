@@ -390,48 +390,25 @@ def train_zoo(
 def _train_member(zoo: Zoo, width: int, tokenizer, windows, eval_windows, stop_at, progress, on_step) -> None:
     config = zoo.config
     target = config.steps if stop_at is None else stop_at
-    member = zoo.member_dir(width)
-    member.mkdir(exist_ok=True)
+    zoo.member_dir(width).mkdir(exist_ok=True)
     log = zoo.log(width)
-    resume_path = member / _RESUME_FILE
-    state = torch.load(resume_path, weights_only=True) if resume_path.is_file() else None
-    resumable = state is not None and (zoo.checkpoint_dir(width, state["step"]) / "config.json").is_file()
-    start = state["step"] if resumable else 0
+    start, state = _resume_point(zoo, width)
     if start >= target:
         return
-    from transformers import GPTNeoXForCausalLM
-
-    if start > 0:
-        model = GPTNeoXForCausalLM.from_pretrained(str(zoo.checkpoint_dir(width, start)), dtype=torch.float32)
-    else:
-        model = _new_model(config, width, tokenizer)
+    model = _member_model(zoo, width, tokenizer, start)
     # Steps after the resumed one are recomputed, so their logged losses are dropped.
     log["losses"] = log["losses"][:start]
     log["checkpoints"] = [c for c in log["checkpoints"] if c["step"] <= start]
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
-    if start > 0:
-        optimizer.load_state_dict(state["optimizer"])
-    elif 0 in config.checkpoints:
+    optimizer = _optimizer(model, config, state if start > 0 else None)
+    if start == 0 and 0 in config.checkpoints:
         _checkpoint(zoo, width, 0, model, tokenizer, optimizer, eval_windows, log)
 
     perms: dict[int, torch.Tensor] = {}
     bar = tqdm(range(start + 1, target + 1), desc=f"zoo d={width}", disable=not progress, leave=False)
     for step in bar:
         batch = windows[_batch_indices(step, config.batch_size, len(windows), config.seed, perms)]
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr_at(step)
-        logits = model(batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
-        optimizer.step()
-        value = float(loss.detach())
+        value = _train_step(model, optimizer, batch, config, step)
         if not math.isfinite(value):
             raise FloatingPointError(f"zoo d={width}: loss is {value} at step {step}; lower lr (now {config.lr})")
         log["losses"].append(value)
@@ -441,6 +418,50 @@ def _train_member(zoo: Zoo, width: int, tokenizer, windows, eval_windows, stop_a
         if step in config.checkpoints or step == target:
             _checkpoint(zoo, width, step, model, tokenizer, optimizer, eval_windows, log)
     bar.close()
+
+
+def _resume_point(zoo: Zoo, width: int) -> tuple[int, dict | None]:
+    """The step a member resumes from (0: from scratch) and its saved optimiser state: a resume file counts
+    only when the checkpoint it names is whole on disk."""
+    resume_path = zoo.member_dir(width) / _RESUME_FILE
+    state = torch.load(resume_path, weights_only=True) if resume_path.is_file() else None
+    resumable = state is not None and (zoo.checkpoint_dir(width, state["step"]) / "config.json").is_file()
+    return (state["step"], state) if resumable else (0, None)
+
+
+def _member_model(zoo: Zoo, width: int, tokenizer, start: int):
+    """The member's model at step ``start``: its saved checkpoint, or a new one at step 0."""
+    if start == 0:
+        return _new_model(zoo.config, width, tokenizer)
+    from transformers import GPTNeoXForCausalLM
+
+    return GPTNeoXForCausalLM.from_pretrained(str(zoo.checkpoint_dir(width, start)), dtype=torch.float32)
+
+
+def _optimizer(model, config: ZooConfig, state: dict | None) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (not on biases and norm weights); ``state`` resumes it."""
+    decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    return optimizer
+
+
+def _train_step(model, optimizer: torch.optim.Optimizer, batch: torch.Tensor, config: ZooConfig, step: int) -> float:
+    """One step of next-token cross-entropy on ``batch`` (``[B, T + 1]`` token ids) at the schedule's learning
+    rate, with the gradient clipped to ``config.clip_grad`` (0: not clipped); the loss before the step."""
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr_at(step)
+    logits = model(batch[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if config.clip_grad > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
+    optimizer.step()
+    return float(loss.detach())
 
 
 def _checkpoint(zoo: Zoo, width: int, step: int, model, tokenizer, optimizer, eval_windows, log) -> None:

@@ -156,3 +156,45 @@ def test_another_family_in_the_same_folder_is_refused(reference_zoo):
         train_zoo(ZooConfig(**{**TINY, "steps": 8}), reference_zoo.root, progress=False)
     with pytest.raises(FileNotFoundError, match="not a zoo family folder"):
         Zoo.open(reference_zoo.root / "w16")
+
+
+def test_one_training_step_returns_the_loss_before_it_at_the_scheduled_rate(reference_zoo):
+    """_train_step: the loss it returns is the batch's next-token cross-entropy before the update (a direct
+    formula), the learning rate is the schedule's, only the matrices get weight decay, and the weights move."""
+    from transformers import AutoTokenizer
+
+    from geolens.zoo.train import _member_model, _optimizer, _resume_point, _train_step
+
+    config = reference_zoo.config
+    width = config.widths[0]
+    start, state = _resume_point(reference_zoo, width)
+    assert start == config.steps and state is not None  # a finished member resumes from its last step
+    tokenizer = AutoTokenizer.from_pretrained(str(reference_zoo.checkpoint_dir(width, start)))
+    model = _member_model(reference_zoo, width, tokenizer, start)
+    optimizer = _optimizer(model, config, None)
+    decayed = {id(p) for p in optimizer.param_groups[0]["params"]}
+    assert all((p.ndim >= 2) == (id(p) in decayed) for p in model.parameters())
+    batch = torch.randint(0, len(tokenizer), (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(batch[:, :-1]).logits
+        expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = _train_step(model, optimizer, batch, config, step=3)
+    assert loss == pytest.approx(float(expected), rel=1e-5)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(config.lr_at(3))
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_a_resume_file_without_its_checkpoint_starts_from_scratch(reference_zoo, tmp_path):
+    from geolens.zoo.train import _RESUME_FILE, _resume_point
+
+    zoo = Zoo(reference_zoo.config, tmp_path / "fresh")
+    width = zoo.config.widths[0]
+    zoo.member_dir(width).mkdir(parents=True)
+    assert _resume_point(zoo, width) == (0, None)
+    torch.save({"step": 4, "optimizer": {}}, zoo.member_dir(width) / _RESUME_FILE)  # step 4 is not on disk
+    assert _resume_point(zoo, width) == (0, None)
+    (zoo.checkpoint_dir(width, 4)).mkdir()
+    (zoo.checkpoint_dir(width, 4) / "config.json").write_text("{}")  # now it is: resume from step 4
+    start, state = _resume_point(zoo, width)
+    assert start == 4 and state["step"] == 4
