@@ -30,7 +30,6 @@ Files saved with the column names of geolens < 0.3 (``rho_full``, ``z_readout``,
 
 from __future__ import annotations
 
-import warnings
 
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence

@@ -211,7 +211,7 @@ def jobs_table(place: str) -> dict[str, tuple[Callable[..., Any], bool]]:
         >>> fn.__name__, takes_tokens
         ('weight_geometry', False)
     """
-    return {name: (get(name).function, get(name).takes_tokens) for name in names(place)}
+    return {name: (record.function, record.takes_tokens) for name, record in _RECORDS.items() if record.runs_in(place)}
 
 
 def attach(name: str, **parts: Any) -> Analysis:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from geolens._json import callable_id, jsonable
-from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_float
+from geolens._validation import DEFAULT_N_TOKENS, check_float
 from geolens.analyses import registry
 from geolens.analyses.grid import SHARED_OPTIONS, check_shared_options, resolve_jobs, route_options
 from geolens.study.factories import model_factories
