@@ -3,7 +3,7 @@
 Each function handles one row and releases the GIL, so the rank pool's threads run rows in
 parallel; none starts threads of its own. Keys are int64: the order-preserving bits of a float32
 in the high 32 bits (``-0.0`` made ``+0.0``, so equal floats give equal high bits) and a payload in
-the low 32 bits. See :mod:`geolens.metrics._rank_kernels` for how they are used.
+the low 32 bits. See :mod:`geolens.metrics._ranking.cpu` for how they are used.
 
 The rank statistics read each run of equal high bits as one tie group and never depend on the
 order inside a run, so the keys need sorting by their high 32 bits only: a radix sort by those bits
