@@ -402,7 +402,7 @@ def _pga_note(kind: str, *, has_final: bool, intervals: bool) -> str:
     if has_final:
         note += "; ★ final state (after ln_final)"
     if intervals:
-        note += "; coloured bands: 95 % over resampled texts"
+        note += "; coloured bands: 95 % over resampled texts (z at this sample's size)"
     return note
 
 

@@ -18,7 +18,9 @@ from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int, wo
 from geolens.capture import States, capture
 from geolens.interventions import subspace_basis
 from geolens.metrics.grassmann import random_subspaces
-from geolens.metrics.pga import MIN_SAMPLED_PAIRS, PairSample, sample_pairs, sampled_rank_alignment, subspace_pga
+from geolens.metrics.intervals import INTERVAL_LEVEL, MIN_FINITE_FRACTION, symmetric_interval
+from geolens.metrics.pga import (MIN_SAMPLED_PAIRS, PairSample, sample_pairs, sampled_rank_alignment, sampled_z,
+                                 subspace_pga)
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_spread
 from geolens.metrics.readout import readout_basis
 from geolens.model import READOUTS, as_adapter
@@ -26,7 +28,7 @@ from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
 
 __all__ = ["pga", "PGAResult", "default_k", "text_resamples", "resample_pairs", "resampled_z",
-           "BOOTSTRAP_PERCENTILES", "MIN_BOOTSTRAP_TEXTS"]
+           "MIN_BOOTSTRAP_TEXTS", "MIN_RESAMPLES", "MAX_RESAMPLES"]
 
 DEFAULT_K = 100
 _SCORE_COLUMNS = ("rho_readout", "null_mean", "null_std", "z", "p_value", "pc1_readout_energy", "random_energy")
@@ -34,10 +36,13 @@ _SCORE_COLUMNS = ("rho_readout", "null_mean", "null_std", "z", "p_value", "pc1_r
 # spread as observed (null_std_raw) and its pair-sampling noise (pair_noise_std), taken out of null_std.
 _APPROX_COLUMNS = ("rho_readout", "rho_se", "null_mean", "null_std", "null_std_raw", "pair_noise_std", "z", "z_se",
                    "p_value", "pc1_readout_energy", "random_energy")
-# The bootstrap over texts (n_resamples > 0): the percentile interval of z, and the fewest texts it is
-# worth much with (below it the resamples repeat a handful of texts; it runs, warns and says so in params).
-BOOTSTRAP_PERCENTILES = (2.5, 97.5)
+# The bootstrap over texts (n_resamples > 0): the fewest texts it is worth much with (below it the resamples
+# repeat a handful of texts; it runs, warns and says so in params).
 MIN_BOOTSTRAP_TEXTS = 10
+# An interval needs a spread of resampled z to read its ends from: fewer resamples are refused. More than
+# MAX_RESAMPLES cost time (and memory for their z) without changing the interval.
+MIN_RESAMPLES = 20
+MAX_RESAMPLES = 10_000
 # Pairs of all resamples kept at once (16 bytes each); beyond, each layer remakes its resamples' pairs.
 _PAIR_CACHE = 1 << 24
 
@@ -263,6 +268,8 @@ def _score_states(
     resampled: list[dict] = []
     if n_resamples:
         pairs = bootstrap_pairs if bootstrap_pairs is not None else n_pairs
+        if pairs is not None and pairs >= states.n_tokens * (states.n_tokens - 1) // 2:
+            pairs = None  # as many as a resample has: all of them, and recorded so
         resampled = _bootstrap(states, readout, nulls, ccrs, rows, n_resamples=n_resamples, n_pairs=pairs, seed=seed,
                                progress=progress)
         failed = _add_intervals(rows, resampled, columns, n_resamples)
@@ -270,9 +277,12 @@ def _score_states(
         params["n_resamples"] = n_resamples
         params["bootstrap"] = {
             "n_resamples": n_resamples, "n_texts": n_texts, "unit": "text (positions kept together)",
-            "percentiles": list(BOOTSTRAP_PERCENTILES), "nulls": "the point estimate's, kept fixed",
+            "interval": f"z +- t(B - 1) * sd of the resampled z, level {INTERVAL_LEVEL}",
+            "target": "z at the sample's size (another sample of as many texts); not z's large-sample limit",
+            "nulls": "the point estimate's, kept fixed",
             "pairs": "all, self-duplicate pairs dropped" if pairs is None else
-                     f"{pairs} sampled per resample, self-duplicate pairs dropped",
+                     f"{pairs} sampled per resample, self-duplicate pairs dropped, their noise taken out of each "
+                     "resample's null spread as in the point estimate (docs/methods.md §A.4a)",
             "failed": failed,
             "few_texts": n_texts < MIN_BOOTSTRAP_TEXTS,
         }
@@ -338,25 +348,51 @@ def _pair_params(n_pairs: int, used_pairs: int | None, n_tokens: int) -> dict[st
 
 
 def _add_intervals(rows: list[dict], resampled: list[dict], columns: Sequence[str], n_resamples: int) -> int:
-    """Each row's 95 % interval of z over the resamples (``z_low``, ``z_high`` after ``z_se``, else after ``z``),
-    in place; returns how many resampled scores of scorable cells were undefined (a warning says so)."""
+    """Each row's interval of z (``z_low``, ``z_high``, symmetric about ``z``; :func:`~geolens.metrics.intervals.
+    symmetric_interval`) and the Monte Carlo error of its ends (``z_end_error``), after ``z_se`` (else after
+    ``z``), in place; returns how many resampled scores of scorable cells were undefined (a warning says so).
+
+    Example:
+        >>> rows = [{"layer": 0, "site": "s", "ccr": 1, "z": 5.0}]
+        >>> _add_intervals(rows, [{"z": [4.0, 6.0] * 10}], ["z"], 20), list(rows[0])
+        (0, ['layer', 'site', 'ccr', 'z', 'z_low', 'z_high', 'z_end_error'])
+        >>> round(rows[0]["z_high"] - rows[0]["z"], 3)
+        2.14
+    """
     failed = sum(int(np.isnan(r["z"]).sum()) for r, row in zip(resampled, rows) if math.isfinite(row["z"]))
     scorable = [r for r, row in zip(resampled, rows) if math.isfinite(row["z"])]
     for row, r in zip(rows, resampled):
-        row["z_low"], row["z_high"] = _percentile_interval(np.asarray(r["z"], dtype=float))
+        row["z_low"], row["z_high"], row["z_end_error"] = symmetric_interval(row["z"], np.asarray(r["z"], dtype=float))
     if failed:
         warnings.warn(f"n_resamples: {failed} of {len(scorable) * n_resamples} resampled PGA scores are undefined "
-                      "(degenerate resamples); each interval uses the others (NaN below 80 %)", stacklevel=4)
+                      f"(degenerate resamples); each interval uses the others (NaN below "
+                      f"{MIN_FINITE_FRACTION:.0%})", stacklevel=4)
     columns = list(columns)
     at = columns.index("z_se" if "z_se" in columns else "z") + 1
-    order = ["layer", "site", "ccr", *columns[:at], "z_low", "z_high", *columns[at:]]
+    order = ["layer", "site", "ccr", *columns[:at], "z_low", "z_high", "z_end_error", *columns[at:]]
     rows[:] = [{key: row[key] for key in [*order, *(c for c in row if c not in order)]} for row in rows]
     return failed
 
 
 def _check_bootstrap(n_resamples: object, bootstrap_pairs: object) -> tuple[int, int | None]:
-    """``n_resamples`` an int >= 0; ``bootstrap_pairs`` None or at least ``MIN_SAMPLED_PAIRS``, and only with resamples."""
+    """``n_resamples`` 0 (off) or from ``MIN_RESAMPLES`` to ``MAX_RESAMPLES``; ``bootstrap_pairs`` None or at
+    least ``MIN_SAMPLED_PAIRS``, and only with resamples.
+
+    Example:
+        >>> _check_bootstrap(0, None), _check_bootstrap(40, 10_000)
+        ((0, None), (40, 10000))
+        >>> _check_bootstrap(1, None)
+        Traceback (most recent call last):
+        ...
+        ValueError: n_resamples = 1 cannot make an interval: pass at least 20 resamples (or 0 for none)
+    """
     n_resamples = check_int(n_resamples, "n_resamples", low=0)
+    if 0 < n_resamples < MIN_RESAMPLES:
+        raise ValueError(f"n_resamples = {n_resamples} cannot make an interval: pass at least {MIN_RESAMPLES} "
+                         "resamples (or 0 for none)")
+    if n_resamples > MAX_RESAMPLES:
+        raise ValueError(f"n_resamples = {n_resamples} is more than the {MAX_RESAMPLES} resamples an interval "
+                         "can use (its Monte Carlo error is then far below the interval's width)")
     if bootstrap_pairs is None:
         return n_resamples, None
     bootstrap_pairs = check_int(bootstrap_pairs, "bootstrap_pairs", low=MIN_SAMPLED_PAIRS)
@@ -375,15 +411,6 @@ def _check_texts(states: States, n_resamples: int) -> None:
         warnings.warn(f"n_resamples: the captured rows come from only {n_texts} texts; an interval from resampling "
                       f"fewer than {MIN_BOOTSTRAP_TEXTS} says little about another sample (recorded in "
                       "params['bootstrap']['few_texts'])", stacklevel=3)
-
-
-def _percentile_interval(z: np.ndarray) -> tuple[float, float]:
-    """The 2.5 / 97.5 % percentiles of the finite resampled z (NaN when fewer than 80 % are finite)."""
-    finite = z[np.isfinite(z)]
-    if finite.size == 0 or finite.size < 0.8 * z.size:
-        return math.nan, math.nan
-    low, high = np.percentile(finite, BOOTSTRAP_PERCENTILES)
-    return float(low), float(high)
 
 
 def text_resamples(batch_index: torch.Tensor, n_resamples: int, *, seed: int = 0) -> list[torch.Tensor]:
@@ -416,19 +443,24 @@ def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: in
     not a pair of two positions (the statistic never pairs a position with itself); their
     distance is 0 in every space, and kept they would add concordant ties at the bottom of
     every ranking. Copies of two different rows keep their pair, as many times as the two were
-    drawn (the resample's weight).
+    drawn (the resample's weight). ``total`` counts the pairs there are to rank (self-copies
+    left out), so ``exact`` says whether every one of them is ranked.
 
     Example:
         >>> p = resample_pairs(torch.tensor([7, 7, 9]))        # rows 0 and 1 copy row 7
-        >>> list(zip(p.i.tolist(), p.j.tolist())), p.total
-        ([(0, 2), (1, 2)], 3)
+        >>> list(zip(p.i.tolist(), p.j.tolist())), p.total, p.exact
+        ([(0, 2), (1, 2)], 2, True)
     """
     source = torch.as_tensor(source).cpu()
     n = int(source.numel())
-    total = n * (n - 1) // 2
-    base = sample_pairs(n, total if n_pairs is None else n_pairs, seed=seed)
+    copies = torch.unique(source, return_counts=True)[1]
+    available = n * (n - 1) // 2 - int((copies * (copies - 1) // 2).sum())
+    if n_pairs is not None and n_pairs < available:  # sampled among all pairs, then self-copies dropped
+        base = sample_pairs(n, n_pairs, seed=seed)
+    else:
+        base = sample_pairs(n, n * (n - 1) // 2, seed=seed)
     keep = source[base.i] != source[base.j]
-    return PairSample(n=n, i=base.i[keep].contiguous(), j=base.j[keep].contiguous(), total=total)
+    return PairSample(n=n, i=base.i[keep].contiguous(), j=base.j[keep].contiguous(), total=available)
 
 
 def resampled_z(
@@ -458,6 +490,8 @@ def resampled_z(
     """
     n, d = states.shape
     nan = [math.nan] * len(ccr)
+    # Ranked on a sample of its pairs: the null spread's pair-sampling noise is taken out, as in the point estimate.
+    fpc = None if pairs.exact else max(0.0, 1.0 - pairs.n_pairs / pairs.total)
     input_dtype = states.dtype
     x = states.to(working_dtype(states))
     centred = center(x)
@@ -482,14 +516,33 @@ def resampled_z(
         try:
             if m:
                 check_spread(centred, processed, dtype=input_dtype, what="the resampled states after CCR")
-            rhos, _ = sampled_rank_alignment(processed, subspaces, pairs, coords=coords)
+            rhos, deleted = sampled_rank_alignment(processed, subspaces, pairs, coords=coords)
         except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z
             out.append(math.nan)
             continue
-        null = rhos[1:]
-        spread = float(null.std(unbiased=True))
-        out.append(float((rhos[0] - null.mean()) / spread) if spread > 1e-9 else math.nan)
+        out.append(_resample_score(rhos, deleted, fpc))
     return out
+
+
+def _resample_score(rhos: torch.Tensor, deleted: torch.Tensor, fpc: float | None) -> float:
+    """A resample's z by the point estimate's estimator: plain on all its pairs (``fpc`` is ``None``), else
+    with the null spread's pair-sampling noise taken out (:func:`~geolens.metrics.pga.sampled_z`, ``fpc``
+    its finite-population correction); NaN where the null has no spread.
+
+    Example:
+        >>> rhos = torch.tensor([0.5, 0.1, 0.2, 0.3], dtype=torch.float64)
+        >>> round(_resample_score(rhos, rhos.unsqueeze(1).repeat(1, 4), None), 6)
+        3.0
+    """
+    null = rhos[1:]
+    spread = float(null.std(unbiased=True))
+    if spread <= 1e-9:
+        return math.nan
+    if fpc is None:
+        return float((rhos[0] - null.mean()) / spread)
+    with warnings.catch_warnings():  # a floored spread is the estimator's, as in the point estimate
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return sampled_z(rhos, deleted, fpc).z
 
 
 def _principal(centred: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,6 +71,8 @@ MIN_SAMPLED_PAIRS = 1000
 # Approximate PGA: the null's variance, less its pair-sampling noise, is kept at least this fraction of
 # the observed variance (below it the null's spread is mostly sampling noise: see docs/methods.md §A.4a).
 MIN_NULL_VARIANCE_FRACTION = 0.05
+# The states' readout part must be more than this many rounding units of their norm to rank anything.
+READOUT_PART_RTOL = 64.0
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,7 @@ def subspace_pga(
     n_null = null_subspaces.shape[0]
     readout = readout.to(dtype=states.dtype, device=states.device)
     processed, pc1_energy = _centred_and_reduced(states, readout, ccr, input_dtype)
+    _check_readout_part(processed, readout, input_dtype)
     subspaces = torch.cat([readout.unsqueeze(0), null_subspaces], dim=0)
     if exact:
         rhos, deleted = rank_alignment(processed, subspaces, chunk_bytes=chunk_bytes, backend=backend).cpu(), None
@@ -316,6 +319,28 @@ def _centred_and_reduced(
     processed = centred - (centred @ pcs) @ pcs.T
     check_spread(centred, processed, dtype=input_dtype, what=f"the states after CCR-{ccr}")
     return processed, pc1_energy
+
+
+def _check_readout_part(processed: torch.Tensor, readout: torch.Tensor, input_dtype: torch.dtype) -> None:
+    """Raise :class:`DegenerateError` when the states have (numerically) nothing in the readout subspace: their
+    readout part is then rounding noise of the input dtype, and its distances rank nothing.
+
+    Example:
+        >>> q = torch.eye(4, dtype=torch.float64)[:, :1]
+        >>> h = torch.randn(20, 4, dtype=torch.float64)
+        >>> _check_readout_part(h, q, torch.float32)              # a readout part of normal size: fine
+        >>> _check_readout_part(h - h @ q @ q.T + 1e-9 * h, q, torch.float32)
+        Traceback (most recent call last):
+        ...
+        geolens._validation.DegenerateError: the states have nothing in the readout subspace: its part of them is 1e-09 of their norm, below the float32 rounding limit 8e-06
+    """
+    whole = float(torch.linalg.matrix_norm(processed))
+    part = float(torch.linalg.matrix_norm(processed @ readout))
+    limit = READOUT_PART_RTOL * torch.finfo(input_dtype).eps
+    if whole > 0 and part <= limit * whole:
+        raise DegenerateError(f"the states have nothing in the readout subspace: its part of them is "
+                              f"{part / whole:.2g} of their norm, below the {str(input_dtype).removeprefix('torch.')} "
+                              f"rounding limit {limit:.1g}")
 
 
 def _null_statistics(rhos: torch.Tensor, deleted: torch.Tensor | None, *, n_tokens: int, n_pairs: int) -> SampledZ:

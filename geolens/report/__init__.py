@@ -127,9 +127,9 @@ class ReportSettings:
     n_null: int = 100
     ccr: int | Sequence[int] = (1, 5, 10)
     # The PGA section's bootstrap over texts (z_low, z_high; its findings say only what holds across them):
-    # resamples, each ranked on a sample of its pairs, so it costs a small multiple of the exact scores
-    # (bench/pga_budget.py; docs/pga_sample_size.md). 0 turns it off.
-    pga_resamples: int = 40
+    # resamples, each ranked on a sample of its pairs with their noise taken out as in the point estimate;
+    # the interval is z +- t(B - 1) sd, so 20 resamples suffice (docs/methods.md §A.10). 0 turns it off.
+    pga_resamples: int = 20
     pga_bootstrap_pairs: int | None = 10_000
     seed: int = 0
     probe_texts: int = 150

@@ -134,6 +134,9 @@ def pga_interval_findings(result: Any) -> list[str]:
         lines.append(_interval_ends_line(table, by_ccr[base], base, over))
     if boot.get("few_texts"):
         lines.append(f"The intervals come from resampling only {n_texts} texts: they say little about another sample.")
+    if len(cells):
+        lines.append(f"Each interval is about z at this sample's size (another sample of {n_texts or 'as many'} texts): "
+                     "with more text, z moves away from 0 (docs/methods.md §A.10).")
     if "degenerate" in table and (table["degenerate"].fillna("") != "").any():
         lines.append(f"{int((table['degenerate'].fillna('') != '').sum())} (layer, CCR) scores are undefined "
                      "(degenerate states; see the table).")

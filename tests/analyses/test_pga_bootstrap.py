@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 import torch
 from scipy.spatial.distance import pdist
 from scipy.stats import spearmanr
@@ -43,10 +44,10 @@ def test_resampled_z_equals_an_independent_reference_on_the_resampled_rows(nativ
     tokens = torch.randint(0, adapter.d_vocab, (12, 8), generator=torch.Generator().manual_seed(1))
     states = geolens.capture(native_bridge, tokens, sites=("resid_post", "final"), dtype=torch.float64,
                              progress=False)
-    result = geolens.pga(native_bridge, states, k=K, n_null=N_NULL, ccr=[0, 2], n_resamples=3, progress=False)
+    result = geolens.pga(native_bridge, states, k=K, n_null=N_NULL, ccr=[0, 2], n_resamples=20, progress=False)
     readout = readout_basis(adapter.unembed_matrix("raw"), K).double().numpy()
     nulls = random_subspaces(adapter.d_model, K, N_NULL, seed=0, dtype=torch.float64).numpy()
-    resamples = text_resamples(states.batch_index, 3, seed=0)
+    resamples = text_resamples(states.batch_index, 20, seed=0)[:3]  # three of them checked against the reference
     assert any(len(set(r.tolist())) < len(r) for r in resamples)  # some rows drawn twice: the dropping matters
     resampled = {(r["site"], r["layer"], r["ccr"]): r["z"] for r in result.resampled_z}
     checked, moved = 0, []
@@ -63,8 +64,11 @@ def test_resampled_z_equals_an_independent_reference_on_the_resampled_rows(nativ
     assert max(moved) > 1e-6  # keeping the pairs of a row with its copy would give another z
     table = result.to_pandas()
     z = np.array([resampled[(s, l, c)] for s, l, c in zip(table.site, table.layer, table.ccr)])
-    np.testing.assert_allclose(table.z_low, np.percentile(z, 2.5, axis=1))
-    np.testing.assert_allclose(table.z_high, np.percentile(z, 97.5, axis=1))
+    half = scipy.stats.t.ppf(0.975, 19) * z.std(axis=1, ddof=1)  # symmetric about z: z +- t(B - 1) sd
+    np.testing.assert_allclose(table.z_low, table.z - half)
+    np.testing.assert_allclose(table.z_high, table.z + half)
+    assert bool(((table.z_low <= table.z) & (table.z <= table.z_high)).all())
+    np.testing.assert_allclose(table.z_end_error, half / np.sqrt(2 * 19))
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-9), (torch.float32, 2e-3)])
@@ -84,11 +88,26 @@ def test_a_resample_without_duplicates_is_the_metric_function_on_its_rows(dtype,
         assert value == pytest.approx(direct, abs=tol) and again == pytest.approx(direct, abs=tol)
 
 
+def test_a_resample_on_sampled_pairs_takes_their_noise_out_of_the_null_spread_as_the_point_estimate_does():
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(120, 10, generator=g) * torch.linspace(2, 0.5, 10)
+    readout = torch.linalg.qr(torch.randn(10, 3, generator=g))[0]
+    nulls = random_subspaces(10, 3, 12, seed=3)
+    pairs = resample_pairs(torch.arange(120), 2000, seed=0)  # no row drawn twice: the point estimate's pairs
+    assert pairs.n_pairs == 2000 and not pairs.exact
+    got = resampled_z(h, torch.cat([readout[None], nulls]), [0, 1], pairs)
+    for m, value in zip((0, 1), got):
+        score = subspace_pga(h, readout, null_subspaces=nulls, ccr=m, n_pairs=2000, seed=0)
+        assert score.pair_noise_std > 0 and value == pytest.approx(score.z, abs=1e-4)
+        raw = (score.rho_readout - score.null_mean) / score.null_std_raw  # the spread as observed: nearer 0
+        assert abs(value) > abs(raw)
+
+
 def test_resample_pairs_drop_exactly_the_pairs_of_a_row_with_its_own_copy():
     source = torch.tensor([5, 5, 5, 2, 9, 9, 4])  # row 5 drawn three times, row 9 twice
     pairs = resample_pairs(source)
     kept = set(zip(pairs.i.tolist(), pairs.j.tolist()))
-    assert pairs.total == 21 and len(kept) == 21 - 3 - 1
+    assert pairs.total == len(kept) == 21 - 3 - 1 and pairs.exact  # total: the pairs there are to rank
     assert all(int(source[a]) != int(source[b]) for a, b in kept)
     assert (0, 3) in kept and (1, 3) in kept and (4, 6) in kept  # copies of different rows keep their pairs
     sampled = resample_pairs(torch.arange(200) // 2, 5000, seed=1)  # 100 rows, each drawn twice
@@ -173,8 +192,9 @@ def test_bootstrap_columns_params_and_round_trip(native_bridge, tmp_path):
                        progress=False)
     table = boot.to_pandas()
     assert list(table.columns) == ["layer", "site", "ccr", "rho_readout", "null_mean", "null_std", "z", "z_low",
-                                   "z_high", "p_value", "pc1_readout_energy", "random_energy"]
-    pd.testing.assert_frame_equal(table.drop(columns=["z_low", "z_high"]), plain.to_pandas())  # same point estimate
+                                   "z_high", "z_end_error", "p_value", "pc1_readout_energy", "random_energy"]
+    pd.testing.assert_frame_equal(table.drop(columns=["z_low", "z_high", "z_end_error"]), plain.to_pandas())
+    assert ((table.z_low <= table.z) & (table.z <= table.z_high)).all()  # the interval holds its estimate
     assert (table.z_low < table.z_high).all() and len(boot.resampled_z) == len(table)
     assert all(len(r["z"]) == 30 for r in boot.resampled_z)
     assert boot.params["bootstrap"]["n_texts"] == 12 and boot.params["n_resamples"] == 30
@@ -196,7 +216,7 @@ def test_bootstrap_reuses_the_captured_rows_without_a_forward_pass(native_bridge
     try:
         geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=60, progress=False)
         without = len(calls)
-        geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=60, n_resamples=8, progress=False)
+        geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=60, n_resamples=20, progress=False)
     finally:
         handle.remove()
     assert without >= 1 and len(calls) == 2 * without
@@ -205,15 +225,19 @@ def test_bootstrap_reuses_the_captured_rows_without_a_forward_pass(native_bridge
 def test_approximate_scores_bootstrap_with_their_pair_sample(native_bridge):
     adapter = as_adapter(native_bridge)
     tokens = torch.randint(0, adapter.d_vocab, (16, 12), generator=torch.Generator().manual_seed(0))
-    approx = geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=120, n_pairs=3000, n_resamples=10,
+    approx = geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=120, n_pairs=3000, n_resamples=20,
                          progress=False)
     columns = list(approx.to_pandas().columns)
-    assert columns[columns.index("z"):columns.index("z") + 4] == ["z", "z_se", "z_low", "z_high"]
+    assert columns[columns.index("z"):columns.index("z") + 5] == ["z", "z_se", "z_low", "z_high", "z_end_error"]
     assert columns.index("null_std_raw") < columns.index("z")
     assert approx.params["bootstrap"]["pairs"].startswith("3000 sampled")
-    exact = geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=120, n_resamples=10,
+    exact = geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=120, n_resamples=20,
                         bootstrap_pairs=2000, progress=False)
     assert exact.params["bootstrap"]["pairs"].startswith("2000 sampled") and "n_pairs" not in exact.params
+    # More pairs than a resample has: every pair, and recorded as all, not as a sample
+    over = geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=60, n_resamples=20,
+                       bootstrap_pairs=10**6, progress=False)
+    assert over.params["bootstrap"]["pairs"].startswith("all")
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -221,7 +245,10 @@ def test_approximate_scores_bootstrap_with_their_pair_sample(native_bridge):
     ({"n_resamples": 2.0}, TypeError, "n_resamples"),
     ({"n_resamples": True}, TypeError, "n_resamples"),
     ({"n_resamples": "10"}, TypeError, "n_resamples"),
-    ({"n_resamples": 5, "bootstrap_pairs": 100}, ValueError, "bootstrap_pairs"),
+    ({"n_resamples": 20, "bootstrap_pairs": 100}, ValueError, "bootstrap_pairs"),
+    ({"n_resamples": 1}, ValueError, "n_resamples = 1 cannot make an interval: pass at least 20"),
+    ({"n_resamples": 19}, ValueError, "at least 20"),
+    ({"n_resamples": 10**9}, ValueError, "more than the 10000 resamples"),
     ({"bootstrap_pairs": 5000}, ValueError, "bootstrap_pairs.*n_resamples"),
 ])
 def test_bad_bootstrap_arguments_raise_naming_them(native_bridge, kwargs, error, match):
@@ -234,10 +261,10 @@ def test_too_few_texts_raise_or_warn_and_say_so(native_bridge):
     adapter = as_adapter(native_bridge)
     one = torch.randint(0, adapter.d_vocab, (1, 40))
     with pytest.raises(ValueError, match="n_resamples.*1 text"):
-        geolens.pga(native_bridge, one, k=K, n_null=N_NULL, n_tokens=30, n_resamples=5, progress=False)
+        geolens.pga(native_bridge, one, k=K, n_null=N_NULL, n_tokens=30, n_resamples=20, progress=False)
     few = torch.randint(0, adapter.d_vocab, (4, 12))
     with pytest.warns(UserWarning, match="only 4 texts"):
-        result = geolens.pga(native_bridge, few, k=K, n_null=N_NULL, n_tokens=40, n_resamples=5, progress=False)
+        result = geolens.pga(native_bridge, few, k=K, n_null=N_NULL, n_tokens=40, n_resamples=20, progress=False)
     assert result.params["bootstrap"]["few_texts"] is True and result.params["bootstrap"]["n_texts"] == 4
     assert math.isfinite(result.to_pandas().z_low.iloc[0])
 
@@ -247,20 +274,20 @@ def test_report_pga_section_draws_the_intervals_and_words_its_findings_by_them(n
     tokens = torch.randint(0, adapter.d_vocab, (12, 10), generator=torch.Generator().manual_seed(0))
     texts = [" ".join(str(t) for t in row.tolist()) for row in tokens]  # 12 texts the tiny tokenizer splits
     paths = geolens.report.report(native_bridge, texts, tmp_path, sections=["pga"], n_tokens=80, k=K, n_null=N_NULL,
-                                  ccr=[0, 1], pga_resamples=12, pga_bootstrap_pairs=None, progress=False)
+                                  ccr=[0, 1], pga_resamples=20, pga_bootstrap_pairs=None, progress=False)
     table = pd.read_csv(paths["pga.csv"])
     assert {"z_low", "z_high"} <= set(table.columns) and table.z_low.notna().all()
     page = paths["report.html"].read_text()
-    assert "across the 95 % interval over resampled texts (12 resamples of" in page
+    assert "across the 95 % interval over resampled texts (20 resamples of" in page
     one = geolens.report.report(native_bridge, ["the cat sat on the mat " * 8], tmp_path / "one", sections=["pga"],
-                                n_tokens=30, k=K, n_null=N_NULL, ccr=1, pga_resamples=12, progress=False)
+                                n_tokens=30, k=K, n_null=N_NULL, ccr=1, pga_resamples=20, progress=False)
     assert "z_low" not in pd.read_csv(one["pga.csv"]).columns
     assert "not run" in geolens.PGAResult.load(one["pga.json"]).params["bootstrap"]
 
 
 # ---------------------------------------------------------------- the steps of _score_states, one at a time
 
-def test_add_intervals_places_percentiles_after_z_se_and_counts_failed_resamples():
+def test_add_intervals_places_the_interval_after_z_se_and_counts_failed_resamples():
     import math
     import warnings
 
@@ -278,11 +305,12 @@ def test_add_intervals_places_percentiles_after_z_se_and_counts_failed_resamples
         failed = _add_intervals(rows, [{"z": z} for z in zs], _APPROX_COLUMNS, 50)
     assert failed == 5 and len(caught) == 1 and "5 of 100 resampled PGA scores" in str(caught[0].message)
     for row, z in zip(rows[:2], zs):
-        finite = z[np.isfinite(z)]
-        assert (row["z_low"], row["z_high"]) == tuple(np.percentile(finite, [2.5, 97.5]))
+        finite = z[np.isfinite(z)]  # symmetric about the row's z, from the finite resamples' spread (scipy's t)
+        half = scipy.stats.t.ppf(0.975, finite.size - 1) * finite.std(ddof=1)
+        assert (row["z_low"], row["z_high"]) == pytest.approx((row["z"] - half, row["z"] + half), rel=1e-12)
     assert math.isnan(rows[2]["z_low"]) and math.isnan(rows[2]["z_high"])
     columns = list(rows[0])
-    assert columns[columns.index("z_se") + 1: columns.index("z_se") + 3] == ["z_low", "z_high"]
+    assert columns[columns.index("z_se") + 1: columns.index("z_se") + 4] == ["z_low", "z_high", "z_end_error"]
     assert list(rows[2])[-1] == "degenerate"  # columns outside the order keep their place at the end
 
 

@@ -1,11 +1,14 @@
 """Subspace PGA against scipy (pdist + spearmanr) and against planted ground truth."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from scipy.spatial.distance import pdist
 from scipy.stats import spearmanr
 
+from geolens._validation import DegenerateError
 from geolens.metrics import (
     random_subspaces,
     rank_alignment,
@@ -271,3 +274,15 @@ def test_singular_values_and_top_vectors_match_an_svd(shape, dtype):
     torch.testing.assert_close(sv.double(), ref_sv, rtol=0, atol=1e-6 * float(ref_sv[0]))
     torch.testing.assert_close((vh.double() @ ref_vh[:3].T).abs(), torch.eye(3, dtype=torch.float64), atol=1e-5,
                                rtol=0)
+
+
+def test_states_with_nothing_in_the_readout_subspace_are_degenerate_not_a_z():
+    # X - X Q Q^T: the readout part is rounding noise, whose distances rank nothing (before: a finite z, unflagged)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 16, generator=g, dtype=torch.float64)
+    q = torch.linalg.qr(torch.randn(16, 3, generator=g, dtype=torch.float64))[0]
+    empty = (x - x @ q @ q.T + 1e-8 * torch.randn(200, 16, generator=g, dtype=torch.float64)).float()
+    with pytest.raises(DegenerateError, match="nothing in the readout subspace"):
+        subspace_pga(empty, q.float(), n_null=10, ccr=0)
+    small = (x - 0.999 * (x @ q @ q.T)).float()  # a small but real readout part still scores
+    assert math.isfinite(subspace_pga(small, q.float(), n_null=10, ccr=0).z)
