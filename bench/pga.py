@@ -21,7 +21,11 @@ model at CCR 1, 5 and 10 (``geolens.pga``; the same captured states for both). T
 cells does not depend on the approximate mode, so it is stored once in bench/results/ (a CSV with the
 model, texts, seed, parameters and a fingerprint of the sampled positions) and reused while those match.
 
+``--intervals`` times the report's PGA section (the default model, N = 1024, CCR 1, 5, 10) with and without
+its interval over texts (``n_resamples=20``, ``bootstrap_pairs=10_000``) and prints the ratio.
+
 Run:  python bench/pga.py [--quick] [--sweep-only] [--no-sweep] [--no-approx] [--device cuda]
+      python bench/pga.py --intervals [--layers 0,3,8,14,22,30] [--n-resamples 20] [--bootstrap-pairs 10000]
       python bench/pga.py --default-model [--model-tokens 4096] [--n-pairs 500000] [--recompute] [--exact-only] [--stored-only]
       python bench/pga.py --sweep-only --sizes 256,512 --approx-sizes 512 --n-pairs 20000   # a small check
 """
@@ -345,6 +349,31 @@ def default_model_check(n_tokens: int, n_pairs: int, n_null: int, reference: str
           f"z_se <= 0.5 + 0.05|z| {int((both.z_se <= se_cap).sum())}/{len(both)}")
 
 
+def interval_cost(layers: list[int] | None, n_resamples: int, bootstrap_pairs: int, n_null: int) -> None:
+    """The report's PGA section with and without its interval over texts, on the same captured states of the
+    default model (32 texts cut to 128 tokens, N = 1024, k = 100, CCR 1, 5, 10): times and their ratio."""
+    import geolens
+
+    model = geolens.load_default_model()
+    states = geolens.capture(model, geolens.default_texts(n=32), sites=("resid_post", "final"), n_tokens=1024,
+                             max_length=128, seed=0, layers=layers, progress=False)
+    kw = dict(k=100, n_null=n_null, ccr=[1, 5, 10], seed=0, progress=False)
+    started = time.perf_counter()
+    plain = geolens.pga(model, states, **kw)
+    t_plain = time.perf_counter() - started
+    started = time.perf_counter()
+    boot = geolens.pga(model, states, n_resamples=n_resamples, bootstrap_pairs=bootstrap_pairs, **kw)
+    t_boot = time.perf_counter() - started
+    table = boot.to_pandas()
+    inside = ((table.z_low <= table.z) & (table.z <= table.z_high)).mean()
+    print(f"default model, N = {states.n_tokens}, layers {layers or 'all'} (+ final), CCR 1/5/10, R = {n_null}")
+    print(f"  PGA without intervals {t_plain:8.1f} s")
+    print(f"  PGA with intervals    {t_boot:8.1f} s   ({n_resamples} resamples x {bootstrap_pairs} pairs)")
+    print(f"  ratio {t_boot / t_plain:.2f}; the intervals alone {(t_boot - t_plain) / t_plain:.2f} x the estimate")
+    print(f"  z inside its interval in {inside:.0%} of {len(table)} rows; median end error "
+          f"{table.z_end_error.median():.2f}, median half-width {((table.z_high - table.z_low) / 2).median():.2f}")
+
+
 def _sizes(text: str | None, default: list[int]) -> list[int]:
     return default if text is None else [int(v) for v in text.split(",") if v.strip()]
 
@@ -375,8 +404,16 @@ def main() -> None:
                         help="compare on the cells the stored exact reference holds; compute no exact cell")
     parser.add_argument("--sweep-point", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--point-pairs", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--intervals", action="store_true",
+                        help="the report's PGA section with and without its interval over texts (time ratio)")
+    parser.add_argument("--layers", default=None, help="with --intervals: layers, comma-separated (default all)")
+    parser.add_argument("--n-resamples", type=int, default=20, help="with --intervals")
+    parser.add_argument("--bootstrap-pairs", type=int, default=10_000, help="with --intervals")
     args = parser.parse_args()
 
+    if args.intervals:
+        interval_cost(_sizes(args.layers, []) or None, args.n_resamples, args.bootstrap_pairs, args.r)
+        return
     if args.sweep_point is not None:
         print(json.dumps(sweep_point(args.sweep_point, args.d, args.k, args.r, args.device, args.point_pairs)))
         return

@@ -976,8 +976,9 @@ def metric_key(row: pd.Series) -> str:
     return row["metric"] if pd.isna(row["ccr"]) else f"{row['metric']} (ccr={int(row['ccr'])})"
 
 
-def lens_history_figure(history: pd.DataFrame, *, title: str = "") -> go.Figure:
-    """KL to the final distribution over training: mean over layers (thick) and each layer (thin), held-out solid.
+def lens_history_figure(history: pd.DataFrame, *, title: str = "", halves: Sequence[pd.DataFrame] = ()) -> go.Figure:
+    """KL to the final distribution over training: mean over layers (thick) and each layer (thin), held-out solid;
+    ``halves``: the histories of lenses fitted on each half of the text, their held-out means dashed.
 
     The history holds the steps at which KL was measured (the closed form at step 0, then the refinement's
     evaluations); every measured step is a tick, so a short refinement shows as few points, not as a curve.
@@ -1005,6 +1006,13 @@ def lens_history_figure(history: pd.DataFrame, *, title: str = "") -> go.Figure:
                                      opacity=0.35, showlegend=False,
                                      hovertemplate=f"{name}, layer {layer}<br>step %{{x}}<br>%{{y:.3f}} nats"
                                                    "<extra></extra>"))
+    for part_index, half in enumerate(halves):
+        held = half[half["split"] == "held_out"] if len(half) else half
+        if len(held):
+            mean = held.groupby("step")["kl"].mean()
+            fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="lines+markers",
+                                     name=f"half {part_index} of the text, held-out mean", legendgroup="halves",
+                                     line={"width": 2, "dash": "dash", "color": series_colour(f"half-{part_index}")}))
     measured = f"KL measured at {len(steps)} step{'s' if len(steps) != 1 else ''}: " + ", ".join(map(str, steps[:8])) \
         + (" …" if len(steps) > 8 else "")
     _style(fig, _heading("Tuned-lens training", model), f"{measured}; thin lines: each layer", legend_title="split")

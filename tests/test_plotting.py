@@ -439,3 +439,14 @@ def test_convergence_figure_steps_bars_and_curves():
     assert [t.name for t in fig.data] == ["full space", "random subspaces"]  # no readout column: no readout curve
     assert list(fig.data[0].x) == [0.0, 1.0] and list(fig.data[0].y) == [0.9, 0.5]  # sorted by depth
     assert list(fig.data[1].error_y.array) == [0.02, 0.01]
+
+
+def test_lens_history_figure_draws_each_half_of_the_texts_held_out_mean():
+    full, half = history(), history()
+    half = half.assign(kl=half.kl * 1.5)
+    fig = plotting.lens_history_figure(full, title=MODEL, halves=[half, half.assign(kl=half.kl * 2)])
+    dashed = [t for t in fig.data if t.line.dash == "dash"]
+    assert [t.name for t in dashed] == ["half 0 of the text, held-out mean", "half 1 of the text, held-out mean"]
+    held = half[half.split == "held_out"].groupby("step").kl.mean()
+    np.testing.assert_allclose(dashed[0].y, held.values)
+    assert len(plotting.lens_history_figure(full, title=MODEL).data) == len(fig.data) - 2

@@ -120,10 +120,12 @@ class TunedLens(LogitLens):
         return pd.DataFrame(self.training_info.get("history", []), columns=["step", "seconds", "split", "layer", "kl"])
 
     def plot_history(self):
-        """Held-out (solid) and train (dotted) KL by step, one line per layer band (plotly)."""
+        """Held-out (solid) and train (dotted) KL by step, one line per layer band (plotly); with :attr:`halves`,
+        each half's held-out mean too (dashed), so the two fits behind the phases' stability show their training."""
         from geolens import plotting
 
-        return plotting.lens_history_figure(self.history, title=self.model_name)
+        halves = [half.history for half in self.halves or ()]
+        return plotting.lens_history_figure(self.history, title=self.model_name, halves=halves)
 
     def linear_map(self, layer: int) -> Float[Tensor, "d d"]:
         """The full linear part ``I + A_l`` of the translator of ``layer`` (detached; ``I`` at layer ``L``).
