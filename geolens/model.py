@@ -884,6 +884,36 @@ def _shared_qkv_while_booting() -> Iterator[list[bool]]:
         JointQKVAttentionBridge.set_original_component = original
 
 
+@contextmanager
+def _no_package_installs() -> Iterator[None]:
+    """While booting, keep TransformerLens from pip-installing torchvision into the user's environment.
+
+    TransformerLens 4.3 installs torchvision on the fly when a multimodal model's processor
+    cannot load without it, which can replace a pinned CPU torch with a CUDA build. Here the
+    processor is left out instead (geolens reads text only); the model boots the same.
+    """
+    try:
+        from transformer_lens.model_bridge.sources.transformers import helpers
+    except ImportError:  # another TransformerLens layout: nothing to guard
+        yield
+        return
+    original = getattr(helpers, "_ensure_torchvision", None)
+    if original is None:
+        yield
+        return
+
+    def importable_only() -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec("torchvision") is not None
+
+    helpers._ensure_torchvision = importable_only
+    try:
+        yield
+    finally:
+        helpers._ensure_torchvision = original
+
+
 def _is_hf_model(obj: Any) -> bool:
     return isinstance(obj, torch.nn.Module) and hasattr(obj, "config") and hasattr(obj, "get_output_embeddings")
 
@@ -912,6 +942,9 @@ def boot_bridge(
     Pythia) is not copied into separate q, k, v weights as TransformerLens
     otherwise does: the bridge's q, k, v read the fused weight's rows (same
     values, same forward), so the model's memory stays that of its weights.
+
+    TransformerLens 4.3 pip-installs torchvision when a multimodal model's processor needs it;
+    here it never installs anything (the processor, which geolens does not use, is left out).
 
     Example:
         >>> model = boot_bridge("EleutherAI/pythia-410m", revision="step64000")   # needs the hub  # doctest: +SKIP
@@ -959,7 +992,8 @@ def boot_bridge(
 
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         kwargs["tokenizer"] = tokenizer
-    if not share_qkv:
-        return bridge.boot_transformers(name, **kwargs)
-    with _shared_qkv_while_booting():
-        return bridge.boot_transformers(name, **kwargs)
+    with _no_package_installs():
+        if not share_qkv:
+            return bridge.boot_transformers(name, **kwargs)
+        with _shared_qkv_while_booting():
+            return bridge.boot_transformers(name, **kwargs)

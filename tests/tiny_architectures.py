@@ -23,6 +23,7 @@ _SIZES: dict[str, int] = {
     "hidden_size": D_MODEL, "n_embd": D_MODEL, "d_model": D_MODEL, "dim": D_MODEL, "lru_width": D_MODEL,
     "num_hidden_layers": N_LAYERS, "n_layer": N_LAYERS, "n_layers": N_LAYERS, "num_layers": N_LAYERS,
     "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "num_heads": 4, "index_n_heads": 4,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4,
     "num_key_value_heads": 2, "num_query_groups": 2, "multi_query_group_num": 2,
     "head_dim": 16, "attention_head_dim": 16, "kv_channels": 16, "index_head_dim": 16,
     "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "rotary_dim": 8,
@@ -55,8 +56,6 @@ _ENCODER_DECODER = "encoder-decoder: geolens measures decoder-only language mode
 _ENCODER_ONLY = "encoder-only (masked LM): geolens measures causal language models"
 _AUDIO = "audio model: geolens measures text"
 _VISION = "vision-only model: geolens measures text"
-_MULTIMODAL = ("multimodal (vision or audio tower): booting it needs torchvision, which geolens does not install "
-               "(TransformerLens would pip-install it); its text decoder is tested where registered on its own")
 NOT_TESTED: dict[str, str] = {
     **dict.fromkeys([
         "BartForConditionalGeneration", "BlenderbotForConditionalGeneration", "LEDForConditionalGeneration",
@@ -68,14 +67,7 @@ NOT_TESTED: dict[str, str] = {
     **dict.fromkeys(["ASTForAudioClassification", "HubertForCTC", "HubertModel", "Wav2Vec2ForCTC",
                      "Wav2Vec2ForPreTraining", "Wav2Vec2Model"], _AUDIO),
     **dict.fromkeys(["ViTModel", "ViTForImageClassification", "DeiTModel", "DeiTForImageClassification"], _VISION),
-    **dict.fromkeys([
-        "Emu3ForConditionalGeneration", "AudioFlamingo3ForConditionalGeneration", "MusicFlamingoForConditionalGeneration",
-        "Gemma3ForConditionalGeneration", "Gemma3nForConditionalGeneration", "Glm4vForConditionalGeneration",
-        "GlmAsrForConditionalGeneration", "Idefics3ForConditionalGeneration", "Llama4ForConditionalGeneration",
-        "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
-        "Mistral3ForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen2AudioForConditionalGeneration",
-        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-        "Qwen3_5MoeForConditionalGeneration", "MuseGlimmerForConditionalGeneration"], _MULTIMODAL),
+    "Gemma3nForConditionalGeneration": "needs timm (its vision tower), which geolens does not install",
     "BloomModel": "a base model without a language-model head (BloomForCausalLM is tested)",
 }
 
@@ -87,12 +79,26 @@ def registered_architectures() -> list[str]:
     return list(SUPPORTED_ARCHITECTURES)
 
 
+def _missing_libraries(arch: str) -> list[str]:
+    """The libraries TransformerLens's adapter of ``arch`` requires that are not installed."""
+    import importlib.util
+
+    from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
+
+    needed = getattr(SUPPORTED_ARCHITECTURES.get(arch), "required_libraries", None) or []
+    return [lib for lib in needed if importlib.util.find_spec(lib) is None]
+
+
 def why_not_tested(arch: str) -> str | None:
     """The reason ``arch`` is left out, or ``None`` when it is built and tested."""
     import transformers
 
     if arch in NOT_TESTED:
         return NOT_TESTED[arch]
+    missing = _missing_libraries(arch)
+    if missing:
+        return (f"needs {', '.join(missing)}, which geolens does not install (TransformerLens refuses to boot it "
+                "without)")
     if not hasattr(transformers, arch):
         return ("no transformers class of this name: the model's code comes from the hub (remote code) or from a "
                 "checkpoint format of its own (TransformerLens-native, nanoGPT, minGPT, legacy names), which "
@@ -120,7 +126,7 @@ def _tiny(config_class: type) -> Any:
     sizes.update({key: value for key, value in _OUTPUT_TRANSFORMS.items() if defaults.get(key) is not None})
     sizes.update(_FIXES.get(config_class.__name__, {}))
     config = config_class(**sizes)
-    for name in ("text_config", "vision_config", "audio_config"):
+    for name in ("text_config", "vision_config", "audio_config", "vq_config"):
         sub = getattr(config, name, None)
         if sub is not None and hasattr(sub, "to_dict"):
             setattr(config, name, _tiny(type(sub)))
@@ -140,7 +146,9 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
     config = _tiny(getattr(transformers, arch).config_class)
     for key, value in overrides.items():
         setattr(config, key, value)
-    config.bos_token_id, config.eos_token_id, config.pad_token_id = 0, 0, 2
+    for part in (config, getattr(config, "text_config", None)):
+        if part is not None:
+            part.bos_token_id, part.eos_token_id, part.pad_token_id = 0, 0, 2
     config.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
     return config
 
@@ -173,4 +181,8 @@ _FIXES: dict[str, dict[str, Any]] = {
     "Mamba2Config": {"num_heads": 8},
     "Zamba2Config": {"hybrid_layer_ids": [1], "attention_hidden_size": 2 * D_MODEL},
     "GPTNeoConfig": {"attention_types": [[["global", "local"], 1]]},
+    # Emu3 maps its image tokens into the text vocabulary: a few ids above the test tokenizer's.
+    "Emu3VQVAEConfig": {"codebook_size": 64, "base_channels": 32, "channel_multiplier": [1, 2], "num_res_blocks": 1,
+                        "attn_resolutions": []},
+    "Emu3Config": {"vocabulary_map": {"<image>": 150, **{f"<|visual token {i:06d}|>": 100 + i for i in range(40)}}},
 }
