@@ -77,3 +77,19 @@ def test_logit_lens_reads_the_models_output_transform(transformed_output):
     with torch.no_grad():
         plain = adapter.final_norm(resid[-1]) @ adapter.unembed_matrix("raw") + adapter.unembed_bias()
     assert float((torch.log_softmax(plain, dim=-1) - reference).abs().max()) > 0.05
+
+
+@pytest.mark.parametrize("make", ["make_native_bridge", "make_hooked_model"])
+def test_logit_lens_applies_a_native_final_soft_cap(make):
+    """A TransformerLens-built model with ``output_logits_soft_cap``: the lens's last layer is its own output."""
+    import tests.conftest as fixtures
+
+    model = getattr(fixtures, make)(output_logits_soft_cap=0.5)
+    adapter = as_adapter(model)
+    tokens, _ = padded_tokens(adapter.d_vocab, lengths=(9, 9))
+    resid, logits = residual_stream(model, tokens)
+    ours = LogitLens(model)(resid[-1], layer=adapter.n_layers)
+    torch.testing.assert_close(torch.log_softmax(ours, -1), torch.log_softmax(logits, -1), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        plain = adapter.final_norm(resid[-1]) @ adapter.unembed_matrix("raw")
+    assert float(plain.abs().max()) > 1.0  # the cap changes these logits: a lens without it would be off
