@@ -1,9 +1,10 @@
 """Tiny random-weight Hugging Face models of every architecture TransformerLens's bridge registers.
 
 :func:`tiny_config` shrinks an architecture's default ``transformers`` config (2 layers,
-d_model 64, vocabulary 200, a few experts, small state sizes); :func:`save_tiny` builds
-the model from it, seeded, and saves it with the test tokenizer; :data:`NOT_TESTED` says
-why an architecture is left out. Used by ``tests/test_architectures.py``.
+d_model 64, vocabulary 200, a few experts, small state sizes; a multimodal model's towers
+too) and sets any logit soft-cap, scale or multiplier far from the identity; :func:`save_tiny`
+builds the model from it, seeded, and saves it with the test tokenizer; :func:`why_not_tested`
+says why an architecture is left out. Used by ``tests/test_architectures.py`` and the lens tests.
 """
 
 from __future__ import annotations
@@ -41,6 +42,25 @@ _SIZES: dict[str, int] = {
     "max_position_embeddings": 64, "n_positions": 64, "n_ctx": 64, "max_seq_len": 64, "context_length": 64,
     "sliding_window": 16, "attention_window_size": 16, "attention_chunk_size": 16,
     "hidden_size_per_layer_input": 8, "num_layers_per_stack": 1,
+}
+
+# Fields with no default number (derived from others) that the tiny config still sets.
+_UNSET_SIZES = frozenset({"num_experts_per_tok", "n_group", "topk_group", "head_dim", "num_key_value_heads"})
+# What the shrinking alone gets wrong, per config class: hybrid layer patterns that must keep one
+# attention layer in two, and sizes that must agree with each other.
+_FIXES: dict[str, dict[str, Any]] = {
+    "JambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "BambaConfig": {"attn_layer_indices": [1]},
+    "GraniteMoeHybridConfig": {"layer_types": ["mamba", "attention"], "position_embedding_type": "rope"},
+    "RecurrentGemmaConfig": {"block_types": ["recurrent", "attention"]},
+    "Lfm2MoeConfig": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "Mamba2Config": {"num_heads": 8},
+    "Zamba2Config": {"hybrid_layer_ids": [1], "attention_hidden_size": 2 * D_MODEL},
+    "GPTNeoConfig": {"attention_types": [[["global", "local"], 1]]},
+    "Emu3VQVAEConfig": {"codebook_size": 64, "base_channels": 32, "channel_multiplier": [1, 2], "num_res_blocks": 1,
+                        "attn_resolutions": []},
+    # Emu3 maps its image tokens into the text vocabulary: a few ids above the test tokenizer's.
+    "Emu3Config": {"vocabulary_map": {"<image>": 150, **{f"<|visual token {i:06d}|>": 100 + i for i in range(40)}}},
 }
 
 # What a model does to its logits after the unembedding, set far from the identity where the
@@ -166,23 +186,3 @@ def save_tiny(arch: str, path: Path, seed: int = 0, **overrides: Any) -> tuple[P
     model.save_pretrained(str(path))
     build_tokenizer(path)
     return path, model
-
-
-# Fields with no default number (derived from others) that the tiny config still sets.
-_UNSET_SIZES = frozenset({"num_experts_per_tok", "n_group", "topk_group", "head_dim", "num_key_value_heads"})
-# What the shrinking alone gets wrong, per config class: hybrid layer patterns that must keep one
-# attention layer in two, and sizes that must agree with each other.
-_FIXES: dict[str, dict[str, Any]] = {
-    "JambaConfig": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
-    "BambaConfig": {"attn_layer_indices": [1]},
-    "GraniteMoeHybridConfig": {"layer_types": ["mamba", "attention"], "position_embedding_type": "rope"},
-    "RecurrentGemmaConfig": {"block_types": ["recurrent", "attention"]},
-    "Lfm2MoeConfig": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
-    "Mamba2Config": {"num_heads": 8},
-    "Zamba2Config": {"hybrid_layer_ids": [1], "attention_hidden_size": 2 * D_MODEL},
-    "GPTNeoConfig": {"attention_types": [[["global", "local"], 1]]},
-    # Emu3 maps its image tokens into the text vocabulary: a few ids above the test tokenizer's.
-    "Emu3VQVAEConfig": {"codebook_size": 64, "base_channels": 32, "channel_multiplier": [1, 2], "num_res_blocks": 1,
-                        "attn_resolutions": []},
-    "Emu3Config": {"vocabulary_map": {"<image>": 150, **{f"<|visual token {i:06d}|>": 100 + i for i in range(40)}}},
-}
