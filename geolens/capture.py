@@ -390,10 +390,11 @@ def check_hooks_fired(adapter: ModelAdapter, names: Sequence[str], fired: Iterab
     missing = [name for name in names if name not in fired]
     if missing:
         listed = ", ".join(repr(name) for name in missing)
+        plural, pronoun = ("s", "them") if len(missing) > 1 else ("", "it")
         raise RuntimeError(
-            f"hook{'s' if len(missing) > 1 else ''} {listed} of {adapter.name!r} did not fire during the forward "
-            f"pass of {what}: TransformerLens registers {'them' if len(missing) > 1 else 'it'} for this model but "
-            "the model does not run through it, so geolens cannot read its states there")
+            f"hook{plural} {listed} of {adapter.name!r} did not fire during the forward pass of {what}: "
+            f"TransformerLens registers {pronoun} for this model but the model does not run through {pronoun}, "
+            "so geolens cannot read its states there")
 
 
 def _check_filled(adapter: ModelAdapter, out: dict[str, torch.Tensor], names: dict[str, tuple[str, ...]]) -> None:
