@@ -9,7 +9,9 @@ against the Hugging Face model itself (an independent reference):
 * the logit lens at the last layer gives the model's own output distribution (its
   log-probabilities; final soft-caps, logit scales and prediction heads included);
 * ``geolens.pga``, ``geolens.spectrum`` and ``geolens.lens.evaluate`` run on it and give
-  finite numbers, with the logit lens's KL at the last layer 0.
+  finite numbers, with the logit lens's KL at the last layer 0;
+* (slow) a small tuned-lens fit, ``geolens.ablation_effect`` and ``geolens.patch`` run, and
+  patching the embedding of the one differing token restores the clean run.
 
 The architectures TransformerLens registers but geolens does not measure are skipped
 with the reason; those that run but whose states geolens cannot read raise a clear
@@ -42,6 +44,10 @@ TL_FAILURES = {
                           "('CodeGenAttention' object has no attribute 'embed_positions')",
 }
 LOG_PROB_TOL = 1e-4
+# Architectures whose later blocks read the word embeddings again beside the residual stream (Zamba2's
+# shared attention blocks take them concatenated): patching block 0's input alone does not fully
+# restore the clean run.
+READS_EMBEDDINGS_AGAIN = frozenset({"Zamba2ForCausalLM"})
 
 
 def _architectures() -> list[str]:
@@ -162,3 +168,31 @@ def test_hooked_transformer_configuration(name: str) -> None:
     lens_log_p = torch.log_softmax(LogitLens(model)(states["resid_post"][-1], adapter.n_layers), dim=-1)
     torch.testing.assert_close(lens_log_p, torch.log_softmax(logits, -1)[rows], atol=LOG_PROB_TOL, rtol=0)
     _check_analyses(model, states)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ON_TL3, reason="the bridge's architectures are tested under TransformerLens 4.x")
+@pytest.mark.parametrize("arch", _architectures())
+def test_architecture_interventions_and_tuned_lens(arch: str, tmp_path) -> None:
+    """A small tuned-lens fit, activation patching and a PC ablation run on every architecture geolens reads.
+
+    Patching the embeddings of the one token where two prompts differ restores the clean run
+    (normalised effect 1), unless later blocks read the embeddings again.
+    """
+    reason = why_not_tested(arch) or TL_FAILURES.get(arch) or ("states geolens cannot read" if arch in UNREADABLE
+                                                                 else None)
+    if reason:
+        pytest.skip(reason)
+    save_tiny(arch, tmp_path)
+    model = boot_bridge(tmp_path, device="cpu").eval()
+    lens = geolens.lens.fit_tuned_lens(model, TOKENS.repeat(4, 1), n_tokens=16, seq_len=9, max_steps=2,
+                                       eval_every=1, progress=False)
+    assert all(torch.isfinite(torch.tensor(lens.training_info["held_out_kl"])))
+    clean, corrupted = TOKENS[:1], TOKENS[:1].clone()
+    corrupted[0, 3] = 4
+    res = geolens.patch(model, clean, corrupted, metric=geolens.logit_diff(5, 6), sites="resid_pre", layers=[1],
+                        progress=False)
+    restored = float(res.normalized().values("resid_pre")[0, 3])
+    assert restored == pytest.approx(1.0, abs=1e-3) or arch in READS_EMBEDDINGS_AGAIN, restored
+    effect = geolens.ablation_effect(model, TOKENS, layer=1, m=1, k=4, n_null=5, progress=False).to_pandas()
+    assert effect.select_dtypes("number").notna().all().all()
