@@ -144,6 +144,9 @@ def prepare_tokens(
             tokens = tokens.unsqueeze(0)
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
+        if tokens.numel() == 0:
+            raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}): pass at least one sequence of "
+                             "at least one token id")
         if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise TypeError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
         if attention_mask is None:
@@ -266,6 +269,12 @@ def capture(
         :class:`States` with ``[n_layers, N, d]`` per site, on the model's device (that
         of its first parameter; a model split over devices has its states gathered there).
 
+    Raises:
+        RuntimeError: a hook did not fire in a batch's forward pass (naming the hook and
+            the model): every returned row was written by its hook.
+        ValueError: a hook's activation is not ``[batch, pos, d_model]`` (e.g. several
+            parallel residual streams), or holds NaN or infinite values.
+
     Example:
         >>> states = capture(model, texts, sites=("resid_post", "final"), n_tokens=8, progress=False)
         >>> states
@@ -283,12 +292,15 @@ def capture(
         rows_batch, rows_pos = _check_positions(positions, batch.attention_mask)
     n = rows_batch.numel()
     device = adapter.device
-    out = {site: torch.empty(len(ls), n, adapter.d_model, dtype=dtype, device=device) for site, ls in plan.items()}
+    # NaN until a hook writes a row: a row no hook filled can never pass for a state (checked below too).
+    out = {site: torch.full((len(ls), n, adapter.d_model), float("nan"), dtype=dtype, device=device)
+           for site, ls in plan.items()}
     names = {site: tuple(hook_name(adapter, site, l) for l in ls) for site, ls in plan.items()}
     targets = _hook_targets(names)
     n_seqs = batch.tokens.shape[0]
     for start in tqdm(_batch_starts(rows_batch, n_seqs, batch_size), desc="capture", disable=not progress, leave=False):
         _capture_batch(adapter, batch, slice(start, start + batch_size), rows_batch, rows_pos, out, targets, plan)
+    _check_filled(adapter, out, names)
     return States(
         tensors=out,
         layers={site: tuple(ls) for site, ls in plan.items()},
@@ -356,12 +368,42 @@ def _capture_batch(adapter: ModelAdapter, batch: TokenBatch, seqs: slice, rows_b
     ids = batch.tokens[seqs, :length].to(device)
     mask = seq_mask[:, :length].to(device)
     fired: set[str] = set()
-    hooks = [(name, _writer(out, slots, row_ids, local_b, local_p, name, fired, len(targets), plan))
-             for name, slots in targets.items()]
+    ctx = _HookContext(out, plan, fired, len(targets), adapter.name, adapter.d_model, tuple(ids.shape))
+    hooks = [(name, _writer(ctx, slots, row_ids, local_b, local_p, name)) for name, slots in targets.items()]
     try:
         adapter.run_with_hooks(ids, attention_mask=mask, fwd_hooks=hooks)
     except _AllCaptured:
         pass  # every wanted activation is stored: the rest of the forward (and the unembedding) is skipped
+    check_hooks_fired(adapter, list(targets), fired, f"sequences {seqs.start}..{seqs.start + ids.shape[0] - 1}")
+
+
+def check_hooks_fired(adapter: ModelAdapter, names: Sequence[str], fired: Iterable[str], what: str) -> None:
+    """Raise ``RuntimeError`` naming the hooks of ``names`` not in ``fired`` and the model, if any.
+
+    Example:
+        >>> check_hooks_fired(adapter, ["blocks.0.hook_resid_post"], [], "sequences 0..1")
+        Traceback (most recent call last):
+        ...
+        RuntimeError: hook 'blocks.0.hook_resid_post' of ... did not fire during the forward pass of sequences 0..1: ...
+    """
+    fired = set(fired)
+    missing = [name for name in names if name not in fired]
+    if missing:
+        listed = ", ".join(repr(name) for name in missing)
+        plural, pronoun = ("s", "them") if len(missing) > 1 else ("", "it")
+        raise RuntimeError(
+            f"hook{plural} {listed} of {adapter.name!r} did not fire during the forward pass of {what}: "
+            f"TransformerLens registers {pronoun} for this model but the model does not run through {pronoun}, "
+            "so geolens cannot read its states there")
+
+
+def _check_filled(adapter: ModelAdapter, out: dict[str, torch.Tensor], names: dict[str, tuple[str, ...]]) -> None:
+    """Raise ``RuntimeError`` if a captured row was never written (still NaN): no unfilled row reaches a metric."""
+    for site, tensor in out.items():
+        for slot, layer_rows in enumerate(tensor):
+            if bool(torch.isnan(layer_rows).any()):
+                raise RuntimeError(f"capture: rows of {site} ({names[site][slot]}) of {adapter.name!r} were not "
+                                   "written by its hook; no states are returned")
 
 
 def _check_positions(positions, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:
@@ -383,32 +425,60 @@ class _AllCaptured(Exception):
     """Raised by the last capture hook of a forward pass to stop it early."""
 
 
-def _writer(out, slots, row_ids, local_b, local_p, name, fired, n_hooks, plan):
+@dataclass(frozen=True)
+class _HookContext:
+    """What every capture hook of one forward pass shares: the outputs, the plan, the hooks fired so far,
+    the number of hooks, the model's name and width, and the ``[B, T]`` shape of the batch."""
+
+    out: dict[str, torch.Tensor]
+    plan: dict[str, Sequence[int]]
+    fired: set[str]
+    n_hooks: int
+    model_name: str
+    d_model: int
+    batch_shape: tuple[int, int]
+
+
+def _check_activation_shape(ctx: _HookContext, name: str, activation: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``activation`` is a residual-stream-like ``[B, T, d_model]`` tensor of this batch."""
+    expected = (*ctx.batch_shape, ctx.d_model)
+    if tuple(activation.shape) != expected:
+        raise ValueError(
+            f"hook {name!r} of {ctx.model_name!r} gives activations of shape {tuple(activation.shape)}, but geolens "
+            f"supports one residual stream per position, [batch, pos, d_model] = {list(expected)}; this "
+            "architecture's states have another shape (e.g. several parallel residual streams), which geolens "
+            "does not measure")
+
+
+def _writer(ctx: _HookContext, slots, row_ids, local_b, local_p, name):
     """A hook that copies the sampled rows of its activation into the output slots.
 
     The rows are picked where the activation is (a model split over devices runs
     its blocks on several) and only they are moved, to the output's device and
     dtype (float32 by default: a bf16/fp16 model's rows are upcast here).
-    Non-finite values raise (naming the site and layer): no NaN reaches a metric.
-    When it is the last of the ``n_hooks`` capture hooks to fire, it stops the
+    An activation that is not ``[B, T, d_model]`` raises (naming the hook, the model and
+    the shape geolens supports), and so do non-finite values (naming the site and
+    layer): no NaN reaches a metric.
+    When it is the last of the ``ctx.n_hooks`` capture hooks to fire, it stops the
     forward pass: nothing after it is needed.
     """
     indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def hook(activation, hook=None):
+        _check_activation_shape(ctx, name, activation)
         where = activation.device
         if where not in indices:
             indices[where] = (local_b.to(where), local_p.to(where))
         picked = activation[indices[where]]
         if not bool(torch.isfinite(picked).all()):
-            sites = ", ".join(f"{site} layer {plan[site][slot]}" for site, slot in slots)
+            sites = ", ".join(f"{site} layer {ctx.plan[site][slot]}" for site, slot in slots)
             raise ValueError(f"the model's activations hold NaN or infinite values at {sites} ({name}); "
                              "no geometry can be measured from them (check the weights and the dtype)")
         for site, slot in slots:
-            target = out[site]
+            target = ctx.out[site]
             target[slot, row_ids] = picked.to(device=target.device, dtype=target.dtype)
-        fired.add(name)
-        if len(fired) == n_hooks:
+        ctx.fired.add(name)
+        if len(ctx.fired) == ctx.n_hooks:
             raise _AllCaptured
         return None
 

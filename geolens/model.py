@@ -22,7 +22,10 @@ no call is needed to get them. The adapter never calls
 
 Readout and weight processing
 -----------------------------
-The logits are ``ln_final(x) @ W_U + b_U``. With a LayerNorm/RMSNorm
+The logits are ``out(head(ln_final(x)) @ W_U + b_U)``, where ``head`` (the
+modules between the final norm and the unembedding, :meth:`ModelAdapter.readout_head`)
+and ``out`` (a logit soft-cap, scale or multiplier, :meth:`ModelAdapter.output_logits`)
+are identities for most models. With a LayerNorm/RMSNorm
 ``ln_final(x) = n(x) * w + b`` (``n`` normalises, ``w``/``b`` are the learned
 weight and bias), so the matrix that reads the *normalised* state is
 ``diag(w) @ W_U`` — the ``"folded"`` readout of :meth:`ModelAdapter.unembed_matrix`;
@@ -106,6 +109,8 @@ _SITE_FALLBACKS: dict[str, str] = {
 # multiply (LayerNorm / RMSNorm), and so does the bridge's, so it is only
 # usable when ln_final has no affine weight (LNPre / RMSPre).
 _FINAL_HOOKS: tuple[str, ...] = ("unembed.hook_in", "ln_final.hook_out")
+# Bridge components between ln_final and the unembedding, in the order the model runs them.
+_READOUT_HEADS: tuple[str, ...] = ("prediction_head", "mlm_head", "project_out")
 _PROCESSING_KEYS: tuple[str, ...] = (
     "fold_ln",
     "center_unembed",
@@ -496,6 +501,50 @@ class ModelAdapter:
         x = h.reshape(1, -1, shape[-1]).to(dtype=self.dtype, device=param.device if param is not None else h.device)
         return ln_final(x).reshape(shape)  # [1, N, d]: every norm module accepts [batch, pos, d]
 
+    def readout_head(self, x: Tensor) -> Tensor:
+        """The modules a bridge runs between ``ln_final`` and the unembedding, applied to ``x`` ``[..., d_model]``.
+
+        ModernBERT-decoder's prediction head (dense, activation, norm), OPT-350m's
+        ``project_out``: the model's own modules run (gradients flow to ``x``). Most
+        models have none, and ``x`` comes back as it is.
+
+        >>> h = torch.randn(3, adapter.d_model)
+        >>> torch.equal(adapter.readout_head(h), h)   # GPT-NeoX: ln_final feeds the unembedding directly
+        True
+        """
+        for module in self._readout_heads():
+            shape = x.shape
+            x = module(x.reshape(1, -1, shape[-1])).reshape(*shape[:-1], -1)
+        return x
+
+    def _readout_heads(self) -> list[torch.nn.Module]:
+        if self.kind != "bridge":
+            return []
+        modules = getattr(self.model, "_modules", {})
+        return [modules[name] for name in _READOUT_HEADS if isinstance(modules.get(name), torch.nn.Module)]
+
+    def output_logits(self, logits: Tensor) -> Tensor:
+        """The model's own transform of its unembedding's output ``logits`` ``[..., d_vocab]``.
+
+        What the model does to ``h @ W_U + b_U`` before it returns its logits: a final
+        logit soft-cap ``c * tanh(z / c)`` (Gemma 2, RecurrentGemma, Gemma 4, NanoChat), a
+        logit scale (Cohere), a logit divisor or multiplier (Granite, Falcon-H1). A bridge
+        applies what its TransformerLens architecture adapter declares
+        (``apply_output_logits_transform``); a HookedTransformer its
+        ``cfg.output_logits_soft_cap``. The identity for most models.
+
+        >>> z = torch.randn(2, adapter.d_vocab)
+        >>> torch.equal(adapter.output_logits(z), z)   # GPT-NeoX returns its unembedding's output as it is
+        True
+        """
+        transform = getattr(getattr(self.model, "adapter", None), "apply_output_logits_transform", None)
+        if self.kind == "bridge" and callable(transform):
+            return transform(logits)
+        cap = getattr(self.model.cfg, "output_logits_soft_cap", None)
+        if isinstance(cap, numbers.Real) and cap > 0:
+            return float(cap) * torch.tanh(logits / float(cap))
+        return logits
+
     def unembed_bias(self) -> Tensor | None:
         """``b_U`` as a detached [d_vocab] tensor, or ``None`` if the model has none."""
         for get in (lambda: self.model.b_U, lambda: self.model.unembed.b_U):
@@ -835,6 +884,36 @@ def _shared_qkv_while_booting() -> Iterator[list[bool]]:
         JointQKVAttentionBridge.set_original_component = original
 
 
+@contextmanager
+def _no_package_installs() -> Iterator[None]:
+    """While booting, keep TransformerLens from pip-installing torchvision into the user's environment.
+
+    TransformerLens 4.3 installs torchvision on the fly when a multimodal model's processor
+    cannot load without it, which can replace a pinned CPU torch with a CUDA build. Here the
+    processor is left out instead (geolens reads text only); the model boots the same.
+    """
+    try:
+        from transformer_lens.model_bridge.sources.transformers import helpers
+    except ImportError:  # another TransformerLens layout: nothing to guard
+        yield
+        return
+    original = getattr(helpers, "_ensure_torchvision", None)
+    if original is None:
+        yield
+        return
+
+    def importable_only() -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec("torchvision") is not None
+
+    helpers._ensure_torchvision = importable_only
+    try:
+        yield
+    finally:
+        helpers._ensure_torchvision = original
+
+
 def _is_hf_model(obj: Any) -> bool:
     return isinstance(obj, torch.nn.Module) and hasattr(obj, "config") and hasattr(obj, "get_output_embeddings")
 
@@ -863,6 +942,9 @@ def boot_bridge(
     Pythia) is not copied into separate q, k, v weights as TransformerLens
     otherwise does: the bridge's q, k, v read the fused weight's rows (same
     values, same forward), so the model's memory stays that of its weights.
+
+    TransformerLens 4.3 pip-installs torchvision when a multimodal model's processor needs it;
+    here it never installs anything (the processor, which geolens does not use, is left out).
 
     Example:
         >>> model = boot_bridge("EleutherAI/pythia-410m", revision="step64000")   # needs the hub  # doctest: +SKIP
@@ -910,7 +992,8 @@ def boot_bridge(
 
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         kwargs["tokenizer"] = tokenizer
-    if not share_qkv:
-        return bridge.boot_transformers(name, **kwargs)
-    with _shared_qkv_while_booting():
-        return bridge.boot_transformers(name, **kwargs)
+    with _no_package_installs():
+        if not share_qkv:
+            return bridge.boot_transformers(name, **kwargs)
+        with _shared_qkv_while_booting():
+            return bridge.boot_transformers(name, **kwargs)

@@ -127,6 +127,60 @@ def test_capture_bad_tokens(native_bridge):
         geolens.capture(native_bridge, [], progress=False)
 
 
+@pytest.mark.parametrize("tokens", [torch.tensor([]), torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, 4, dtype=torch.long)])
+def test_capture_empty_token_tensor_names_tokens(native_bridge, tokens):
+    with pytest.raises(ValueError, match="tokens is empty"):
+        geolens.capture(native_bridge, tokens, progress=False)
+
+
+def _edit_hooks(monkeypatch, edit):
+    """Make ``ModelAdapter.run_with_hooks`` hand each hook list to ``edit`` first (a model whose hooks misbehave)."""
+    from geolens.model import ModelAdapter
+
+    original = ModelAdapter.run_with_hooks
+
+    def run(self, tokens, attention_mask=None, fwd_hooks=(), **kwargs):
+        return original(self, tokens, attention_mask, edit(list(fwd_hooks)), **kwargs)
+
+    monkeypatch.setattr(ModelAdapter, "run_with_hooks", run)
+
+
+def test_capture_raises_when_a_hook_does_not_fire(any_model, monkeypatch):
+    """A hook the model registers but never runs (OpenAI-GPT's hook_resid_post under TransformerLens 4.3):
+    a clear error naming the hook and the model, never the rows of an unwritten buffer."""
+    _edit_hooks(monkeypatch, lambda hooks: [h for h in hooks if h[0] != "blocks.0.hook_resid_post"])
+    adapter = as_adapter(any_model)
+    tokens = torch.randint(0, adapter.d_vocab, (3, 8))
+    with pytest.raises(RuntimeError, match=rf"hook 'blocks.0.hook_resid_post' of '{adapter.name}' did not fire"):
+        geolens.capture(any_model, tokens, batch_size=2, progress=False)
+    with pytest.raises(RuntimeError, match="did not fire"):
+        geolens.lens.residual_stream(any_model, tokens)
+
+
+def test_capture_raises_on_a_residual_stream_of_another_shape(native_bridge, monkeypatch):
+    """Four parallel residual streams ``[B, T, 4, d]`` (DeepSeek-V4): a sentence saying what geolens supports."""
+
+    def four_streams(hooks):
+        return [(name, lambda act, hook=None, fn=fn: fn(act.unsqueeze(2).expand(-1, -1, 4, -1), hook))
+                for name, fn in hooks]
+
+    _edit_hooks(monkeypatch, four_streams)
+    adapter = as_adapter(native_bridge)
+    with pytest.raises(ValueError, match=r"supports one residual stream per position, \[batch, pos, d_model\]"):
+        geolens.capture(native_bridge, torch.randint(0, adapter.d_vocab, (2, 8)), progress=False)
+
+
+def test_capture_returns_only_rows_its_hooks_wrote(native_bridge, monkeypatch):
+    """A hook that fires but writes nothing: the unwritten rows are caught, not returned."""
+    _edit_hooks(monkeypatch, lambda hooks: [(name, lambda act, hook=None: None) if name == "blocks.1.hook_resid_post"
+                                            else (name, fn) for name, fn in hooks])
+    capture_module = importlib.import_module("geolens.capture")
+    monkeypatch.setattr(capture_module, "check_hooks_fired", lambda *args: None)  # the other check, off
+    adapter = as_adapter(native_bridge)
+    with pytest.raises(RuntimeError, match=r"resid_post \(blocks.1.hook_resid_post\) .* were not written"):
+        geolens.capture(native_bridge, torch.randint(0, adapter.d_vocab, (2, 8)), progress=False)
+
+
 def test_unsupported_model_raises_type_error():
     with pytest.raises(TypeError, match="HookedTransformer|TransformerBridge"):
         geolens.capture(torch.nn.Linear(3, 3), torch.zeros(1, 5, dtype=torch.long), progress=False)

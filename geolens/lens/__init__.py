@@ -2,7 +2,8 @@
 
 See docs/methods.md §C.2–C.5.
 
-* :class:`LogitLens` — ``ln_final(h_l) @ W_U + b_U`` at every layer ``0..L``.
+* :class:`LogitLens` — ``ln_final(h_l) @ W_U + b_U`` (through the model's own readout head and
+  output transform) at every layer ``0..L``.
 * :class:`TunedLens` — an affine translator per layer first (``nn.Module``,
   ``save`` / ``load``), trained by :func:`train_tuned_lens` (KL distillation).
 * :func:`evaluate` — KL, cross-entropy, Hit@k per layer for both lenses.

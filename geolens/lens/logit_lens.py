@@ -2,11 +2,16 @@
 
 See docs/methods.md §C.2.
 
-``logits_l = ln_final(h_l) @ W_U + b_U`` (Nostalgebraist 2020), with ``h_l`` the
-residual stream at layer ``l`` (``0`` = embeddings, ``L`` = the last block's
+``logits_l = out(head(ln_final(h_l)) @ W_U + b_U)`` (Nostalgebraist 2020), with ``h_l``
+the residual stream at layer ``l`` (``0`` = embeddings, ``L`` = the last block's
 output, where the lens gives exactly the model's logits). ``ln_final`` is the
 model's own module (LayerNorm or RMSNorm, with its learned weight), ``W_U`` the
 raw unembedding, so processed weights (``fold_ln``) are read as the model reads them.
+``head`` is whatever the model runs between its final norm and its unembedding
+(ModernBERT-decoder's prediction head; most models have none) and ``out`` what it
+does to its logits afterwards (a logit soft-cap, scale or multiplier; most models:
+nothing): :meth:`~geolens.model.ModelAdapter.readout_head` and
+:meth:`~geolens.model.ModelAdapter.output_logits`.
 
 Example:
     >>> lens = LogitLens(model)
@@ -29,7 +34,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from geolens.capture import prepare_tokens
+from geolens.capture import check_hooks_fired, prepare_tokens
 from geolens.model import ModelAdapter, as_adapter
 from geolens.sites import RESIDUAL_SITE, check_layer, check_layers
 
@@ -44,7 +49,11 @@ def unembed(
     b_u: Tensor | None = None,
     matmul_dtype: torch.dtype | None = None,
 ) -> Float[Tensor, "... V"]:
-    """``ln_final(h) @ W_U + b_U`` in float32 (differentiable in ``h``; the model gets no gradients).
+    """``out(head(ln_final(h)) @ W_U + b_U)`` in float32 (differentiable in ``h``; the model gets no gradients).
+
+    ``head`` and ``out`` are the model's own readout head and output transform
+    (identities for most models; see the module docstring), so at the last layer
+    these are the model's logits.
 
     ``w_u``/``b_u`` default to the adapter's raw unembedding and bias (pass cached
     copies to save the look-up). The logits are on ``w_u``'s device (the last one of a
@@ -54,7 +63,8 @@ def unembed(
     """
     shape = h.shape
     w_u = adapter.unembed_matrix("raw") if w_u is None else w_u
-    x = adapter.final_norm(h).to(device=w_u.device, dtype=torch.float32).reshape(-1, shape[-1])
+    x = adapter.readout_head(adapter.final_norm(h))
+    x = x.to(device=w_u.device, dtype=torch.float32).reshape(-1, x.shape[-1])
     if matmul_dtype is not None and matmul_dtype != torch.float32:
         logits = (x.to(matmul_dtype) @ w_u.to(matmul_dtype)).to(torch.float32)
     else:
@@ -62,6 +72,7 @@ def unembed(
     b_u = adapter.unembed_bias() if b_u is None else b_u
     if b_u is not None:
         logits = logits + b_u.to(device=logits.device, dtype=torch.float32)
+    logits = adapter.output_logits(logits)
     return logits.reshape(*shape[:-1], logits.shape[-1])
 
 
@@ -134,9 +145,7 @@ def residual_stream(
 
     logits = adapter.run_with_hooks(batch.tokens, batch.attention_mask,
                                     fwd_hooks=[(n, keeper(i)) for i, n in enumerate(names)])
-    missing = [n for n, s in zip(names, store) if s is None]
-    if missing:
-        raise RuntimeError(f"hooks {missing} did not fire during the forward pass")
+    check_hooks_fired(adapter, names, [n for n, s in zip(names, store) if s is not None], "these tokens")
     return torch.stack(store), logits.detach()
 
 

@@ -6,7 +6,7 @@ See docs/methods.md §C.3.
 the last layer ``L``'s translator is the identity (the model's own logits) and
 has no parameters. ``A_l`` and ``b_l`` start at zero, so an untrained lens *is*
 the logit lens; the residual parametrisation makes weight decay pull towards
-the identity. Logits: ``ln_final(T_l(h)) @ W_U + b_U``. Train with
+the identity. Logits: the logit lens of ``T_l(h)``. Train with
 :func:`geolens.lens.train_tuned_lens`.
 
 Saved as a directory: ``config.json`` (model shape, name, training budget) and

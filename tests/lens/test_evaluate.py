@@ -152,3 +152,15 @@ def test_next_tokens_and_rows_steps_on_planted_positions():
     assert math.isnan(rows[1]["hit@5/hit@1"])  # no hit@1 at all: the ratio is undefined
     assert _subsample(10, None, 0) == slice(None) and _subsample(10, 10, 0) == slice(None)
     assert torch.equal(_subsample(10, 4, 3), seeded_subset(10, 4, 3))
+
+
+def test_evaluate_measures_against_the_models_own_output(transformed_output):
+    """Cross-entropy and Hit@1 at the last layer from the Hugging Face model's own logits, KL there 0."""
+    model, hf = transformed_output
+    tokens = model.to_tokens(["the cat sat on the mat", "a dog ran in the park"])
+    with torch.no_grad():
+        log_p = torch.log_softmax(hf(tokens, use_cache=False).logits.float(), dim=-1)[:, 1:-1]  # rows with a next token
+    ce = -log_p.gather(-1, tokens[:, 2:].unsqueeze(-1)).mean()
+    last = evaluate(model, tokens, n_tokens=None, progress=False).to_pandas().iloc[-1]
+    assert last["kl"] == pytest.approx(0.0, abs=1e-6) and last["hit@1"] == 1.0
+    assert last["ce"] == pytest.approx(float(ce), rel=1e-5)

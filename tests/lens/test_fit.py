@@ -7,7 +7,9 @@ import torch
 
 import geolens.lens.fit as fit_module
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate, fit_tuned_lens
+from geolens.lens import residual_stream
 from geolens.lens.fit import _closed_form, _normal_equations, _target
+from geolens.model import as_adapter
 from geolens.lens.train import _kl_of_logits, kl_rows
 from tests.helpers import hook_count, same_weights, weights
 
@@ -232,3 +234,16 @@ def test_one_refinement_step_descends_the_exact_kl(native_bridge):
         torch.testing.assert_close(mine.detach(), ref.detach() - lr * grad, rtol=1e-4, atol=1e-6)
         assert grad.abs().max() > 0  # the step moved something
     assert all(p.grad is None for p in native_bridge.parameters())
+
+
+def test_fit_target_is_the_models_own_output(transformed_output):
+    """The tuned lens is fitted to the distribution the model outputs (soft-cap, scale, head included)."""
+    model, hf = transformed_output
+    tokens = model.to_tokens(["the cat sat on the mat", "a dog ran in the park"])
+    resid, _ = residual_stream(model, tokens)
+    adapter = as_adapter(model)
+    p, p_log_p = _target(adapter, resid[-1].reshape(-1, adapter.d_model), adapter.unembed_matrix("raw"),
+                         adapter.unembed_bias())
+    with torch.no_grad():
+        reference = torch.softmax(hf(tokens, use_cache=False).logits.float(), dim=-1).reshape(p.shape)
+    torch.testing.assert_close(p, reference, atol=1e-5, rtol=1e-4)

@@ -61,3 +61,35 @@ def test_bad_layer_and_width(native_bridge):
     with pytest.raises(ValueError, match="d_model"):
         lens(torch.zeros(3, lens.d_model + 1), layer=0)
     assert list(lens.parameters()) == [] and lens.state_dict() == {}
+
+
+def test_logit_lens_reads_the_models_output_transform(transformed_output):
+    """At the last layer the lens gives the Hugging Face model's own log-probabilities, which the plain
+    ``ln_final(h) @ W_U + b_U`` misses (soft-cap, logit scale, logit divisor, prediction head)."""
+    model, hf = transformed_output
+    adapter = as_adapter(model)
+    tokens = model.to_tokens(["the cat sat on the mat", "a dog ran in the park"])
+    with torch.no_grad():
+        reference = torch.log_softmax(hf(tokens, use_cache=False).logits.float(), dim=-1)
+    resid, _ = residual_stream(model, tokens)
+    ours = torch.log_softmax(LogitLens(model)(resid[-1], layer=adapter.n_layers), dim=-1)
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=0)
+    with torch.no_grad():
+        plain = adapter.final_norm(resid[-1]) @ adapter.unembed_matrix("raw") + adapter.unembed_bias()
+    assert float((torch.log_softmax(plain, dim=-1) - reference).abs().max()) > 0.05
+
+
+@pytest.mark.parametrize("make", ["make_native_bridge", "make_hooked_model"])
+def test_logit_lens_applies_a_native_final_soft_cap(make):
+    """A TransformerLens-built model with ``output_logits_soft_cap``: the lens's last layer is its own output."""
+    import tests.conftest as fixtures
+
+    model = getattr(fixtures, make)(output_logits_soft_cap=0.5)
+    adapter = as_adapter(model)
+    tokens, _ = padded_tokens(adapter.d_vocab, lengths=(9, 9))
+    resid, logits = residual_stream(model, tokens)
+    ours = LogitLens(model)(resid[-1], layer=adapter.n_layers)
+    torch.testing.assert_close(torch.log_softmax(ours, -1), torch.log_softmax(logits, -1), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        plain = adapter.final_norm(resid[-1]) @ adapter.unembed_matrix("raw")
+    assert float(plain.abs().max()) > 1.0  # the cap changes these logits: a lens without it would be off
