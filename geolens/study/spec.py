@@ -459,7 +459,9 @@ class Study:
         path = Path(path).expanduser()
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as err:
+        except RecursionError:  # tomllib follows nested arrays and tables by recursion
+            raise ValueError(f"{path} is not readable TOML: nested deeper than Python's parser can follow") from None
+        except ValueError as err:  # TOMLDecodeError, and an integer past Python's digit limit
             raise ValueError(f"{path} is not valid TOML: {err}") from None
         known = {f.name for f in fields(cls)} - {"base_dir"}
         unknown = sorted(set(data) - known)
