@@ -40,6 +40,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -52,7 +53,7 @@ from tqdm.auto import tqdm
 
 from geolens._cache import cache_root
 from geolens._io import atomic_write_text
-from geolens._validation import check_float, check_int
+from geolens._validation import DamagedFileError, check_float, check_int
 from geolens.data.models import transformers_progress
 from geolens.model import boot_bridge
 from geolens.zoo.corpus import EOS, PAD, token_windows, train_tokenizer, zoo_split
@@ -424,9 +425,24 @@ def _resume_point(zoo: Zoo, width: int) -> tuple[int, dict | None]:
     """The step a member resumes from (0: from scratch) and its saved optimiser state: a resume file counts
     only when the checkpoint it names is whole on disk."""
     resume_path = zoo.member_dir(width) / _RESUME_FILE
-    state = torch.load(resume_path, weights_only=True) if resume_path.is_file() else None
+    state = _read_resume_file(resume_path) if resume_path.is_file() else None
     resumable = state is not None and (zoo.checkpoint_dir(width, state["step"]) / "config.json").is_file()
     return (state["step"], state) if resumable else (0, None)
+
+
+def _read_resume_file(path: Path) -> dict[str, Any]:
+    """A member's ``resume.pt`` (loaded with ``weights_only=True``: no code in it runs); one that does not
+    load, or holds no ``step``, raises :class:`~geolens._validation.DamagedFileError` naming it."""
+    remedy = "delete it to train this member again from step 0"
+    try:
+        state = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:  # torch's errors name no file
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        raise DamagedFileError(f"{path} is not a resume file torch can load safely ({type(err).__name__}: "
+                               f"{first_line}); {remedy}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool):
+        raise DamagedFileError(f"{path} holds no whole-number 'step': not a geolens resume file; {remedy}")
+    return state
 
 
 def _member_model(zoo: Zoo, width: int, tokenizer, start: int):
