@@ -854,3 +854,22 @@ def test_cli_text_that_is_not_utf8_is_refused_naming_the_file(tmp_path, capsys, 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"text file '{path}'" in err and re.search(message, err), err
+
+
+def test_a_crafted_pytorch_model_bin_names_the_file(tmp_path, capsys):
+    from geolens._validation import DamagedFileError
+    from geolens.cli import main
+    from geolens.study import Study
+    from tests.conftest import save_neox
+
+    folder = save_neox(tmp_path / "m")
+    for weights_file in folder.glob("*.safetensors"):
+        weights_file.unlink()
+    crafted = folder / "pytorch_model.bin"
+    torch.save({"run": os.system}, crafted)  # a global weights_only refuses: it is never called
+    cell = Study(models={"m": {"path": str(folder)}}, texts=["a b c"]).cells()[0]
+    with pytest.raises(DamagedFileError, match=f"{crafted} cannot be loaded safely: .*GLOBAL posix.system"):
+        cell.load()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--model", str(folder), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and f"{crafted} cannot be loaded safely" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from geolens.cli.args import (HelpFormatter, device, int_at_least, model_arg, nonnegative_int_list, out_dir, positive_int,
                               read_text_file, text_file)
+from geolens.data.models import refused_weights_named
 from geolens.model import boot_bridge
 from geolens.plotting import NO_BROWSER, STATIC_FORMATS, browser_path
 from geolens.analyses import registry
@@ -144,7 +145,8 @@ def run_report(args: argparse.Namespace) -> int:
     model = None
     if args.model is not None:
         try:
-            model = boot_bridge(args.model, device=args.device)
+            with refused_weights_named(args.model):
+                model = boot_bridge(args.model, device=args.device)
         except Exception as error:  # e.g. a hub name with no hub access: no traceback for a bad argument
             first_line = (str(error).strip().splitlines() or [""])[0]
             _fail(f"cannot load --model {args.model!r}: {type(error).__name__}: {first_line}")

@@ -373,10 +373,12 @@ class Cell:
                                     "path = names a local folder, hub = a Hugging Face hub name")
         import torch
 
+        from geolens.data.models import refused_weights_named
         from geolens.model import boot_bridge
 
         revision = None if self.checkpoint_value is None else str(self.checkpoint_value)
-        return boot_bridge(self.path, revision=revision, device=self.device, dtype=getattr(torch, self.dtype))
+        with refused_weights_named(self.path):
+            return boot_bridge(self.path, revision=revision, device=self.device, dtype=getattr(torch, self.dtype))
 
 
 def _study_analyses(analyses: Mapping[str, Any]) -> dict[str, registry.Analysis]:

@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 from geolens._cache import cache_root
 from geolens._io import atomic_write_text
 from geolens._validation import DamagedFileError, check_float, check_int
-from geolens.data.models import transformers_progress
+from geolens.data.models import refused_weights_named, transformers_progress
 from geolens.model import boot_bridge
 from geolens.zoo.corpus import EOS, PAD, token_windows, train_tokenizer, zoo_split
 
@@ -282,7 +282,7 @@ class Zoo:
         if step not in self.steps(width):
             raise FileNotFoundError(f"no checkpoint at step {step} for width {width} in {self.root} "
                                     f"(saved: {self.steps(width)}); train it with `geolens zoo train`")
-        with transformers_progress(progress):
+        with transformers_progress(progress), refused_weights_named(self.checkpoint_dir(width, step)):
             model = boot_bridge(str(self.checkpoint_dir(width, step)), device=device)
         model.cfg.model_name = f"zoo d={width} step {step}"
         return model.eval()
@@ -451,7 +451,8 @@ def _member_model(zoo: Zoo, width: int, tokenizer, start: int):
         return _new_model(zoo.config, width, tokenizer)
     from transformers import GPTNeoXForCausalLM
 
-    return GPTNeoXForCausalLM.from_pretrained(str(zoo.checkpoint_dir(width, start)), dtype=torch.float32)
+    with refused_weights_named(zoo.checkpoint_dir(width, start)):
+        return GPTNeoXForCausalLM.from_pretrained(str(zoo.checkpoint_dir(width, start)), dtype=torch.float32)
 
 
 def _optimizer(model, config: ZooConfig, state: dict | None) -> torch.optim.AdamW:
