@@ -367,7 +367,7 @@ def cell_provenance(path: str | os.PathLike) -> dict[str, Any]:
     """What a cell file records besides its rows: hashes, time, seconds, its analysis's reported parameters."""
     import pyarrow.parquet as pq
 
-    from geolens._json import restore_non_finite
+    from geolens._json import parse_json, restore_non_finite
 
     meta = pq.read_schema(path).metadata or {}
-    return restore_non_finite(json.loads(meta.get(_METADATA_KEY, b"{}")))
+    return restore_non_finite(parse_json(meta.get(_METADATA_KEY, b"{}"), path))
