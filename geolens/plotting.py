@@ -13,6 +13,7 @@ marked "final"), a page size (:data:`WIDTH` x :data:`HEIGHT` for one panel) and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from typing import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from geolens._io import atomic_file
 from geolens.metrics.phases import PHASE_NAMES
 from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
 from geolens.sites import FINAL_SITE
@@ -1041,7 +1043,9 @@ def write_figures(figures: Sequence[go.Figure], paths: Sequence[str | Path], *, 
     """Write figures as static files (PNG, SVG or PDF, from each path's suffix) through kaleido and Chromium.
 
     Figures keep their page size (``layout.width/height``, default ``WIDTH x HEIGHT``); PNGs are
-    drawn at ``scale`` (2: sharp in print). One browser serves every figure of the call.
+    drawn at ``scale`` (2: sharp in print). One browser serves every figure of the call. Each file is
+    written beside its path and renamed into place, as the report's other files are: a symbolic link
+    at a path is replaced, never written through.
 
     Example:
         >>> write_figures([go.Figure()], ["out/fig.png"])   # needs Chromium  # doctest: +SKIP
@@ -1060,9 +1064,10 @@ def write_figures(figures: Sequence[go.Figure], paths: Sequence[str | Path], *, 
     os.environ.setdefault("BROWSER_PATH", browser)  # kaleido's choreographer reads it
     import plotly.io as pio
 
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    pio.write_images(list(figures), [str(p) for p in paths],
-                     width=[f.layout.width or WIDTH for f in figures],
-                     height=[f.layout.height or HEIGHT for f in figures], scale=scale)
+    with contextlib.ExitStack() as stack:
+        temporary = [stack.enter_context(atomic_file(path)) for path in paths]  # renamed onto paths at the end
+        pio.write_images(list(figures), [str(p) for p in temporary],
+                         format=[p.suffix.lstrip(".").lower() for p in paths],
+                         width=[f.layout.width or WIDTH for f in figures],
+                         height=[f.layout.height or HEIGHT for f in figures], scale=scale)
     return paths

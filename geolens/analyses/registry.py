@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import re
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
@@ -53,6 +54,7 @@ import pandas as pd
 
 from geolens import plotting
 from geolens.analyses.convergence import convergence
+from geolens.analyses.guard import guarded
 from geolens.analyses.pga import pga
 from geolens.analyses.phases import phases
 from geolens.analyses.probes import probes
@@ -61,13 +63,22 @@ from geolens.analyses.updates import updates
 from geolens.lens import evaluate
 from geolens.results import Result
 
-__all__ = ["CONSUMES", "CONVENTION", "PLACES", "Analysis", "as_result", "attach", "available_analyses", "get",
-           "layer_figures", "names", "register_analysis", "resolve_function", "unregister_analysis", "user_analysis"]
+__all__ = ["CONSUMES", "CONVENTION", "MAX_NAME_LENGTH", "PLACES", "RUN_FILES", "Analysis", "as_result", "attach",
+           "available_analyses", "check_name", "get", "layer_figures", "names", "register_analysis", "resolve_function",
+           "unregister_analysis", "user_analysis"]
 
 CONSUMES = ("tokens", "states", "lens", "weights")
 PLACES = ("report", "study", "zoo")
 # Keywords every user analysis takes (the calling convention); a **kwargs catch-all takes them too.
 CONVENTION = ("n_tokens", "seed", "batch_size", "max_length", "progress")
+# A user analysis's name becomes file names: <name>.csv, <name>.json, <name>-<n>.svg in a report's folder,
+# part-<name>-<hash>.parquet and _error-<name>.json in a study's cells. These stems are the runs' own files
+# (meta.json, report.html; study.json, metadata.parquet, cells/; the zoo's zoo.*, zoo_meta.json).
+RUN_FILES = ("meta", "report", "study", "metadata", "cells", "zoo", "zoo_meta")
+# Names Windows reserves for devices, whatever the extension.
+_DEVICE_NAMES = ("con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10)), *(f"lpt{i}" for i in range(1, 10)))
+MAX_NAME_LENGTH = 64  # the longest file it names stays far below the 255 bytes file systems allow
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -312,24 +323,60 @@ def layer_figures(result: Result, title: str = "") -> list[Any]:
 
 
 def _wrap(name: str, function: Callable[..., Any]) -> Callable[..., Result]:
-    """``function`` returning a :class:`Result` always (keeps its name and signature for option routing)."""
+    """``function`` returning a :class:`Result` always (keeps its name and signature for option routing), run
+    :func:`~geolens.analyses.guard.guarded`: hooks it leaves on the model and weights it changes are undone,
+    and it fails saying so."""
     @functools.wraps(function)
     def analysis(*args: Any, **kwargs: Any) -> Result:
-        return as_result(function(*args, **kwargs), name)
+        with guarded(name, args[0] if args else kwargs.get("model")):
+            value = function(*args, **kwargs)
+        return as_result(value, name)
 
     return analysis
+
+
+def check_name(name: Any) -> str:
+    """``name`` if it can name a user's analysis: the files it becomes (``<name>.csv``,
+    ``part-<name>-<hash>.parquet``, ...) are valid everywhere and clash with no file a report or a study
+    writes; else ``ValueError`` naming ``name`` and the rule.
+
+    ASCII letters, digits and ``_``, starting with a letter; at most :data:`MAX_NAME_LENGTH` characters;
+    not a built-in analysis, a built-in's table (``<builtin>_...``), a run's own file (:data:`RUN_FILES`)
+    or a Windows device name, compared without case (``Meta.json`` is ``meta.json`` on macOS and Windows).
+
+    Example:
+        >>> check_name("mlp_share")
+        'mlp_share'
+        >>> check_name("meta")
+        Traceback (most recent call last):
+        ...
+        ValueError: name 'meta' is taken: meta.json, report.html, ... are the run's own files (reserved: meta, report, study, metadata, cells, zoo, zoo_meta)
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"name must be a Python identifier of ASCII letters, digits and '_' starting with a letter "
+                         f"(it names a report section, files and metrics 'name.column'), got {name!r}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"name must be at most {MAX_NAME_LENGTH} characters (it names files), got "
+                         f"{len(name)}: {name[:20]!r}...")
+    folded = name.lower()
+    builtin = next((b for b in names() if get(b).builtin and (folded == b or folded.startswith(f"{b}_"))), None)
+    if builtin == folded and name == builtin:
+        raise ValueError(f"{name!r} is a built-in analysis; register yours under another name")
+    if builtin is not None:
+        raise ValueError(f"name {name!r} is taken: the built-in analysis {builtin!r} writes {builtin}.csv and "
+                         f"{builtin}_<table>.csv; register yours under another name")
+    if folded in RUN_FILES or folded in _DEVICE_NAMES:
+        raise ValueError(f"name {name!r} is taken: meta.json, report.html, ... are the run's own files (reserved: "
+                         f"{', '.join(RUN_FILES)})" if folded in RUN_FILES else
+                         f"name {name!r} is a device name on Windows (no file can be called {name}.csv there)")
+    return name
 
 
 def user_analysis(name: str, function: Callable[..., Any], *, title: str | None = None,
                   caption: str = "") -> Analysis:
     """The record :func:`register_analysis` would add, without adding it (studies build one from a TOML
-    ``function = "module:function"``)."""
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"name must be a Python identifier (it names a report section, files and metrics "
-                         f"'name.column'), got {name!r}")
-    existing = _RECORDS.get(name)
-    if existing is not None and existing.builtin:
-        raise ValueError(f"{name!r} is a built-in analysis; register yours under another name")
+    ``function = "module:function"``); the name is checked by :func:`check_name`."""
+    check_name(name)
     if not callable(function):
         raise TypeError(f"function must be callable, got {type(function).__name__}")
     _check_signature(function, f"analysis {name!r}")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from geolens._io import check_writable_folder
+
 __all__ = ["HelpFormatter", "device", "int_at_least", "int_list", "nonnegative_int_list", "looks_like_path", "model_arg", "out_dir", "positive_float", "positive_int",
-           "text_file"]
+           "read_text_file", "text_file"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -102,8 +104,33 @@ def model_arg(text: str) -> str:
     return str(path)
 
 
+def read_text_file(path: Path) -> str:
+    """The text of ``path``, read strictly as UTF-8: a file that is not (Latin-1, a binary file) raises
+    ``ValueError`` naming it and the first bad byte, instead of running on replacement characters.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = Path(tmp, "latin1.txt").write_bytes("caf\u00e9".encode("latin-1"))
+        ...     read_text_file(Path(tmp, "latin1.txt"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: text file '...latin1.txt' is not UTF-8 text: byte 0xe9 at offset 3 ...; save it as UTF-8
+    """
+    data = path.read_bytes()
+    try:
+        content = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        byte = data[error.start:error.start + 1].hex()
+        raise ValueError(f"text file {str(path)!r} is not UTF-8 text: byte 0x{byte} at offset {error.start} "
+                         f"({error.reason}); save it as UTF-8") from None
+    if "\x00" in content:
+        raise ValueError(f"text file {str(path)!r} holds NUL bytes: a binary file, not text")
+    return content
+
+
 def text_file(text: str) -> Path:
-    """A readable, non-empty text file.
+    """A readable, non-empty UTF-8 text file (:func:`read_text_file`).
 
     Example:
         >>> import tempfile
@@ -119,16 +146,19 @@ def text_file(text: str) -> Path:
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"{text!r} is not a file")
     try:
-        content = path.read_text(encoding="utf-8", errors="replace")
+        content = read_text_file(path)
     except OSError as error:
         raise argparse.ArgumentTypeError(f"cannot read text file {text!r}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     if not content.strip():
         raise argparse.ArgumentTypeError(f"text file {text!r} is empty")
     return path
 
 
 def out_dir(text: str) -> Path:
-    """An output folder that exists or can be made: neither it nor a folder above it may be a file.
+    """An output folder that exists or can be made, and where this process may write: neither it nor a
+    folder above it may be a file (:func:`geolens._io.check_writable_folder`).
 
     Example:
         >>> out_dir("out/report")
@@ -140,7 +170,10 @@ def out_dir(text: str) -> Path:
     blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
     if blocking is not None:
         raise argparse.ArgumentTypeError(f"cannot make folder {text!r}: {str(blocking)!r} is a file")
-    return path
+    try:
+        return check_writable_folder(path, "the output folder")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def device(text: str) -> str:

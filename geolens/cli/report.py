@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from geolens.cli.args import HelpFormatter, device, int_at_least, model_arg, nonnegative_int_list, out_dir, positive_int, text_file
+from geolens.cli.args import (HelpFormatter, device, int_at_least, model_arg, nonnegative_int_list, out_dir, positive_int,
+                              read_text_file, text_file)
+from geolens.data.models import refused_weights_named
 from geolens.model import boot_bridge
 from geolens.plotting import NO_BROWSER, STATIC_FORMATS, browser_path
 from geolens.analyses import registry
@@ -143,13 +145,14 @@ def run_report(args: argparse.Namespace) -> int:
     model = None
     if args.model is not None:
         try:
-            model = boot_bridge(args.model, device=args.device)
+            with refused_weights_named(args.model):
+                model = boot_bridge(args.model, device=args.device)
         except Exception as error:  # e.g. a hub name with no hub access: no traceback for a bad argument
             first_line = (str(error).strip().splitlines() or [""])[0]
             _fail(f"cannot load --model {args.model!r}: {type(error).__name__}: {first_line}")
     texts = None
     if args.text:
-        texts = [path.read_text(encoding="utf-8", errors="replace") for path in args.text]
+        texts = [read_text_file(path) for path in args.text]  # checked as UTF-8 when the flag was read
     paths = report(model, texts, args.out, sections=args.sections, device=args.device, quick=args.quick,
                    figures=args.figures, **_settings_given(args))
     if "pga.csv" in paths:

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from geolens._io import atomic_write_text
+from geolens._io import atomic_write_text, check_writable_folder
 from geolens._validation import DEFAULT_N_TOKENS, UpperBound
 from geolens.analyses.compare import compare
 from geolens.analyses.convergence import ConvergenceResult, convergence, depth_pairs
@@ -444,13 +444,13 @@ def report(
     settings = _report_settings(settings, quick, overrides)
     formats = _figure_formats(figures)
     chosen = _chosen_sections(sections)
+    out_dir = check_writable_folder(out_dir, "the report")  # before any section computes what it cannot write
     if isinstance(settings.convergence_model, str) and settings.convergence_model == "auto":
         settings.convergence_model = CROSS_FAMILY_MODEL if model is None else None
     if model is None:
         model = load_default_model(device=device, progress=settings.progress)
     texts = list(default_texts(n=settings.n_texts, seed=settings.seed) if texts is None else texts)
     adapter = as_adapter(model)
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     paths: dict[str, Path] = {}

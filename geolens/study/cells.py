@@ -215,6 +215,25 @@ def _failure(err: BaseException, **extra: Any) -> dict[str, Any]:
             "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__)), **extra}
 
 
+def _cell_rows(result, name: str, cell: Cell, n_layers: int, d_model: int) -> list[dict[str, Any]]:
+    """One analysis's rows as its cell file stores them; rows the file cannot hold (a ``site`` that is not
+    text) raise here, inside the analysis's own guard, naming the analysis."""
+    rows = result.long_rows(name)
+    if name == "phases":
+        result.params.setdefault("n_layers", n_layers)
+        rows += _phase_rows(result)
+    for row in rows:
+        layer = row["layer"]
+        row.update(step=cell.step, n_layers=n_layers, d_model=d_model,
+                   relative_depth=None if layer is None else layer / n_layers)
+    try:
+        _row_table(rows)
+    except Exception as err:  # pyarrow's ArrowInvalid / ArrowTypeError name neither the analysis nor the column
+        raise TypeError(f"analysis {name!r}: its rows cannot be stored in the study's table ({type(err).__name__}: "
+                        f"{err}); a 'site' column must hold text, 'layer' and 'ccr' whole numbers") from None
+    return rows
+
+
 def compute_cell(cell: Cell) -> dict[str, Any]:
     """Every analysis of one cell: ``{"n_layers", "d_model", "analyses": {name: outcome}}``.
 
@@ -237,17 +256,10 @@ def compute_cell(cell: Cell) -> dict[str, Any]:
             outcomes[name] = _failure(outcome.error, seconds=round(outcome.seconds, 3))
             continue
         try:
-            rows = outcome.result.long_rows(name)
-            if name == "phases":
-                outcome.result.params.setdefault("n_layers", n_layers)
-                rows += _phase_rows(outcome.result)
-        except Exception as err:  # its rows could not be made: it fails alone too
+            rows = _cell_rows(outcome.result, name, cell, n_layers, d_model)
+        except Exception as err:  # its rows could not be made, or not stored: it fails alone too
             outcomes[name] = _failure(err, seconds=round(outcome.seconds + time.perf_counter() - begun, 3))
             continue
-        for row in rows:
-            layer = row["layer"]
-            row.update(step=cell.step, n_layers=n_layers, d_model=d_model,
-                       relative_depth=None if layer is None else layer / n_layers)
         seconds = round(outcome.seconds + time.perf_counter() - begun, 3)
         outcomes[name] = {"ok": True, "rows": rows, "seconds": seconds, "params": outcome.params}
         del outcome  # one result alive at a time
@@ -279,14 +291,20 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     return outcome
 
 
-def _write_rows(path: Path, rows: list[dict[str, Any]], provenance: dict[str, Any]) -> None:
+def _row_table(rows: list[dict[str, Any]]):
+    """The rows as an Arrow table of :func:`row_schema` (pyarrow raises for a value of another type)."""
     import pyarrow as pa
+
+    schema = row_schema()
+    return pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]], provenance: dict[str, Any]) -> None:
     import pyarrow.parquet as pq
 
     from geolens.results import json_text
 
-    schema = row_schema()
-    table = pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)
+    table = _row_table(rows)
     provenance = {**provenance, "n_rows": table.num_rows}
     table = table.replace_schema_metadata({_METADATA_KEY: json_text(provenance, indent=None).encode()})
     with atomic_file(path) as tmp:
@@ -349,7 +367,7 @@ def cell_provenance(path: str | os.PathLike) -> dict[str, Any]:
     """What a cell file records besides its rows: hashes, time, seconds, its analysis's reported parameters."""
     import pyarrow.parquet as pq
 
-    from geolens._json import restore_non_finite
+    from geolens._json import parse_json, restore_non_finite
 
     meta = pq.read_schema(path).metadata or {}
-    return restore_non_finite(json.loads(meta.get(_METADATA_KEY, b"{}")))
+    return restore_non_finite(parse_json(meta.get(_METADATA_KEY, b"{}"), path))

@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from geolens import plotting
+from geolens._json import parse_json
+from geolens._validation import DamagedFileError
 from geolens.metrics.correlation import partial_rank_correlation, rank_correlation
 from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
@@ -60,7 +62,7 @@ def _manifest(out: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = parse_json(path.read_text(encoding="utf-8"), path)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is damaged or not JSON: {err}") from None
     except OSError as err:
@@ -146,10 +148,10 @@ def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
     does not read back whole is left out with a warning (the next run recomputes it).
 
     Raises ``FileNotFoundError`` for a folder that does not exist or holds no study, ``ValueError``
-    for a ``study.json`` that is not a geolens study's.
+    for a ``study.json`` that is not a geolens study's, :class:`~geolens._validation.DamagedFileError`
+    for a ``metadata.parquet`` that does not read.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     out = check_study_dir(out_dir)
     integers = {pa.int64(): pd.Int64Dtype()}
@@ -165,14 +167,29 @@ def load_results(out_dir: str | os.PathLike) -> pd.DataFrame:
     columns = ["model", "checkpoint", "step", *ROW_COLUMNS]
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
     meta_columns: list[str] = []
-    if (out / METADATA_FILE).is_file():
-        meta = pq.read_table(out / METADATA_FILE).to_pandas(types_mapper=integers.get)
+    meta = _metadata_table(out, integers)
+    if meta is not None:
         meta_columns = [c for c in meta.columns if c not in ("model", "checkpoint", "step", "order")]
         if meta_columns:
             table = table.merge(meta[["model", "checkpoint", *meta_columns]], on=["model", "checkpoint"], how="left")
     for name in ("step", "ccr", "layer", "n_layers", "d_model"):
         table[name] = table[name].astype("Int64")
     return table[["model", "checkpoint", "step", *meta_columns, *ROW_COLUMNS]]
+
+
+def _metadata_table(out: Path, integers: dict[Any, Any]) -> pd.DataFrame | None:
+    """``metadata.parquet`` of ``out`` as a DataFrame (``None`` where absent); a file that does not read
+    raises :class:`~geolens._validation.DamagedFileError` naming it (a run of the study writes it again)."""
+    import pyarrow.parquet as pq
+
+    path = out / METADATA_FILE
+    if not path.is_file():
+        return None
+    try:
+        return pq.read_table(path).to_pandas(types_mapper=integers.get)
+    except Exception as err:  # pyarrow's errors (ArrowInvalid, OSError, ...) name no file
+        raise DamagedFileError(f"{path} is damaged and cannot be read ({type(err).__name__}: {err}); run the "
+                               "study again (run_study or `geolens study run`) to write it anew") from None
 
 
 def load_provenance(out_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -244,8 +261,8 @@ def _errors_by_cell(errors: pd.DataFrame) -> dict[str, str]:
 
 def _error_record(path: Path) -> dict[str, Any]:
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        record = parse_json(path.read_text(encoding="utf-8"), path.name)
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return {"error": f"the error file {path.name} cannot be read ({err})", "error_type": "unreadable"}
     if not isinstance(record, dict):
         return {"error": f"the error file {path.name} is not a JSON object", "error_type": "unreadable"}

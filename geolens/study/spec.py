@@ -373,10 +373,12 @@ class Cell:
                                     "path = names a local folder, hub = a Hugging Face hub name")
         import torch
 
+        from geolens.data.models import refused_weights_named
         from geolens.model import boot_bridge
 
         revision = None if self.checkpoint_value is None else str(self.checkpoint_value)
-        return boot_bridge(self.path, revision=revision, device=self.device, dtype=getattr(torch, self.dtype))
+        with refused_weights_named(self.path):
+            return boot_bridge(self.path, revision=revision, device=self.device, dtype=getattr(torch, self.dtype))
 
 
 def _study_analyses(analyses: Mapping[str, Any]) -> dict[str, registry.Analysis]:
@@ -459,7 +461,9 @@ class Study:
         path = Path(path).expanduser()
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as err:
+        except RecursionError:  # tomllib follows nested arrays and tables by recursion
+            raise ValueError(f"{path} is not readable TOML: nested deeper than Python's parser can follow") from None
+        except ValueError as err:  # TOMLDecodeError, and an integer past Python's digit limit
             raise ValueError(f"{path} is not valid TOML: {err}") from None
         known = {f.name for f in fields(cls)} - {"base_dir"}
         unknown = sorted(set(data) - known)

@@ -40,6 +40,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -52,8 +53,8 @@ from tqdm.auto import tqdm
 
 from geolens._cache import cache_root
 from geolens._io import atomic_write_text
-from geolens._validation import check_float, check_int
-from geolens.data.models import transformers_progress
+from geolens._validation import DamagedFileError, check_float, check_int
+from geolens.data.models import refused_weights_named, transformers_progress
 from geolens.model import boot_bridge
 from geolens.zoo.corpus import EOS, PAD, token_windows, train_tokenizer, zoo_split
 
@@ -281,7 +282,7 @@ class Zoo:
         if step not in self.steps(width):
             raise FileNotFoundError(f"no checkpoint at step {step} for width {width} in {self.root} "
                                     f"(saved: {self.steps(width)}); train it with `geolens zoo train`")
-        with transformers_progress(progress):
+        with transformers_progress(progress), refused_weights_named(self.checkpoint_dir(width, step)):
             model = boot_bridge(str(self.checkpoint_dir(width, step)), device=device)
         model.cfg.model_name = f"zoo d={width} step {step}"
         return model.eval()
@@ -424,9 +425,24 @@ def _resume_point(zoo: Zoo, width: int) -> tuple[int, dict | None]:
     """The step a member resumes from (0: from scratch) and its saved optimiser state: a resume file counts
     only when the checkpoint it names is whole on disk."""
     resume_path = zoo.member_dir(width) / _RESUME_FILE
-    state = torch.load(resume_path, weights_only=True) if resume_path.is_file() else None
+    state = _read_resume_file(resume_path) if resume_path.is_file() else None
     resumable = state is not None and (zoo.checkpoint_dir(width, state["step"]) / "config.json").is_file()
     return (state["step"], state) if resumable else (0, None)
+
+
+def _read_resume_file(path: Path) -> dict[str, Any]:
+    """A member's ``resume.pt`` (loaded with ``weights_only=True``: no code in it runs); one that does not
+    load, or holds no ``step``, raises :class:`~geolens._validation.DamagedFileError` naming it."""
+    remedy = "delete it to train this member again from step 0"
+    try:
+        state = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:  # torch's errors name no file
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        raise DamagedFileError(f"{path} is not a resume file torch can load safely ({type(err).__name__}: "
+                               f"{first_line}); {remedy}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool):
+        raise DamagedFileError(f"{path} holds no whole-number 'step': not a geolens resume file; {remedy}")
+    return state
 
 
 def _member_model(zoo: Zoo, width: int, tokenizer, start: int):
@@ -435,7 +451,8 @@ def _member_model(zoo: Zoo, width: int, tokenizer, start: int):
         return _new_model(zoo.config, width, tokenizer)
     from transformers import GPTNeoXForCausalLM
 
-    return GPTNeoXForCausalLM.from_pretrained(str(zoo.checkpoint_dir(width, start)), dtype=torch.float32)
+    with refused_weights_named(zoo.checkpoint_dir(width, start)):
+        return GPTNeoXForCausalLM.from_pretrained(str(zoo.checkpoint_dir(width, start)), dtype=torch.float32)
 
 
 def _optimizer(model, config: ZooConfig, state: dict | None) -> torch.optim.AdamW:

@@ -3,19 +3,21 @@ own analysis registered with geolens.register_analysis runs in each of them (exa
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 import geolens
 import geolens.report
 from geolens.analyses import registry
 from geolens.results import Result
 
-from tests.helpers import load_script
+from tests.helpers import hook_count, load_script, same_weights, weights
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "a fish swam under the bridge",
@@ -271,6 +273,134 @@ def test_the_zoo_runs_only_its_own_analyses(register):
 
     register("planted", layer_index)
     assert "planted" not in zoo_analyses() and not registry.get("planted").zoo
+
+
+# ---------------------------------------------------------------- a user analysis cannot poison the others
+
+
+def leaves_hooks(model, tokens, *, n_tokens=None, seed=0, batch_size=8, max_length=None, progress=True):
+    """Leaves a hook-point hook that zeroes the residual stream and a plain torch hook on a block."""
+    module = geolens.as_adapter(model).model
+    module.blocks[0].hook_resid_post.add_hook(lambda x, hook: x * 0.0)
+    module.blocks[1].register_forward_pre_hook(lambda mod, args: None)
+    return layer_index(model, tokens)
+
+
+def scales_weights(model, tokens, *, n_tokens=None, seed=0, batch_size=8, max_length=None, progress=True):
+    """Scales every weight in place: through .data, and under no_grad."""
+    parameters = list(geolens.as_adapter(model).model.parameters())
+    parameters[0].data.mul_(1.5)
+    with torch.no_grad():
+        for parameter in parameters[1:]:
+            parameter.mul_(1.5)
+    return layer_index(model, tokens)
+
+
+def _pga_rows(paths):
+    return pd.read_csv(paths["pga.csv"]).drop(columns=["seconds"], errors="ignore")
+
+
+@pytest.mark.parametrize("function, said", [(leaves_hooks, "left 2 hooks on the model"),
+                                            (scales_weights, "changed the model's weights")])
+def test_a_report_section_that_leaves_hooks_or_changes_weights_fails_alone(register, native_bridge, tmp_path,
+                                                                          function, said):
+    register("careless", function)
+    budget = dict(n_tokens=20, k=4, n_null=5, ccr=[0], pga_resamples=0, progress=False)
+    hooks, before = hook_count(native_bridge), weights(native_bridge)
+    clean = geolens.report.report(native_bridge, TEXTS, tmp_path / "clean", sections=["pga"], **budget)
+    paths = geolens.report.report(native_bridge, TEXTS, tmp_path / "run", sections=["careless", "pga"], **budget)
+    assert hook_count(native_bridge) == hooks and same_weights(before, native_bridge)
+    error = json.loads(paths["meta.json"].read_text())["errors"]["careless"]
+    assert f"ModelSideEffectError: analysis 'careless' {said}" in error and "careless.csv" not in paths
+    pd.testing.assert_frame_equal(_pga_rows(paths), _pga_rows(clean))
+
+
+def test_a_study_analysis_that_scales_weights_leaves_the_cells_pga_as_it_was(register, native_bridge, tmp_path):
+    from geolens.study import Study, load_errors, run_study
+
+    register("careless", scales_weights)
+    before = weights(native_bridge)
+    runs = {}
+    for label, analyses in (("clean", {"pga": {"k": 4, "n_null": 5}}),
+                            ("run", {"careless": {}, "pga": {"k": 4, "n_null": 5}})):
+        study = Study(models={"tiny": lambda: native_bridge}, texts=TEXTS, n_tokens=20, analyses=analyses)
+        with contextlib.ExitStack() as stack:
+            if label == "run":
+                stack.enter_context(pytest.warns(UserWarning, match="failed"))
+            runs[label] = run_study(study, tmp_path / label, progress=False).to_pandas()
+    assert same_weights(before, native_bridge)
+    assert "changed the model's weights" in " ".join(load_errors(tmp_path / "run").error)
+    pd.testing.assert_frame_equal(runs["run"].reset_index(drop=True), runs["clean"].reset_index(drop=True))
+
+
+def test_an_analysis_that_raises_and_leaves_a_hook_keeps_its_error_with_a_note(register, native_bridge):
+    def broken(model, tokens, **kw):
+        geolens.as_adapter(model).model.blocks[0].register_forward_hook(lambda *a: None)
+        raise RuntimeError("my bug")
+
+    hooks = hook_count(native_bridge)
+    with pytest.raises(RuntimeError, match="my bug") as info:
+        register("broken", broken).function(native_bridge, TEXTS)
+    assert hook_count(native_bridge) == hooks
+    assert "left 1 hook on the model (forward hook on blocks.0)" in " ".join(info.value.__notes__)
+
+
+def test_hooks_the_bridge_wires_on_its_first_forward_are_not_the_analysiss(register, tiny_tokenizer):
+    from tests.conftest import make_native_bridge
+
+    fresh = make_native_bridge(tiny_tokenizer)
+    wired = hook_count(fresh)
+    for block in fresh.blocks:  # as if it had never run: its first forward wires the capture hooks again
+        getattr(block, "_teardown_capture_hooks", lambda: None)()
+    if hook_count(fresh) == wired:
+        pytest.skip("this TransformerLens wires no hooks on a bridge's first forward")
+
+    def forward(model, tokens, **kw):
+        geolens.as_adapter(model).model(torch.tensor([[0, 3, 4]]))
+        return layer_index(model, tokens)
+
+    assert register("plain", forward).function(fresh, TEXTS).to_pandas()["scaled"].tolist() == [0.0, 1.0, 2.0]
+    assert hook_count(fresh) == wired  # the bridge's own hooks stay
+
+
+@pytest.mark.parametrize("name, message", [
+    ("x" * 300, "name must be at most 64 characters"),
+    ("meta", "name 'meta' is taken: meta.json, report.html"),
+    ("Report", "name 'Report' is taken"),
+    ("study", "name 'study' is taken"),
+    ("metadata", "name 'metadata' is taken"),
+    ("PGA", "the built-in analysis 'pga' writes pga.csv"),
+    ("convergence_cross_family", "the built-in analysis 'convergence'"),
+    ("con", "device name on Windows"),
+    ("_hidden", "name must be a Python identifier of ASCII letters"),
+    ("caf\u00e9", "name must be a Python identifier of ASCII letters"),
+])
+def test_names_are_checked_for_the_files_they_become(register, name, message):
+    with pytest.raises(ValueError, match=message):
+        geolens.register_analysis(name, layer_index, title="x")
+    assert name not in registry.names()
+
+
+def test_the_reserved_names_are_the_files_a_report_and_a_study_write(native_bridge, tmp_path):
+    from geolens.study import cells
+
+    paths = geolens.report.report(native_bridge, TEXTS, tmp_path, sections=["weights"], alpha_fit_range=(1, 8),
+                                  progress=False)
+    own = {Path(name).stem for name in paths} - set(registry.names())
+    study_files = {Path(cells.MANIFEST).stem, Path(cells.METADATA_FILE).stem, cells.CELLS_DIR}
+    assert own | study_files <= set(registry.RUN_FILES)
+
+
+def test_a_study_analysis_whose_rows_cannot_be_stored_fails_alone(register, native_bridge, tmp_path):
+    from geolens.study import Study, load_errors, run_study
+
+    register("intsite", lambda model, tokens, **kw: Result(rows=[{"layer": 0, "site": 3, "x": 1.0}]))
+    study = Study(models={"tiny": lambda: native_bridge}, texts=TEXTS, n_tokens=20,
+                  analyses={"pga": {"k": 4, "n_null": 5}, "intsite": {}})
+    with pytest.warns(UserWarning, match="failed"):
+        table = run_study(study, tmp_path, progress=False).to_pandas()
+    assert set(table.analysis) == {"pga"} and len(table) > 0
+    assert "analysis 'intsite': its rows cannot be stored" in " ".join(load_errors(tmp_path).error)
 
 
 def test_no_registration_outlives_its_test():

@@ -161,3 +161,54 @@ def test_cli_refuses_folders_that_are_not_studies_with_exit_2(argv, message, tmp
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
+
+
+@pytest.fixture(scope="module")
+def finished(family, tmp_path_factory):
+    """A finished study of one tiny model (PGA only): its folder."""
+    out = tmp_path_factory.mktemp("finished")
+    run_study(Study(models={"w16": {"path": str(family["w16"])}}, texts=TEXTS, analyses={"pga": PGA}, **BUDGET), out,
+              progress=False)
+    return out
+
+
+def test_a_damaged_metadata_file_names_the_file(finished, tmp_path):
+    import shutil
+
+    from geolens._validation import DamagedFileError
+
+    out = tmp_path / "copy"
+    shutil.copytree(finished, out)
+    path = out / "metadata.parquet"
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(DamagedFileError, match=f"{path} is damaged and cannot be read .*run the study again"):
+        load_results(out)
+
+
+@pytest.mark.parametrize("text, message", [("[" * 100_000 + "]" * 100_000, "nested deeper than Python's parser"),
+                                           ('{"cells": [' + "7" * 5000 + "]}", "Exceeds the limit")])
+def test_a_study_json_too_deep_or_with_a_huge_integer_names_the_file(finished, tmp_path, text, message):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(finished, out)
+    (out / "study.json").write_text(text)
+    with pytest.raises(ValueError, match=f"{out / 'study.json'} is not readable JSON: {message}"):
+        load_results(out)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("a = " + "[" * 3000 + "]" * 3000, "is not readable TOML: nested deeper than Python's parser can follow"),
+    ("n_tokens = " + "9" * 5000, "is not valid TOML: Exceeds the limit"),
+    ('[analyses.pga]\nn_resamples = "x"', "analysis 'pga': option n_resamples must be int"),
+    ('[analyses.pga]\nk = "four"', "analysis 'pga': option k must be int | None"),
+])
+def test_a_study_file_is_checked_when_it_is_read_with_exit_2(family, tmp_path, capsys, body, message):
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'texts = {json.dumps(TEXTS)}\n{body}\n[models.ok]\npath = "{family["w16"]}"\n')
+    with pytest.raises((ValueError, TypeError), match=message):
+        Study.from_toml(spec).cells()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["study", "run", str(spec), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing ran
