@@ -237,6 +237,18 @@ def test_damaged_or_foreign_lens_files_name_the_file(tmp_path, native_bridge, ne
         TunedLens.load(other, native_bridge)
 
 
+@pytest.mark.parametrize("text, match", [("[" * 100_000, "nested deeper"), ('{"format": ' + "9" * 5000 + "}", "digits")])
+def test_a_lens_config_too_deep_or_with_a_huge_integer_names_the_file(tmp_path, native_bridge, text, match):
+    folder = TunedLens(native_bridge).save(tmp_path / "lens")
+    (folder / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=f"config.json is not readable JSON: .*{match}"):
+        TunedLens.load(folder, native_bridge)
+    theirs = TunedLens(native_bridge).save_tuned_lens(tmp_path / "theirs")  # the tuned-lens package's format
+    (theirs / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=f"config.json is not readable JSON: .*{match}"):
+        TunedLens.from_tuned_lens(theirs, native_bridge)
+
+
 def test_lens_weights_that_do_not_fit_are_caught_before_loading(tmp_path, native_bridge):
     from safetensors.torch import save_file
 

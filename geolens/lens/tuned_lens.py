@@ -39,6 +39,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from geolens._io import atomic_file, atomic_write_text, check_folder_target
+from geolens._json import parse_json
 from geolens._validation import DamagedFileError
 from geolens.lens import tuned_lens_format as tl_format
 from geolens.lens.logit_lens import LogitLens
@@ -194,7 +195,7 @@ class TunedLens(LogitLens):
             raise FileNotFoundError(f"{directory} holds no tuned lens (need {CONFIG_FILE} and {WEIGHTS_FILE})")
         remedy = f"save the lens again, or delete {directory} (a cached lens is then trained again)"
         try:
-            config = json.loads(config_path.read_text())
+            config = parse_json(config_path.read_text(), config_path)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise DamagedFileError(f"{config_path} is not valid JSON ({err}); the lens folder is damaged: "
                                    f"{remedy}") from None

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from geolens._io import atomic_file, atomic_write_text, check_folder_target
+from geolens._json import parse_json
 from geolens._validation import DamagedFileError
 
 __all__ = [
@@ -109,7 +110,7 @@ def read_tuned_lens_dir(
         raise FileNotFoundError(f"{directory} holds no tuned-lens lens (need {TL_CONFIG_FILE} and {TL_PARAMS_FILE})")
     remedy = f"the lens in {directory} is damaged: download or save it again"
     try:
-        config = json.loads(config_path.read_text())
+        config = parse_json(config_path.read_text(), config_path)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DamagedFileError(f"{config_path} is not valid JSON ({err}); {remedy}") from None
     if not isinstance(config, dict):
