@@ -30,9 +30,9 @@ from geolens.metrics.pga import subspace_pga
 from geolens.metrics.grassmann import random_subspaces
 
 D, K, N_NULL = 48, 6, 100
-# (topic scale along the readout, along its complement, shared-direction scale): from z well below 0 to far above.
+# (topic scale along the readout, along its complement, shared-direction scale): z below, near and above 0.
 CASES = {"below chance": (1.0, 2.0, 10.0), "near chance": (1.0, 1.0, 10.0), "above chance": (3.0, 1.0, 10.0),
-         "far above": (10.0, 1.0, 10.0)}
+         "readout dominant": (10.0, 1.0, 10.0)}
 
 
 def planted(case: tuple[float, float, float], n_texts: int, positions: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
