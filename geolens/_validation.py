@@ -7,8 +7,13 @@ finite, floating-point tensors.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import os
+import pickle
+from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -151,3 +156,30 @@ DEFAULT_N_TOKENS = UpperBound(1024)
 def working_dtype(x: torch.Tensor) -> torch.dtype:
     """Half precision is too coarse for ranks of distances: compute in float32 at least."""
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+@contextlib.contextmanager
+def refused_weights_named(folder: str | os.PathLike) -> Iterator[None]:
+    """Inside, torch's refusal to unpickle a model's weights (``pickle.UnpicklingError`` from
+    ``torch.load(weights_only=True)``, which names no file) raises
+    :class:`~geolens._validation.DamagedFileError` naming the pickled weight files of ``folder``.
+
+    Example:
+        >>> with refused_weights_named("models/m"):  # doctest: +ELLIPSIS
+        ...     raise pickle.UnpicklingError("Weights only load failed. Unsupported global: GLOBAL posix.system")
+        Traceback (most recent call last):
+        ...
+        geolens._validation.DamagedFileError: models/m (its pickled weights: pytorch_model*.bin, *.pt) cannot be loaded safely: ...
+    """
+    try:
+        yield
+    except pickle.UnpicklingError as err:
+        path = Path(folder)
+        files = sorted(str(p) for pattern in ("*.bin", "*.pt", "*.pth") for p in path.glob(pattern)) \
+            if path.is_dir() else []
+        named = ", ".join(files) if files else f"{folder} (its pickled weights: pytorch_model*.bin, *.pt)"
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), lines[0] if lines else "")
+        raise DamagedFileError(f"{named} cannot be loaded safely: torch's weights-only loader refused it ({reason}); "
+                               "the file may hold code: load it with weights_only=False only if you trust where it "
+                               "came from, or save the model again as safetensors") from None

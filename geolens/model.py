@@ -81,6 +81,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from geolens._validation import refused_weights_named
+
 __all__ = ["READOUTS", "ModelAdapter", "as_adapter", "boot_bridge", "supported_kinds"]
 
 READOUTS: tuple[str, ...] = ("raw", "folded")
@@ -992,7 +994,8 @@ def boot_bridge(
 
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         kwargs["tokenizer"] = tokenizer
-    with _no_package_installs():
+    # A local folder whose pickled weights torch's weights-only loader refuses: an error naming its files.
+    with _no_package_installs(), refused_weights_named(name):
         if not share_qkv:
             return bridge.boot_transformers(name, **kwargs)
         with _shared_qkv_while_booting():

@@ -885,3 +885,7 @@ def test_a_crafted_pytorch_model_bin_names_the_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["report", "--model", str(folder), "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2 and f"{crafted} cannot be loaded safely" in capsys.readouterr().err
+    from geolens.model import boot_bridge
+
+    with pytest.raises(DamagedFileError, match=f"{crafted} cannot be loaded safely"):  # the own-model door too
+        boot_bridge(folder)

