@@ -334,8 +334,10 @@ def _check_readout_part(processed: torch.Tensor, readout: torch.Tensor, input_dt
         ...
         geolens._validation.DegenerateError: the states have nothing in the readout subspace: its part of them is 1e-09 of their norm, below the float32 rounding limit 8e-06
     """
-    whole = float(torch.linalg.matrix_norm(processed))
-    part = float(torch.linalg.matrix_norm(processed @ readout))
+    wide = processed.double()
+    wide = wide / wide.abs().max().clamp_min(torch.finfo(torch.float64).tiny)  # norms of huge states do not overflow
+    whole = float(torch.linalg.matrix_norm(wide))
+    part = float(torch.linalg.matrix_norm(wide @ readout.double()))
     limit = READOUT_PART_RTOL * torch.finfo(input_dtype).eps
     if whole > 0 and part <= limit * whole:
         raise DegenerateError(f"the states have nothing in the readout subspace: its part of them is "
