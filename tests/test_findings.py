@@ -58,7 +58,9 @@ def test_pga_findings_with_intervals_say_only_what_holds_across_resamples():
     assert lines[2] == ("The last block (layer 5) has z = 2.5 (2.0 to 3.1) and the post-ln_final state z = 2.2 "
                         "(1.5 to 2.9) at CCR-1, 95 % intervals over resampled texts: this sample does not settle "
                         "whether it recovers.")
-    assert len(lines) == 3
+    assert lines[3] == ("Each interval is about z at this sample's size (another sample of 32 texts): with more text, "
+                        "z moves away from 0 (docs/methods.md §A.10).")
+    assert len(lines) == 4
     # the same numbers without intervals: the point-estimate wording, which would claim layer 3 and the recovery
     plain = pga_findings(Result(rows=[{k: v for k, v in row.items() if k not in ("z_low", "z_high")}
                                       for row in _interval_result({1: ccr1, 5: ccr5}, (2.2, 1.5, 2.9)).rows]))
@@ -67,9 +69,10 @@ def test_pga_findings_with_intervals_say_only_what_holds_across_resamples():
 
 def test_pga_interval_findings_verdicts_and_a_few_texts_note():
     recovers = pga_findings(_interval_result({1: [(-3.0, -4.0, -2.5), (3.0, 2.1, 4.0)]}, final=(4.0, 3.0, 5.0)))
-    assert recovers[-1].endswith(": it recovers.") and "less than chance at layer 0" in recovers[0]
+    assert recovers[-2].endswith(": it recovers.") and "less than chance at layer 0" in recovers[0]
+    assert recovers[-1].startswith("Each interval is about z at this sample's size")
     sinks = pga_findings(_interval_result({1: [(3.0, 2.1, 4.0), (-3.0, -4.0, -2.5)]}))
-    assert sinks[-1].endswith(": it does not recover.") and sinks[-1].startswith("The last block (layer 1) has z = -3.0")
+    assert sinks[-2].endswith(": it does not recover.") and sinks[-2].startswith("The last block (layer 1) has z = -3.0")
     flat = pga_findings(_interval_result({1: [(0.5, -1.0, 1.5), (0.1, -1.9, 1.9)]},
                                          params={"bootstrap": {"n_resamples": 50, "n_texts": 4, "few_texts": True}}))
     assert "more of the distance structure than chance at no layer, less than chance at no layer; it is at chance " \
