@@ -94,7 +94,14 @@ def _solve_ridge(lens: TunedLens, gram: Tensor, cross: Tensor, ridge: float) -> 
     scale = torch.diagonal(gram[:, :d, :d], dim1=1, dim2=2).mean(dim=1)  # ridge relative to each layer's scale
     penalty = torch.zeros_like(gram)
     penalty[:, range(d), range(d)] = (ridge * scale).unsqueeze(1)
-    w = torch.linalg.solve(gram + penalty, cross)  # [L, d + 1, d]
+    # The ridge makes each system symmetric positive definite: a Cholesky solve, with a clear error (naming
+    # the layer) where a system is not, instead of a pivoted LU that can fail inside LAPACK on such input.
+    factor, info = torch.linalg.cholesky_ex(gram + penalty)  # [L, d + 1, d + 1]
+    if bool((info != 0).any()):
+        layer = int(torch.nonzero(info)[0])
+        raise ValueError(f"the closed-form tuned lens of layer {layer} has no unique solution: its normal equations "
+                         "are not positive definite (non-finite or constant states at that layer)")
+    w = torch.cholesky_solve(cross, factor)  # [L, d + 1, d]
     with torch.no_grad():
         for layer, translator in enumerate(lens.translators):
             translator.weight.copy_(w[layer, :d].T.to(translator.weight.dtype))
