@@ -55,7 +55,8 @@ class PGAResult(Result):
     ``null_rhos`` holds, per row, ``{"site", "layer", "ccr", "rhos"}`` with the null
     Spearman values, so the null distribution can be inspected or re-plotted.
     With ``geolens.pga(..., n_resamples=B)`` the table also has ``z_low, z_high`` (the
-    95 % percentile interval of z over resampled texts) and ``resampled_z`` holds, per
+    95 % interval of z over resampled texts, symmetric about z; docs/methods.md §A.10) and
+    ``z_end_error``, and ``resampled_z`` holds, per
     row, ``{"site", "layer", "ccr", "z"}`` with the ``B`` resampled z (empty without).
     """
 
@@ -138,9 +139,12 @@ def pga(
             about the text). A row drawn twice would pair with its own copy at distance 0;
             those self-duplicate pairs are dropped (the statistic has no pair of a
             position with itself), every other pair counts as often as its two rows were
-            drawn. The table gains ``z_low``, ``z_high`` after ``z`` (the 2.5 and 97.5 %
-            percentiles of the resampled z; NaN where fewer than 80 % of the resamples
-            were scorable), ``result.resampled_z`` every resample's z. Fewer than
+            drawn. Ranked on a sample of its pairs, a resample's null spread has their noise
+            taken out as in the point estimate. The table gains ``z_low``, ``z_high`` after
+            ``z`` (``z -+ t(B - 1) sd`` of the resampled z: the interval of z at this
+            sample's size, not of its large-sample limit; NaN where fewer than 80 % of the
+            resamples were scorable) and ``z_end_error`` (the Monte Carlo error of an end),
+            ``result.resampled_z`` every resample's z. ``B`` is 20 to 10,000. Fewer than
             ``MIN_BOOTSTRAP_TEXTS`` texts warns (a handful of texts cannot show what
             another sample would give); fewer than 2 raises. Costs about ``B`` times the
             scoring (less with ``bootstrap_pairs``).
