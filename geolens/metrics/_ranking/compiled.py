@@ -390,3 +390,95 @@ def sampled_sort_row_stats(keys, scratch, counts, full_by_position, full_ties, f
                                                  dot, sq, before)
     _sampled_full_order(p, full_ties, full_start, blocks_full, rank_full, phi)
     return dot, sq
+
+
+@njit(nogil=True, cache=True)
+def _group_end(starts, i):
+    """The end of the tie group that starts at sorted position ``i`` (``starts[q]``: a group starts at ``q``)."""
+    j = i + 1
+    while j < starts.shape[0] and not starts[j]:
+        j += 1
+    return j
+
+
+@njit(nogil=True, cache=True)
+def weighted_spearman_rows(full_order, full_starts, full_mid, full_mean, orders, starts, weights, totals, blocks,
+                           block_weights, rhos, deleted, mid, above_space, block_sums):
+    """Weighted Spearman of the full space against each space row ``s`` of ``orders``/``starts`` ``[C, P]`` under
+    each weighting ``b`` of ``weights`` ``[B, P]`` (sums ``totals``), with the first-order delete-a-group
+    replicates: fills ``rhos[b, s]`` and ``deleted[b, s, g]`` (see :mod:`geolens.metrics.weighted_ranks`).
+
+    ``full_mid[b]`` is the full space's mid-distribution under weighting ``b`` (by position), ``full_mean[b]``
+    its weighted mean; ``mid``, ``above_space`` (``[P]``) and ``block_sums`` (``[G]``) are scratch. Ties: a
+    run of sorted positions whose ``starts`` are False after a True one is one group. Two passes per (row,
+    weighting): along the space's order (its mid-distribution, the moments, and the weight-times-F at or
+    above each value), then along the full space's order (the weight-times-G at or above each value, the
+    influence terms and their block sums).
+    """
+    n_weightings, p = weights.shape
+    n_blocks = block_sums.shape[0]
+    for s in range(orders.shape[0]):
+        order, start = orders[s], starts[s]
+        for b in range(n_weightings):
+            w, f = weights[b], full_mid[b]
+            total, mean_f = totals[b], full_mean[b]
+            inv_total = 1.0 / total
+            total_wf = mean_f * total
+            below_w, below_wf, sum_wg, sum_wgg, sum_wfg, i = 0.0, 0.0, 0.0, 0.0, 0.0, 0
+            while i < p:
+                at = order[i]
+                group_w, group_wf = w[at], w[at] * f[at]
+                j = i + 1
+                while j < p and not start[j]:  # the rest of a tie group
+                    at = order[j]
+                    group_w += w[at]
+                    group_wf += w[at] * f[at]
+                    j += 1
+                g = (below_w + 0.5 * group_w) * inv_total
+                above = total_wf - below_wf
+                for q in range(i, j):
+                    at = order[q]
+                    mid[at] = g
+                    above_space[at] = above
+                sum_wg += group_w * g
+                sum_wgg += group_w * g * g
+                sum_wfg += group_wf * g
+                below_w += group_w
+                below_wf += group_wf
+                i = j
+            mean_g = sum_wg * inv_total
+            # F and G lie in [0, 1]: their moments about 0 lose nothing that matters in float64.
+            cov = sum_wfg * inv_total - mean_f * mean_g
+            var_g = sum_wgg * inv_total - mean_g * mean_g
+            var_f = 0.0
+            for q in range(p):
+                var_f += w[q] * (f[q] - mean_f) * (f[q] - mean_f)
+            var_f *= inv_total
+            if var_f <= 1e-20 or var_g <= 1e-20:
+                rhos[b, s] = np.nan
+                for g_ in range(n_blocks):
+                    deleted[b, s, g_] = np.nan
+                continue
+            rho = cov / np.sqrt(var_f * var_g)
+            rhos[b, s] = rho
+            block_sums[:] = 0.0
+            below_wg, sum_wphi, i = 0.0, 0.0, 0
+            while i < p:
+                j = i + 1
+                while j < p and not full_starts[j]:
+                    j += 1
+                above = (sum_wg - below_wg) * inv_total
+                group_wg = 0.0
+                for q in range(i, j):
+                    at = full_order[q]
+                    group_wg += w[at] * mid[at]
+                    weighted_phi = w[at] * (f[at] * mid[at] + above + above_space[at] * inv_total)
+                    sum_wphi += weighted_phi
+                    block_sums[blocks[at]] += weighted_phi
+                below_wg += group_wg
+                i = j
+            mean_phi = sum_wphi * inv_total
+            for g_ in range(n_blocks):
+                left = total - block_weights[b, g_]
+                moved = 12.0 * (block_sums[g_] - block_weights[b, g_] * mean_phi)
+                deleted[b, s, g_] = rho - moved / left if left > 0 else np.nan
