@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -349,24 +350,30 @@ def default_model_check(n_tokens: int, n_pairs: int, n_null: int, reference: str
           f"z_se <= 0.5 + 0.05|z| {int((both.z_se <= se_cap).sum())}/{len(both)}")
 
 
-def interval_cost(layers: list[int] | None, n_resamples: int, bootstrap_pairs: int, n_null: int) -> None:
+def interval_cost(layers: list[int] | None, n_resamples: int, bootstrap_pairs: int, n_null: int, rounds: int = 2
+                  ) -> None:
     """The report's PGA section with and without its interval over texts, on the same captured states of the
-    default model (32 texts cut to 128 tokens, N = 1024, k = 100, CCR 1, 5, 10): times and their ratio."""
+    default model (32 texts cut to 128 tokens, N = 1024, k = 100, CCR 1, 5, 10): the fastest of ``rounds``
+    interleaved runs of each, and their ratio."""
     import geolens
 
     model = geolens.load_default_model()
     states = geolens.capture(model, geolens.default_texts(n=32), sites=("resid_post", "final"), n_tokens=1024,
                              max_length=128, seed=0, layers=layers, progress=False)
     kw = dict(k=100, n_null=n_null, ccr=[1, 5, 10], seed=0, progress=False)
-    started = time.perf_counter()
-    plain = geolens.pga(model, states, **kw)
-    t_plain = time.perf_counter() - started
-    started = time.perf_counter()
-    boot = geolens.pga(model, states, n_resamples=n_resamples, bootstrap_pairs=bootstrap_pairs, **kw)
-    t_boot = time.perf_counter() - started
+    # Interleaved rounds, the fastest of each kept: both are measured under the same load.
+    t_plain = t_boot = math.inf
+    for _ in range(rounds):
+        started = time.perf_counter()
+        plain = geolens.pga(model, states, **kw)
+        t_plain = min(t_plain, time.perf_counter() - started)
+        started = time.perf_counter()
+        boot = geolens.pga(model, states, n_resamples=n_resamples, bootstrap_pairs=bootstrap_pairs, **kw)
+        t_boot = min(t_boot, time.perf_counter() - started)
     table = boot.to_pandas()
     inside = ((table.z_low <= table.z) & (table.z <= table.z_high)).mean()
     print(f"default model, N = {states.n_tokens}, layers {layers or 'all'} (+ final), CCR 1/5/10, R = {n_null}")
+    print(f"  fastest of {rounds} interleaved rounds each")
     print(f"  PGA without intervals {t_plain:8.1f} s")
     print(f"  PGA with intervals    {t_boot:8.1f} s   ({n_resamples} resamples x {bootstrap_pairs} pairs)")
     print(f"  ratio {t_boot / t_plain:.2f}; the intervals alone {(t_boot - t_plain) / t_plain:.2f} x the estimate")
