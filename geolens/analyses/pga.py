@@ -23,7 +23,7 @@ from geolens.metrics.pga import (MIN_SAMPLED_PAIRS, PairSample, sample_pairs, sa
                                  subspace_pga)
 from geolens.metrics.preprocess import SPREAD_RTOL, center, check_spread
 from geolens.metrics.readout import readout_basis
-from geolens.model import READOUTS, as_adapter
+from geolens.model import READOUTS, Model, as_adapter
 from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
 
@@ -76,7 +76,7 @@ def default_k(d_model: int) -> int:
 
 
 def pga(
-    model: object,
+    model: Model,
     tokens: str | Sequence[str] | torch.Tensor | States,
     *,
     k: int | None = None,
@@ -155,7 +155,9 @@ def pga(
             exact scores.
         n_tokens: positions sampled (seeded, the same for every layer); an upper bound.
         seed: seed for positions, null subspaces and resamples.
-        batch_size, max_length, attention_mask: forward batching, truncation, mask of an id tensor.
+        batch_size: texts per forward pass.
+        max_length: truncation of each text, in tokens (``None``: whole texts).
+        attention_mask: mask of a token-id tensor.
         progress: show progress bars.
 
     Returns:
