@@ -78,6 +78,13 @@ def test_site_builds_with_every_page(site):
     assert (site / "search" / "search_index.json").stat().st_size > 10_000
 
 
+API_PAGES = ("pga", "spectrum", "lens", "phases", "patch", "ablate", "convergence", "study")  # the core calls, in order
+
+
+def _api_html(site: Path) -> dict[str, str]:
+    return {page.stem: page.read_text(encoding="utf-8") for page in sorted((site / "api").glob("*.html"))}
+
+
 @pytest.mark.slow
 def test_api_reference_documents_every_public_name(site):
     import geolens
@@ -87,17 +94,107 @@ def test_api_reference_documents_every_public_name(site):
         # from its module: geolens.capture.capture.
         return f'id="{prefix}.{name}"' in html or f'id="{prefix}.{name}.{name}"' in html
 
-    html = (site / "api" / "index.html").read_text(encoding="utf-8")
-    missing = [name for name in geolens.__all__ if name not in ("lens", "metrics") and not documented(html, "geolens", name)]
+    pages = _api_html(site)
+    everything = "".join(pages.values())
+    missing = [name for name in geolens.__all__ if name not in ("lens", "metrics") and not documented(everything, "geolens", name)]
     assert not missing, f"API reference lacks {missing}"
     for module in ("metrics", "lens", "study", "zoo", "report", "interventions", "capture", "model", "data"):
-        page = (site / "api" / f"{module}.html").read_text(encoding="utf-8")
+        page = pages[module]
         names = getattr(importlib.import_module(f"geolens.{module}"), "__all__", [])
         public = [n for n in names if not n.isupper()]  # constants are documented where they are defined
         absent = [n for n in public if not documented(page, f"geolens.{module}", n)]
         assert not absent, f"api/{module}.html lacks {absent}"
         assert "doc-signature" in page, f"api/{module}.html shows no signatures"
-    assert ":func:`" not in html and "&gt;&gt;&gt;" in html  # roles rewritten; examples rendered as code
+    assert ":func:`" not in everything and "&gt;&gt;&gt;" in everything  # roles rewritten; examples rendered as code
+
+
+@pytest.mark.slow
+def test_api_reference_puts_the_core_calls_first(site):
+    import re
+
+    index = (site / "api" / "index.html").read_text(encoding="utf-8")
+    # The navigation of the section: the overview, then the core calls in order, pga first.
+    nav = re.findall(r'href="((?:\.\./)?api/|)(\w+)\.html"[^>]*>\s*<span class="md-ellipsis">\s*([\w. ]+?)\s*<', index)
+    api_nav = [page for prefix, page, _ in nav if prefix in ("", "api/", "../api/") and page != "index"]
+    assert tuple(api_nav[:len(API_PAGES)]) == API_PAGES, api_nav
+    core = index[index.index('id="the-core-calls"'):index.index('id="at-a-glance"')]
+    assert core.index("pga.html") < core.index("spectrum.html") < core.index("study.html")
+    pga = (site / "api" / "pga.html").read_text(encoding="utf-8")
+    assert re.findall(r'id="([\w.]+)" class="doc doc-heading"', pga)[0] == "geolens.pga"
+
+
+def _object(identifier: str):
+    """The Python object of an API heading's id (``geolens.pga``, ``geolens.lens.TunedLens.load``)."""
+    parts = identifier.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise LookupError(identifier)
+
+
+@pytest.mark.slow
+def test_api_reference_marks_only_parameters_without_default_as_required(site):
+    import inspect
+    import re
+
+    checked, wrong = 0, []
+    for name, html in _api_html(site).items():
+        sections = re.split(r'<h[2-6] id="([\w.]+)" class="doc doc-heading"', html)
+        for identifier, body in zip(sections[1::2], sections[2::2]):
+            obj = _object(identifier)
+            if inspect.isclass(obj):
+                obj = obj.__init__
+            if not callable(obj):
+                continue
+            try:
+                parameters = inspect.signature(obj).parameters
+            except (TypeError, ValueError):
+                continue
+            rows = re.findall(r'<tr class="doc-section-item">(.*?)</tr>', body, re.S)
+            for row in rows:
+                param = re.search(r"<code>\**(\w+)</code>", row)
+                if param is None or param.group(1) not in parameters:
+                    continue
+                checked += 1
+                has_default = parameters[param.group(1)].default is not inspect.Parameter.empty
+                if has_default and "<em>required</em>" in row:
+                    wrong.append(f"api/{name}.html: {identifier}({param.group(1)}) shown as required")
+    assert checked > 200, checked  # the parameter tables were found
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.slow
+def test_api_signatures_are_formatted_one_parameter_a_line(site):
+    import re
+
+    pga = (site / "api" / "pga.html").read_text(encoding="utf-8")
+    signature = re.search(r'<div class="doc-signature highlight"><pre>(.*?)</pre>', pga, re.S)
+    assert signature, "api/pga.html shows no separate signature"
+    text = re.sub(r"<[^>]+>", "", signature.group(1))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    assert lines[0].startswith("pga(") and len(lines) > 10, lines
+    assert "model: Model," in lines and "batch_size: int = 8," in lines, lines
+    assert "object" not in text  # a real type for the model
+    assert 'class="autorefs autorefs-internal"' in signature.group(1)  # types link to their entries (Model, States)
+    for page, html in _api_html(site).items():
+        longest = max((len(line) for block in re.findall(r'<div class="doc-signature highlight"><pre>(.*?)</pre>', html, re.S)
+                       for line in re.sub(r"<[^>]+>", "", block).splitlines()), default=0)
+        assert longest <= 120, f"api/{page}.html has a signature line of {longest} characters"
+
+
+@pytest.mark.slow
+def test_api_references_are_links(site):
+    pages = _api_html(site)
+    pga = pages["pga"]
+    assert 'href="../methods.html#a-subspace-pga"' in pga  # docs/methods.md §A in a docstring
+    assert "docs/methods.md" not in "".join(pages.values())
+    lens = pages["lens"]
+    assert 'class="autorefs autorefs-internal"' in lens and "#geolens.lens.TunedLens" in lens  # :class:`TunedLens`
 
 
 @pytest.mark.slow
