@@ -236,6 +236,33 @@ def test_page_renders_from_disk(site, browser, page, min_figures):
     assert seen["figures"] >= min_figures and seen["drawn"] == seen["figures"], seen
 
 
+FORMULAS = """
+const math = Array.from(document.querySelectorAll('.arithmatex'));
+return [math.length, math.filter(m => m.querySelector('.katex')).length,
+        document.querySelectorAll('.katex-error').length, document.querySelector('article').innerText];
+"""
+
+
+@pytest.mark.slow
+def test_formulas_are_typeset_offline(site, browser):
+    import re
+
+    for name in ("katex.min.js", "katex.min.css"):
+        assert (site / "assets" / "katex" / name).stat().st_size > 10_000, f"KaTeX's {name} was not copied"
+    assert any((site / "assets" / "katex" / "fonts").glob("KaTeX_Main-Regular.woff2"))
+    html = (site / "concepts" / "pga.html").read_text(encoding="utf-8")
+    assert "assets/katex/katex.min.js" in html
+    assert not re.search(r'<(script|link)[^>]+(src|href)="(https?:)?//', html), "a script or style sheet from the network"
+    assert "radix" not in html.lower() and "tests/metrics" not in html  # implementation detail is in methods.md
+    for page, least in (("concepts/pga.html", 10), ("concepts/spectra.html", 5), ("concepts/lenses-phases.html", 5),
+                        ("methods.html", 4)):
+        _open(browser, site / page, "docs_formulas_" + page.replace("/", "_").replace(".html", ".png"))
+        total, typeset, errors, text = browser.execute_script(FORMULAS)
+        assert total >= least and typeset == total, f"{page}: {typeset} of {total} formulas typeset"
+        assert errors == 0, f"{page}: {errors} formulas KaTeX could not parse"
+        assert "$$" not in text and "\\frac" not in text, f"{page}: raw TeX left in the page"
+
+
 @pytest.mark.slow
 def test_search_answers_from_disk(site, browser):
     from selenium.webdriver.common.by import By
