@@ -4,6 +4,8 @@
   (written by ``docs/make_figures.py``); the first one on a page loads plotly.js from the site.
 - ``<!-- cli-help: report -->`` becomes the ``--help`` text of ``geolens report`` (any
   sub-command path, e.g. ``zoo report``), so the command-line page always matches the code.
+- Every page's footer names the version, ``geolens.__version__`` (the project names no public
+  repository yet, so the site links none).
 - After the build, plotly.js (from the installed plotly package) is written to
   ``assets/javascripts/plotly.min.js``: the figures draw offline, from disk.
 - After the build, KaTeX (its script, style sheet and fonts) is copied from the system's
@@ -38,6 +40,13 @@ def _help(command: str) -> str:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[word]
     return parser.format_help()
+
+
+def on_config(config):
+    import geolens
+
+    config["copyright"] = f"geolens {geolens.__version__} · MIT License"
+    return config
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
