@@ -70,7 +70,8 @@ def test_site_builds_with_every_page(site):
                  "concepts/lenses-phases.html", "concepts/causal.html", "concepts/convergence.html",
                  "tutorials/01_first_tour.html", "howto/own-model.html", "howto/ray.html",
                  "howto/large_models.html", "cli.html", "api/index.html", "api/metrics.html",
-                 "benchmarks.html", "changelog.html", "references.html", "methods.html"):
+                 "benchmarks.html", "changelog.html", "references.html", "methods.html", "gallery.html",
+                 "api/pga.html", "api/more.html"):
         assert (site / page).is_file(), f"{page} was not built"
     assert (site / "assets" / "javascripts" / "plotly.min.js").stat().st_size > 1_000_000
     # Search from disk: the offline plugin writes the index as a script next to the JSON one.
@@ -197,6 +198,38 @@ def test_api_references_are_links(site):
     assert 'class="autorefs autorefs-internal"' in lens and "#geolens.lens.TunedLens" in lens  # :class:`TunedLens`
 
 
+def test_citation_names_this_version_and_the_three_papers():
+    import re
+
+    import geolens
+
+    yaml = pytest.importorskip("yaml")
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M).group(1)
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    assert citation["version"] == version == geolens.__version__
+    assert citation["title"] == "geolens" and citation["license"] == "MIT"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    papers = re.findall(r"arXiv:(\d{4}\.\d{5})", readme.split("## The papers")[1].split("\n## ")[0])
+    cited = [ref["identifiers"][0]["value"].removeprefix("arXiv:") for ref in citation["references"]]
+    assert sorted(cited) == sorted(papers) and len(papers) == 3
+    references = (ROOT / "docs" / "references.md").read_text(encoding="utf-8")
+    bibtex = references.split("## Cite")[1].split("\n## ")[0]
+    assert f"version = {{{version}}}" in bibtex
+    assert sorted(re.findall(r"eprint\s*=\s*\{([\d.]+)\}", bibtex)) == sorted(papers)
+    assert "docs/references.md#cite" in readme
+
+
+@pytest.mark.slow
+def test_every_page_names_the_version(site):
+    import geolens
+
+    pages = [p for p in site.rglob("*.html") if "assets" not in p.parts]
+    assert len(pages) > 40
+    unversioned = [str(p.relative_to(site)) for p in pages if p.name != "404.html"
+                   and f"geolens {geolens.__version__}" not in p.read_text(encoding="utf-8")]
+    assert not unversioned, unversioned
+
+
 @pytest.mark.slow
 def test_cli_page_shows_the_real_help(site):
     html = (site / "cli.html").read_text(encoding="utf-8")
@@ -228,6 +261,7 @@ def _open(driver, path: Path, shot: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page, min_figures", [("index.html", 0), ("concepts/pga.html", 1),
+                                                ("concepts/studies.html", 1), ("gallery.html", 14),
                                                 ("tutorials/01_first_tour.html", 2),
                                                 ("tutorials/05_small_study.html", 3)])  # bare figures drawn too
 def test_page_renders_from_disk(site, browser, page, min_figures):
@@ -255,7 +289,7 @@ def test_formulas_are_typeset_offline(site, browser):
     assert not re.search(r'<(script|link)[^>]+(src|href)="(https?:)?//', html), "a script or style sheet from the network"
     assert "radix" not in html.lower() and "tests/metrics" not in html  # implementation detail is in methods.md
     for page, least in (("concepts/pga.html", 10), ("concepts/spectra.html", 5), ("concepts/lenses-phases.html", 5),
-                        ("methods.html", 4)):
+                        ("concepts/studies.html", 3), ("methods.html", 4)):
         _open(browser, site / page, "docs_formulas_" + page.replace("/", "_").replace(".html", ".png"))
         total, typeset, errors, text = browser.execute_script(FORMULAS)
         assert total >= least and typeset == total, f"{page}: {typeset} of {total} formulas typeset"
