@@ -35,6 +35,8 @@ _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$")
 def plain(text: str, resolve: Callable[[str], str | None] = lambda name: None) -> str:
     """``:func:`~a.b.c``` -> a link to ``a.b.c`` titled ``c`` (inline code when ``resolve`` finds nothing).
 
+    ``resolve`` returns the object's identifier, or the page (``"lens.md"``) of a module documented on one.
+
     Example:
         >>> plain("see :func:`~geolens.lens.evaluate` and :class:`TunedLens`")
         'see `evaluate` and `TunedLens`'
@@ -53,6 +55,8 @@ def plain(text: str, resolve: Callable[[str], str | None] = lambda name: None) -
         identifier = resolve(target)
         if identifier is None:
             return f"`{title}`"
+        if identifier.endswith(".md"):  # a module with its own page
+            return f"[`{title}`]({identifier})"
         return f'<autoref identifier="{identifier}" optional><code>{title}</code></autoref>'
 
     return _ROLE.sub(repl, text)
@@ -141,14 +145,18 @@ class RestRoles(Extension):
 
         def lookup(path: str) -> str | None:
             if path == pkg.path:
-                return path
+                return "index.md"
             if not path.startswith(pkg.path + "."):
                 return None
             try:
                 found = pkg[path[len(pkg.path) + 1:]]
-                return found.canonical_path
+                canonical = found.canonical_path
             except Exception:  # not a member, or an alias that does not resolve
                 return None
+            page = DOCS / "api" / f"{canonical.split('.')[1]}.md"
+            if found.is_module and canonical.count(".") == 1 and page.is_file():
+                return page.name  # a subpackage's page (its heading is not an anchor)
+            return canonical
 
         for obj in objects:
             if obj.docstring is None:
