@@ -89,7 +89,7 @@ READOUTS: tuple[str, ...] = ("raw", "folded")
 
 Model: TypeAlias = Any
 """The type of every ``model`` argument: a TransformerLens ``HookedTransformer`` (TL <= 3.x) or
-``TransformerBridge`` (or a [`ModelAdapter`][geolens.model.ModelAdapter] of one).
+``TransformerBridge`` (or a :class:`ModelAdapter` of one).
 
 An alias of ``typing.Any``, for reading only: which classes exist depends on the installed
 TransformerLens, and the adapter checks the model when it wraps it.
