@@ -27,8 +27,11 @@ REQUIRED = os.environ.get("GEOLENS_REQUIRE_BROWSER") == "1"  # CI: build and ope
 
 
 def _require_mkdocs():
-    missing = [name for name in ("mkdocs", "material", "mkdocstrings", "mkdocs_jupyter")
+    missing = [name for name in ("mkdocs", "material", "mkdocstrings", "mkdocs_jupyter", "ruff")
                if importlib.util.find_spec(name) is None]
+    katex = Path(os.environ.get("GEOLENS_KATEX", "/usr/share/javascript/katex"))
+    if not (katex / "katex.min.js").is_file():
+        missing.append(f"KaTeX in {katex} (make katex)")  # the site's formulas (docs/hooks.py)
     if missing:
         message = f"needs {', '.join(missing)} (pip install -e '.[docs]', or make docs)"
         if REQUIRED:
