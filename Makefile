@@ -14,7 +14,7 @@ TEST_WHEELS = tuned-lens==0.2.0
 OUT ?= out/report
 PYTEST_ARGS ?=
 
-.PHONY: demo zoo test test-tl4 test-tl3 bench clean browser docs
+.PHONY: demo zoo test test-tl4 test-tl3 bench clean browser katex docs
 
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
@@ -46,22 +46,29 @@ browser:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
 	  echo "warning: could not install chromium (the browser tests will skip)"
 
+# KaTeX (Debian's libjs-katex) typesets the documentation site's formulas offline: docs/hooks.py copies
+# its script, style sheet and fonts into the site. Installed here when missing (needs root).
+katex:
+	@test -f /usr/share/javascript/katex/katex.min.js || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjs-katex >/dev/null; } || \
+	  echo "warning: could not install libjs-katex (the docs build will fail; set GEOLENS_KATEX to a KaTeX folder)"
+
 # TransformerLens 4.x: bridges only; includes the slow tests on the real default model and the docs build.
-test-tl4: $(VENV)/.installed $(VENV)/.docs-installed browser
+test-tl4: $(VENV)/.installed $(VENV)/.docs-installed browser katex
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 # TransformerLens 3.9: HookedTransformer and bridges.
 test-tl3: $(VENV_TL3)/.installed
 	HF_HUB_OFFLINE=1 $(VENV_TL3)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-# The documentation site: the docs extra (mkdocs-material, mkdocstrings, mkdocs-jupyter) into .venv, the
+# The documentation site: the docs extra (mkdocs-material, mkdocstrings, mkdocs-jupyter) into .venv, KaTeX, the
 # notebooks executed at small sizes into docs/tutorials/ (unchanged ones are not rerun), then mkdocs with
 # warnings as errors into out/site/ (open out/site/index.html from disk).
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 	$(VENV)/bin/$(PIP_INSTALL) -e ".[docs]"
 	touch $@
 
-docs: $(VENV)/.docs-installed
+docs: $(VENV)/.docs-installed katex
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python docs/execute_notebooks.py
 	HF_HUB_OFFLINE=1 $(VENV)/bin/mkdocs build --strict
 

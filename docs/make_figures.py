@@ -2,18 +2,21 @@
 
 Runs the report's own sections (:func:`geolens.report.run_section`) on SmolLM2-135M at modest budgets
 (16 BBC News texts, 512 positions, 50 null subspaces, CCR 1, 5 and 10; the quick report's tuned lens),
-plus :func:`geolens.ablation_effect` for the causal page, and writes each plotly figure as an HTML
-fragment (``docs/figures/<name>.html``, without plotly.js: the page loads it once) and the settings,
-versions and run times as ``docs/figures/figures.json``. The fragments are committed; rerun this
-script after a change that moves the numbers:
+plus :func:`geolens.ablation_effect` for the causal page and a small width study for the studies page (a
+zoo of three widths trained offline, then PGA of each member, :func:`study_figures`), and writes each
+plotly figure as an HTML fragment (``docs/figures/<name>.html``, without plotly.js: the page loads it
+once) and the settings, versions and run times as ``docs/figures/figures.json`` (the study's as
+``study.json``). The fragments are committed; rerun this script after a change that moves the numbers:
 
     HF_HUB_OFFLINE=1 .venv/bin/python docs/make_figures.py          # a few minutes on 2 CPU cores
+    HF_HUB_OFFLINE=1 .venv/bin/python docs/make_figures.py --study  # the studies page's figure only
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +25,10 @@ OUT = Path(__file__).resolve().parent / "figures"
 
 # Sections in dependency order: spectrum reuses pga; phases reuse lens and updates.
 SECTIONS = ("pga", "spectrum", "updates", "lens", "phases", "convergence", "probes")
+# The studies page's width zoo: three widths, four blocks, 60 steps (minutes on 2 CPU cores, then cached; the
+# family of examples/zoo_width_study.py with a third width).
+STUDY_ZOO = dict(widths=(32, 64, 128), n_layers=4, d_head=16, vocab_size=1024, steps=60, checkpoints=(0, 30))
+STUDY_SETTINGS = dict(n_texts=16, k_fraction=0.2, n_null=50, ccr=[1, 5], n_tokens=512, max_length=128)
 
 
 def _write(figure, name: str, out: Path) -> Path:
@@ -68,6 +75,34 @@ def main(out: Path = OUT, sections: tuple[str, ...] = SECTIONS) -> dict:
             "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings,
             "figures": written, "versions": versions()}
     (out / "figures.json").write_text(json.dumps(meta, indent=1, default=str) + "\n", encoding="utf-8")
+    study_figures(out)
+    return meta
+
+
+def study_figures(out: Path = OUT) -> dict:
+    """The studies page's figure: PGA z by relative depth of a width zoo (``study_0``); its settings in study.json."""
+    from geolens.study import Study, StudyResult, run_study
+    from geolens.zoo import ZooConfig, train_zoo, zoo_member, zoo_split
+
+    started = time.perf_counter()
+    config = ZooConfig(**STUDY_ZOO)
+    family = train_zoo(config, progress=False)  # geolens's cache: trained once, then loaded
+    trained_s = round(time.perf_counter() - started, 1)
+    opts = STUDY_SETTINGS
+    texts = zoo_split()[1][:opts["n_texts"]]  # articles no member trained on
+    models = {f"d{w}": zoo_member(family, w, params={"pga": {"k": round(opts["k_fraction"] * w)}})
+              for w in config.widths}
+    spec = Study(models=models, texts=texts, analyses={"pga": {"ccr": opts["ccr"], "n_null": opts["n_null"]}},
+                 n_tokens=opts["n_tokens"], max_length=opts["max_length"], name="width zoo")
+    with tempfile.TemporaryDirectory() as folder:
+        run_study(spec, Path(folder) / "study", executor="local", progress=False)
+        study = StudyResult.from_dir(Path(folder) / "study")
+        written = {"study_0": _write(study.plot("pga.z", ccr=1), "study_0", out).name}
+    meta = {"zoo": {k: list(v) if isinstance(v, tuple) else v for k, v in STUDY_ZOO.items()}, "settings": opts,
+            "date": datetime.now().astimezone().isoformat(timespec="seconds"), "zoo_train_s": trained_s,
+            "run_time_s": round(time.perf_counter() - started, 1), "figures": written}
+    (out / "study.json").write_text(json.dumps(meta, indent=1, default=str) + "\n", encoding="utf-8")
+    print(f"study: {meta['run_time_s']} s", flush=True)
     return meta
 
 
@@ -75,5 +110,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT, help="folder of the fragments (default: docs/figures)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="report sections to draw")
+    parser.add_argument("--study", action="store_true", help="draw only the studies page's figure")
     args = parser.parse_args()
-    main(args.out, tuple(s for s in args.sections.split(",") if s))
+    if args.study:
+        study_figures(args.out)
+    else:
+        main(args.out, tuple(s for s in args.sections.split(",") if s))

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from geolens._sampling import bounded_subset
 from geolens._validation import check_int
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.sites import check_layers, check_site, hook_name
 
 __all__ = ["States", "TokenBatch", "capture", "prepare_tokens", "sample_positions"]
@@ -225,7 +225,7 @@ def sample_positions(
 
 
 def capture(
-    model: object,
+    model: Model,
     tokens: str | Sequence[str] | torch.Tensor,
     *,
     sites: str | Sequence[str] = ("resid_post",),

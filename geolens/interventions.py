@@ -51,7 +51,7 @@ from geolens._validation import check_finite, check_float_matrix, check_int
 from geolens.capture import capture
 from geolens.metrics.grassmann import orthonormal_basis
 from geolens.metrics.preprocess import center, principal_directions
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.sites import BLOCK_SITES, RESIDUAL_SITE, check_layer, check_site, hook_name
 
 __all__ = [
@@ -148,7 +148,7 @@ def _reference_mean(
 
 
 def ablation_hooks(
-    model: object,
+    model: Model,
     layer: int,
     basis: Float[torch.Tensor, "d m"],
     *,
@@ -172,7 +172,9 @@ def ablation_hooks(
         reference: for ``mode="mean"``: ``[N, d]`` float states, or tokens (text, list of
             texts, ``[B, T]`` ids) whose states at ``(site, layer)`` give ``mu``.
         skip_first: leave position 0 (BOS / attention sink) unedited.
-        n_tokens, seed, progress: sampling of the reference tokens (``mode="mean"``).
+        n_tokens: reference positions sampled (``mode="mean"``).
+        seed: seed of that sample.
+        progress: show a progress bar while the reference tokens are read.
 
     Returns:
         A list to pass as ``fwd_hooks`` (e.g. together with your own hooks to
@@ -219,7 +221,7 @@ def ablation_hooks(
 
 @contextmanager
 def ablate(
-    model: object,
+    model: Model,
     layer: int,
     basis: Float[torch.Tensor, "d m"],
     *,
@@ -253,7 +255,7 @@ def ablate(
 
 
 def reference_pcs(
-    model: object,
+    model: Model,
     layer: int,
     m: int,
     reference_tokens: Any,
@@ -290,7 +292,7 @@ def reference_pcs(
 
 @contextmanager
 def ablate_pcs(
-    model: object,
+    model: Model,
     layer: int,
     m: int,
     reference_tokens: Any,

@@ -76,16 +76,24 @@ import numbers
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch import Tensor
 
 from geolens._validation import refused_weights_named
 
-__all__ = ["READOUTS", "ModelAdapter", "as_adapter", "boot_bridge", "supported_kinds"]
+__all__ = ["READOUTS", "Model", "ModelAdapter", "as_adapter", "boot_bridge", "supported_kinds"]
 
 READOUTS: tuple[str, ...] = ("raw", "folded")
+
+Model: TypeAlias = Any
+"""The type of every ``model`` argument: a TransformerLens ``HookedTransformer`` (TL <= 3.x) or
+``TransformerBridge`` (or a :class:`ModelAdapter` of one).
+
+An alias of ``typing.Any``, for reading only: which classes exist depends on the installed
+TransformerLens, and the adapter checks the model when it wraps it.
+"""
 
 HookFn = Callable[..., Any]
 FwdHooks = Iterable[tuple[Any, HookFn]]
@@ -184,8 +192,11 @@ class ModelAdapter:
         model: the wrapped model.
         kind: ``"hooked_transformer"`` or ``"bridge"``.
         name: the model's ``cfg.model_name`` (or its class name).
-        n_layers, d_model, d_vocab: block count, residual width, output vocabulary size.
-        device, dtype: of the model's parameters (properties, read live).
+        n_layers: number of blocks.
+        d_model: residual width.
+        d_vocab: output vocabulary size.
+        device: of the model's parameters (a property, read live).
+        dtype: of the model's parameters (a property, read live).
         tokenizer: the model's tokenizer, or ``None``.
         parallel_attn_mlp: attention and MLP both read ``resid_pre`` (GPT-NeoX/Pythia, GPT-J).
         has_resid_mid: every block exposes ``hook_resid_mid`` (False for parallel blocks).

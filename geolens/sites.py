@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from geolens._validation import check_int
-from geolens.model import as_adapter
+from geolens.model import Model, as_adapter
 
 __all__ = ["BLOCK_SITES", "FINAL_SITE", "RESIDUAL_SITE", "SITES", "check_layer", "check_layers", "check_site",
            "hook_name", "site_layers"]
@@ -90,7 +90,7 @@ def check_layers(site: str, layers: Sequence[object] | None, *, n_layers: int, n
     return list(dict.fromkeys(wanted))
 
 
-def hook_name(model: object, site: str, layer: int) -> str:
+def hook_name(model: Model, site: str, layer: int) -> str:
     """TransformerLens hook name of ``(site, layer)`` in geolens's layer convention (layer checked)."""
     adapter = as_adapter(model)
     layer = check_layer(site, layer, n_layers=adapter.n_layers)

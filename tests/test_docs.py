@@ -27,8 +27,11 @@ REQUIRED = os.environ.get("GEOLENS_REQUIRE_BROWSER") == "1"  # CI: build and ope
 
 
 def _require_mkdocs():
-    missing = [name for name in ("mkdocs", "material", "mkdocstrings", "mkdocs_jupyter")
+    missing = [name for name in ("mkdocs", "material", "mkdocstrings", "mkdocs_jupyter", "ruff")
                if importlib.util.find_spec(name) is None]
+    katex = Path(os.environ.get("GEOLENS_KATEX", "/usr/share/javascript/katex"))
+    if not (katex / "katex.min.js").is_file():
+        missing.append(f"KaTeX in {katex} (make katex)")  # the site's formulas (docs/hooks.py)
     if missing:
         message = f"needs {', '.join(missing)} (pip install -e '.[docs]', or make docs)"
         if REQUIRED:
@@ -70,12 +73,20 @@ def test_site_builds_with_every_page(site):
                  "concepts/lenses-phases.html", "concepts/causal.html", "concepts/convergence.html",
                  "tutorials/01_first_tour.html", "howto/own-model.html", "howto/ray.html",
                  "howto/large_models.html", "cli.html", "api/index.html", "api/metrics.html",
-                 "benchmarks.html", "changelog.html", "references.html", "methods.html"):
+                 "benchmarks.html", "changelog.html", "references.html", "methods.html", "gallery.html",
+                 "api/pga.html", "api/more.html"):
         assert (site / page).is_file(), f"{page} was not built"
     assert (site / "assets" / "javascripts" / "plotly.min.js").stat().st_size > 1_000_000
     # Search from disk: the offline plugin writes the index as a script next to the JSON one.
     assert (site / "search" / "search_index.js").is_file()
     assert (site / "search" / "search_index.json").stat().st_size > 10_000
+
+
+API_PAGES = ("pga", "spectrum", "lens", "phases", "patch", "ablate", "convergence", "study")  # the core calls, in order
+
+
+def _api_html(site: Path) -> dict[str, str]:
+    return {page.stem: page.read_text(encoding="utf-8") for page in sorted((site / "api").glob("*.html"))}
 
 
 @pytest.mark.slow
@@ -87,17 +98,139 @@ def test_api_reference_documents_every_public_name(site):
         # from its module: geolens.capture.capture.
         return f'id="{prefix}.{name}"' in html or f'id="{prefix}.{name}.{name}"' in html
 
-    html = (site / "api" / "index.html").read_text(encoding="utf-8")
-    missing = [name for name in geolens.__all__ if name not in ("lens", "metrics") and not documented(html, "geolens", name)]
+    pages = _api_html(site)
+    everything = "".join(pages.values())
+    missing = [name for name in geolens.__all__ if name not in ("lens", "metrics") and not documented(everything, "geolens", name)]
     assert not missing, f"API reference lacks {missing}"
     for module in ("metrics", "lens", "study", "zoo", "report", "interventions", "capture", "model", "data"):
-        page = (site / "api" / f"{module}.html").read_text(encoding="utf-8")
+        page = pages[module]
         names = getattr(importlib.import_module(f"geolens.{module}"), "__all__", [])
         public = [n for n in names if not n.isupper()]  # constants are documented where they are defined
         absent = [n for n in public if not documented(page, f"geolens.{module}", n)]
         assert not absent, f"api/{module}.html lacks {absent}"
         assert "doc-signature" in page, f"api/{module}.html shows no signatures"
-    assert ":func:`" not in html and "&gt;&gt;&gt;" in html  # roles rewritten; examples rendered as code
+    assert ":func:`" not in everything and "&gt;&gt;&gt;" in everything  # roles rewritten; examples rendered as code
+
+
+@pytest.mark.slow
+def test_api_reference_puts_the_core_calls_first(site):
+    import re
+
+    index = (site / "api" / "index.html").read_text(encoding="utf-8")
+    # The navigation of the section: the overview, then the core calls in order, pga first.
+    nav = re.findall(r'href="((?:\.\./)?api/|)(\w+)\.html"[^>]*>\s*<span class="md-ellipsis">\s*([\w. ]+?)\s*<', index)
+    api_nav = [page for prefix, page, _ in nav if prefix in ("", "api/", "../api/") and page != "index"]
+    assert tuple(api_nav[:len(API_PAGES)]) == API_PAGES, api_nav
+    core = index[index.index('id="the-core-calls"'):index.index('id="at-a-glance"')]
+    assert core.index("pga.html") < core.index("spectrum.html") < core.index("study.html")
+    pga = (site / "api" / "pga.html").read_text(encoding="utf-8")
+    assert re.findall(r'id="([\w.]+)" class="doc doc-heading"', pga)[0] == "geolens.pga"
+
+
+def _object(identifier: str):
+    """The Python object of an API heading's id (``geolens.pga``, ``geolens.lens.TunedLens.load``)."""
+    parts = identifier.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise LookupError(identifier)
+
+
+@pytest.mark.slow
+def test_api_reference_marks_only_parameters_without_default_as_required(site):
+    import inspect
+    import re
+
+    checked, wrong = 0, []
+    for name, html in _api_html(site).items():
+        sections = re.split(r'<h[2-6] id="([\w.]+)" class="doc doc-heading"', html)
+        for identifier, body in zip(sections[1::2], sections[2::2]):
+            obj = _object(identifier)
+            if inspect.isclass(obj):
+                obj = obj.__init__
+            if not callable(obj):
+                continue
+            try:
+                parameters = inspect.signature(obj).parameters
+            except (TypeError, ValueError):
+                continue
+            rows = re.findall(r'<tr class="doc-section-item">(.*?)</tr>', body, re.S)
+            for row in rows:
+                param = re.search(r"<code>\**(\w+)</code>", row)
+                if param is None or param.group(1) not in parameters:
+                    continue
+                checked += 1
+                has_default = parameters[param.group(1)].default is not inspect.Parameter.empty
+                if has_default and "<em>required</em>" in row:
+                    wrong.append(f"api/{name}.html: {identifier}({param.group(1)}) shown as required")
+    assert checked > 200, checked  # the parameter tables were found
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.slow
+def test_api_signatures_are_formatted_one_parameter_a_line(site):
+    import re
+
+    pga = (site / "api" / "pga.html").read_text(encoding="utf-8")
+    signature = re.search(r'<div class="doc-signature highlight"><pre>(.*?)</pre>', pga, re.S)
+    assert signature, "api/pga.html shows no separate signature"
+    text = re.sub(r"<[^>]+>", "", signature.group(1))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    assert lines[0].startswith("pga(") and len(lines) > 10, lines
+    assert "model: Model," in lines and "batch_size: int = 8," in lines, lines
+    assert "object" not in text  # a real type for the model
+    assert 'class="autorefs autorefs-internal"' in signature.group(1)  # types link to their entries (Model, States)
+    for page, html in _api_html(site).items():
+        longest = max((len(line) for block in re.findall(r'<div class="doc-signature highlight"><pre>(.*?)</pre>', html, re.S)
+                       for line in re.sub(r"<[^>]+>", "", block).splitlines()), default=0)
+        assert longest <= 120, f"api/{page}.html has a signature line of {longest} characters"
+
+
+@pytest.mark.slow
+def test_api_references_are_links(site):
+    pages = _api_html(site)
+    pga = pages["pga"]
+    assert 'href="../methods.html#a-subspace-pga"' in pga  # docs/methods.md §A in a docstring
+    assert "docs/methods.md" not in "".join(pages.values())
+    lens = pages["lens"]
+    assert 'class="autorefs autorefs-internal"' in lens and "#geolens.lens.TunedLens" in lens  # :class:`TunedLens`
+
+
+def test_citation_names_this_version_and_the_three_papers():
+    import re
+
+    import geolens
+
+    yaml = pytest.importorskip("yaml")
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M).group(1)
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    assert citation["version"] == version == geolens.__version__
+    assert citation["title"] == "geolens" and citation["license"] == "MIT"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    papers = re.findall(r"arXiv:(\d{4}\.\d{5})", readme.split("## The papers")[1].split("\n## ")[0])
+    cited = [ref["identifiers"][0]["value"].removeprefix("arXiv:") for ref in citation["references"]]
+    assert sorted(cited) == sorted(papers) and len(papers) == 3
+    references = (ROOT / "docs" / "references.md").read_text(encoding="utf-8")
+    bibtex = references.split("## Cite")[1].split("\n## ")[0]
+    assert f"version = {{{version}}}" in bibtex
+    assert sorted(re.findall(r"eprint\s*=\s*\{([\d.]+)\}", bibtex)) == sorted(papers)
+    assert "docs/references.md#cite" in readme
+
+
+@pytest.mark.slow
+def test_every_page_names_the_version(site):
+    import geolens
+
+    pages = [p for p in site.rglob("*.html") if "assets" not in p.parts]
+    assert len(pages) > 40
+    unversioned = [str(p.relative_to(site)) for p in pages if p.name != "404.html"
+                   and f"geolens {geolens.__version__}" not in p.read_text(encoding="utf-8")]
+    assert not unversioned, unversioned
 
 
 @pytest.mark.slow
@@ -131,12 +264,40 @@ def _open(driver, path: Path, shot: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page, min_figures", [("index.html", 0), ("concepts/pga.html", 1),
+                                                ("concepts/studies.html", 1), ("gallery.html", 14),
                                                 ("tutorials/01_first_tour.html", 2),
                                                 ("tutorials/05_small_study.html", 3)])  # bare figures drawn too
 def test_page_renders_from_disk(site, browser, page, min_figures):
     seen = _open(browser, site / page, "docs_" + page.replace("/", "_").replace(".html", ".png"))
     assert seen["errors"] == [], seen["errors"]
     assert seen["figures"] >= min_figures and seen["drawn"] == seen["figures"], seen
+
+
+FORMULAS = """
+const math = Array.from(document.querySelectorAll('.arithmatex'));
+return [math.length, math.filter(m => m.querySelector('.katex')).length,
+        document.querySelectorAll('.katex-error').length, document.querySelector('article').innerText];
+"""
+
+
+@pytest.mark.slow
+def test_formulas_are_typeset_offline(site, browser):
+    import re
+
+    for name in ("katex.min.js", "katex.min.css"):
+        assert (site / "assets" / "katex" / name).stat().st_size > 10_000, f"KaTeX's {name} was not copied"
+    assert any((site / "assets" / "katex" / "fonts").glob("KaTeX_Main-Regular.woff2"))
+    html = (site / "concepts" / "pga.html").read_text(encoding="utf-8")
+    assert "assets/katex/katex.min.js" in html
+    assert not re.search(r'<(script|link)[^>]+(src|href)="(https?:)?//', html), "a script or style sheet from the network"
+    assert "radix" not in html.lower() and "tests/metrics" not in html  # implementation detail is in methods.md
+    for page, least in (("concepts/pga.html", 10), ("concepts/spectra.html", 5), ("concepts/lenses-phases.html", 5),
+                        ("concepts/studies.html", 3), ("methods.html", 4)):
+        _open(browser, site / page, "docs_formulas_" + page.replace("/", "_").replace(".html", ".png"))
+        total, typeset, errors, text = browser.execute_script(FORMULAS)
+        assert total >= least and typeset == total, f"{page}: {typeset} of {total} formulas typeset"
+        assert errors == 0, f"{page}: {errors} formulas KaTeX could not parse"
+        assert "$$" not in text and "\\frac" not in text, f"{page}: raw TeX left in the page"
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ from geolens.capture import TokenBatch, capture, prepare_tokens
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_layer
 from geolens.interventions import ABLATION_MODES, ablation_hooks, edit_hook_name, reference_pcs
 from geolens.metrics.readout import readout_basis
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
@@ -92,7 +92,7 @@ def next_token_effect(
 
 
 def ablation_effect(
-    model: object,
+    model: Model,
     tokens: Any,
     *,
     layer: int,
@@ -133,7 +133,9 @@ def ablation_effect(
             removes nothing and the ablation is the only intervention.
         readout: ``"raw"`` or ``"folded"`` readout subspace.
         skip_first: leave position 0 (BOS) unedited.
-        batch_size, max_length, attention_mask: forward batching, truncation, mask of an id tensor.
+        batch_size: texts per forward pass.
+        max_length: truncation of each text, in tokens (``None``: whole texts).
+        attention_mask: mask of a token-id tensor.
 
     Returns:
         :class:`AblationResult`: one row per downstream layer (``layer..L`` of ``resid_post``,

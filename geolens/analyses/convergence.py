@@ -47,7 +47,7 @@ from geolens.metrics.grassmann import random_subspaces
 from geolens.metrics.preprocess import remove_common_components
 from geolens.metrics.readout import readout_basis
 from geolens.metrics.similarity import _neighbour_rows, _prepare_knn, linear_cka, mutual_knn
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
@@ -264,9 +264,9 @@ def _check_layers(value: int | Sequence[int] | None, default: int, n_layers: int
 
 
 def convergence(
-    model: object,
+    model: Model,
     tokens: Sequence[str],
-    other: object | None = None,
+    other: Model | None = None,
     *,
     measures: str | Sequence[str] = MEASURES,
     layer_a: int | Sequence[int] | None = None,
@@ -309,8 +309,10 @@ def convergence(
             the two tokenizers, so token ids are refused).
         other: model B (default: ``model`` itself, e.g. with ``grid=True`` to compare depths).
         measures: any of ``"spearman"``, ``"cka"``, ``"mutual_knn"`` (a str or a sequence).
-        layer_a, layer_b: the compared layers without ``grid`` (default ``L // 2`` of each); equal-length
-            lists compare pairs (one row each, e.g. :func:`depth_pairs`); an int pairs with every entry of a list.
+        layer_a: the compared layer of ``model`` without ``grid`` (default ``L // 2``); equal-length
+            lists of ``layer_a`` and ``layer_b`` compare pairs (one row each, e.g. :func:`depth_pairs`);
+            an int pairs with every entry of a list.
+        layer_b: the compared layer of ``other``, likewise (default ``L // 2`` of ``other``).
         k: readout dimension for both (default ``min(100, min(d_a, d_b) - 1)``).
         n_null: random subspace pairs of the null (``< 2``: no null).
         debiased: linear CKA with the unbiased HSIC estimator (near 0 for unrelated clouds).

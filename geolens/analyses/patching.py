@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 from geolens._validation import check_int
 from geolens.capture import TokenBatch, prepare_tokens
 from geolens.interventions import EDIT_SITES, edit_hook_name, patching_hook, record_activations, subspace_basis
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens.sites import check_layers, check_site
 from geolens import plotting
@@ -281,7 +281,7 @@ def _plan(adapter: ModelAdapter, sites: str | Sequence[str], layers: Sequence[in
 
 
 def patch(
-    model: object,
+    model: Model,
     clean: Any,
     corrupted: Any,
     *,
@@ -298,8 +298,9 @@ def patch(
 
     Args:
         model: ``HookedTransformer``, ``TransformerBridge`` or :class:`~geolens.model.ModelAdapter`.
-        clean, corrupted: a prompt, a list of prompts (pairs) or ``[n_pairs, T]`` ids; both must
-            tokenise to the same shape with no padding (a clear error otherwise).
+        clean: a prompt, a list of prompts or ``[n_pairs, T]`` ids; it must tokenise to the
+            shape of ``corrupted`` with no padding (a clear error otherwise).
+        corrupted: the corrupted prompts, paired with ``clean`` in order, in the same form.
         metric: :func:`logit_diff`, :func:`prob`, :data:`kl` (or ``"kl"``), or any callable
             ``logits [B, T, V] -> [B]`` (rows are cell-major: ``row = cell * n_pairs + pair``).
             The reported value is the mean over prompt pairs.

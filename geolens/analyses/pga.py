@@ -22,7 +22,7 @@ from geolens.metrics.intervals import INTERVAL_LEVEL, MIN_FINITE_FRACTION, symme
 from geolens.metrics.pga import (JACKKNIFE_BLOCKS, MIN_SAMPLED_PAIRS, _centred_and_reduced, _jackknife_blocks,
                                  sample_pairs, sampled_z, shared_pair_sample, subspace_pga)
 from geolens.metrics.readout import readout_basis
-from geolens.model import READOUTS, as_adapter
+from geolens.model import READOUTS, Model, as_adapter
 from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
 
@@ -73,7 +73,7 @@ def default_k(d_model: int) -> int:
 
 
 def pga(
-    model: object,
+    model: Model,
     tokens: str | Sequence[str] | torch.Tensor | States,
     *,
     k: int | None = None,
@@ -152,7 +152,9 @@ def pga(
             scores.
         n_tokens: positions sampled (seeded, the same for every layer); an upper bound.
         seed: seed for positions, null subspaces and resamples.
-        batch_size, max_length, attention_mask: forward batching, truncation, mask of an id tensor.
+        batch_size: texts per forward pass.
+        max_length: truncation of each text, in tokens (``None``: whole texts).
+        attention_mask: mask of a token-id tensor.
         progress: show progress bars.
 
     Returns:

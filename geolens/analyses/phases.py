@@ -22,7 +22,7 @@ from geolens.analyses.updates import updates
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.phases import PHASE_NAMES, PhaseSplit, detect_phases
 from geolens.metrics.subspaces import choose_resolution, resolution_sweep
-from geolens.model import as_adapter
+from geolens.model import Model, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
@@ -104,7 +104,7 @@ def phase_stability(
 
 
 def phases(
-    model: object,
+    model: Model,
     tokens,
     *,
     lens: TunedLens | None = None,
@@ -147,10 +147,13 @@ def phases(
             per-layer update diagnostics instead of capturing them again.
         fractions: ``k`` as fractions of ``d`` for the resolution sweep.
         k_fraction: use this fraction instead of the visibility/energy choice.
-        smoothing, sensitivity: Gaussian sigma (layers) and Kneedle ``S``.
-        n_tokens, seed: positions sampled (seeded) for the diagnostics.
-        batch_size, max_length, attention_mask: forward batching, truncation (default: whole
-            texts) and mask of an id tensor, for the diagnostics.
+        smoothing: Gaussian sigma of the smoothing, in layers.
+        sensitivity: Kneedle's ``S``.
+        n_tokens: positions sampled for the diagnostics.
+        seed: seed of that sample.
+        batch_size: texts per forward pass (diagnostics).
+        max_length: truncation of each text, in tokens (``None``: whole texts).
+        attention_mask: mask of a token-id tensor.
 
     Returns:
         :class:`PhasesResult`; ``params`` has ``k``, ``b1``, ``b2``, ``found``, ``reason``

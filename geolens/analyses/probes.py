@@ -18,7 +18,7 @@ from geolens._validation import check_int
 from geolens.capture import capture, prepare_tokens
 from geolens.sites import RESIDUAL_SITE, check_layers
 from geolens.metrics.probes import probe_accuracy
-from geolens.model import as_adapter
+from geolens.model import Model, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
@@ -28,7 +28,7 @@ POOLINGS = ("mean", "last")
 
 
 def pooled_states(
-    model: object,
+    model: Model,
     tokens,
     *,
     layers: Sequence[int] | None = None,
@@ -89,7 +89,7 @@ class ProbeResult(Result):
 
 
 def probes(
-    model: object,
+    model: Model,
     tokens,
     labels: Sequence,
     *,
@@ -107,8 +107,9 @@ def probes(
 
     Args:
         model: a TransformerLens model with a tokenizer.
-        tokens, labels: texts (or ``[B, T]`` ids) and one label per text (e.g. ``geolens.default_texts(n=500, with_labels=True)``,
-            five BBC News topics).
+        tokens: texts (or ``[B, T]`` ids).
+        labels: one label per text (e.g. the five BBC News topics of
+            ``geolens.default_texts(n=500, with_labels=True)``).
         layers: residual-stream layers (default all, 0 = embeddings).
         pooling: ``"mean"`` over real tokens after the first, or ``"last"`` real token.
         folds: stratified, seeded cross-validation folds.

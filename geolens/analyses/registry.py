@@ -93,7 +93,9 @@ class Analysis:
         title: the report's heading of its section.
         caption: how to read its figures (under the heading).
         notes: footnote under its tables (what a column means where the caption has no room).
-        report, study, zoo: whether the report, studies (and :func:`geolens.over_checkpoints`), the zoo run it.
+        report: whether the report runs it.
+        study: whether studies (and :func:`geolens.over_checkpoints`) run it.
+        zoo: whether the zoo runs it.
         options: default options (a study's own table overrides them).
         builtin: shipped with geolens (``False``: registered by :func:`register_analysis`).
         section: the report's runner ``section(adapter, texts, settings) -> (result, figures)``; attached by

@@ -27,7 +27,7 @@ from geolens._validation import DEFAULT_N_TOKENS
 from geolens.capture import States, capture
 from geolens.sites import RESIDUAL_SITE
 from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary, spectral_summary_blocks
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens import plotting
 from geolens.results import Result
 
@@ -86,7 +86,7 @@ class WeightGeometryResult(Result):
 
 
 def spectrum(
-    model: object,
+    model: Model,
     tokens,
     *,
     site: str = RESIDUAL_SITE,
@@ -248,7 +248,7 @@ def _weight_matrices(adapter: ModelAdapter) -> dict[str, torch.Tensor]:
 
 
 def weight_geometry(
-    model: object,
+    model: Model,
     *,
     centre: bool = False,
     alpha_fit_range: tuple[int, int] = ALPHA_FIT_RANGE,

@@ -19,7 +19,7 @@ import torch
 from geolens._validation import DEFAULT_N_TOKENS
 from geolens.capture import capture
 from geolens.metrics.updates import update_summary
-from geolens.model import as_adapter
+from geolens.model import Model, as_adapter
 from geolens import plotting
 from geolens.results import Result
 
@@ -39,7 +39,7 @@ class UpdatesResult(Result):
 
 
 def updates(
-    model: object,
+    model: Model,
     tokens,
     *,
     n_tokens: int | None = DEFAULT_N_TOKENS,

@@ -32,7 +32,7 @@ from geolens._validation import DamagedFileError
 from geolens.lens.fit import DEFAULT_RIDGE, FAST_BUDGET, fit_tuned_lens
 from geolens.lens.train import DEFAULT_SEQ_LEN, dtype_name, resolve_matmul_dtype, train_tuned_lens
 from geolens.lens.tuned_lens import TunedLens
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 
 __all__ = ["LENS_METHODS", "SMALL_BUDGET", "cached_tuned_lens"]
 
@@ -52,7 +52,7 @@ def _cache_key(adapter: ModelAdapter, plan: dict) -> str:
 
 
 def cached_tuned_lens(
-    model: object,
+    model: Model,
     train_texts: Sequence[str],
     *,
     method: str = "fast",

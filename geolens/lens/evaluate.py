@@ -31,7 +31,7 @@ from geolens._validation import DEFAULT_N_TOKENS, check_int
 from geolens.capture import States, capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
 from geolens.lens.tuned_lens import TunedLens, check_lens_fits
-from geolens.model import as_adapter
+from geolens.model import Model, as_adapter
 from geolens import plotting
 from geolens.results import Result
 from geolens.sites import RESIDUAL_SITE
@@ -89,7 +89,7 @@ class LensResult(Result):
 
 
 def evaluate(
-    model: object,
+    model: Model,
     tokens,
     *,
     lens: TunedLens | None = None,
@@ -118,8 +118,9 @@ def evaluate(
         n_tokens: positions sampled (seeded, BOS and padding excluded); an upper
             bound, ``None`` = all.
         seed: seed of the sample.
-        batch_size, max_length, attention_mask: forward batching, truncation,
-            mask of a token-id tensor.
+        batch_size: texts per forward pass.
+        max_length: truncation of each text, in tokens (``None``: whole texts).
+        attention_mask: mask of a token-id tensor.
         progress: show a progress bar.
 
     Returns:

@@ -53,7 +53,7 @@ from geolens.capture import capture
 from geolens.lens.logit_lens import unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, _kl_of_logits, _padded_windows, dtype_name, resolve_matmul_dtype
 from geolens.lens.tuned_lens import TunedLens, check_lens_fits
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.sites import RESIDUAL_SITE
 
 __all__ = ["FAST_BUDGET", "fit_tuned_lens"]
@@ -397,7 +397,7 @@ def _data_gain(halves_kl: list[list[float]], full_kl: list[float]) -> list[float
 
 
 def fit_tuned_lens(
-    model: object,
+    model: Model,
     texts,
     *,
     lens: TunedLens | None = None,
@@ -431,11 +431,13 @@ def fit_tuned_lens(
             default model the best of 1e-3, 1e-2, 0.1 from 2,048 to 32,768 positions in
             bench/lens.py; 0.1 over-shrinks towards the logit lens once there is data).
         refine: run the KL refinement after the closed form (``False``: closed form only).
-        lr, batch_tokens: Adam's learning rate and the training rows per step.
-        max_steps, max_seconds: the refinement budget (steps, and seconds from the end of the capture);
-            training stops earlier on a plateau.
-        eval_every, patience, tol: the held-out KL is measured every ``eval_every`` steps; a relative
-            improvement below ``tol`` over ``patience`` evaluations is a plateau.
+        lr: Adam's learning rate.
+        batch_tokens: training rows per step.
+        max_steps: the refinement budget in steps; training stops earlier on a plateau.
+        max_seconds: the refinement budget in seconds from the end of the capture.
+        eval_every: the held-out KL is measured every ``eval_every`` steps.
+        patience: a relative improvement below ``tol`` over ``patience`` evaluations is a plateau.
+        tol: the relative improvement under which an evaluation counts towards the plateau.
         matmul_dtype: dtype of the refinement's vocabulary products: ``"auto"`` (bfloat16 where the
             device multiplies it natively, see :func:`geolens.lens.train.fast_matmul_dtype`; else
             float32), ``torch.bfloat16``, or ``None`` / ``torch.float32``. The closed form, the

@@ -35,7 +35,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from geolens.capture import check_hooks_fired, prepare_tokens
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.sites import RESIDUAL_SITE, check_layer, check_layers
 
 __all__ = ["LogitLens", "unembed", "residual_stream", "layer_logits"]
@@ -91,7 +91,7 @@ class LogitLens(nn.Module):
 
     kind = "logit"
 
-    def __init__(self, model: object) -> None:
+    def __init__(self, model: Model) -> None:
         super().__init__()
         adapter = as_adapter(model)
         object.__setattr__(self, "_adapter", adapter)  # plain attribute: not a submodule
@@ -120,7 +120,7 @@ class LogitLens(nn.Module):
 
 
 def residual_stream(
-    model: object,
+    model: Model,
     tokens,
     *,
     attention_mask: Tensor | None = None,
@@ -151,7 +151,7 @@ def residual_stream(
 
 @torch.no_grad()
 def layer_logits(
-    model: object,
+    model: Model,
     tokens,
     *,
     lens: nn.Module | None = None,

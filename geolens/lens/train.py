@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from geolens._validation import check_float, check_int
 from geolens.lens.logit_lens import residual_stream
 from geolens.lens.tuned_lens import TunedLens, check_lens_fits
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 
 __all__ = ["train_tuned_lens", "fast_matmul_dtype", "DEFAULT_STEPS", "DEFAULT_TOKENS_PER_STEP", "DEFAULT_SEQ_LEN", "kl_rows"]
 
@@ -211,7 +211,7 @@ def resolve_matmul_dtype(matmul_dtype: object, device: torch.device | str) -> to
 
 
 def train_tuned_lens(
-    model: object,
+    model: Model,
     texts,
     *,
     lens: TunedLens | None = None,
@@ -240,7 +240,9 @@ def train_tuned_lens(
         seq_len: tokens per window (long texts are cut into several windows).
         batch_size: windows per forward pass (bounds memory).
         lr: learning rate before the ``(1 - momentum)`` scaling (reference: 1.0).
-        momentum, weight_decay, clip_grad: SGD Nesterov settings (reference: 0.9, 1e-3, 1.0).
+        momentum: SGD Nesterov momentum (reference: 0.9).
+        weight_decay: SGD weight decay (reference: 1e-3).
+        clip_grad: gradient-norm clip (reference: 1.0).
         matmul_dtype: dtype of the ``[., d] @ [d, V]`` product in the loss (``None`` = float32;
             ``"auto"`` = bfloat16 where the device runs it natively, else float32;
             see :func:`fast_matmul_dtype`).

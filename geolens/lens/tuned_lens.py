@@ -43,7 +43,7 @@ from geolens._json import parse_json
 from geolens._validation import DamagedFileError
 from geolens.lens import tuned_lens_format as tl_format
 from geolens.lens.logit_lens import LogitLens
-from geolens.model import as_adapter
+from geolens.model import Model, as_adapter
 from geolens.sites import RESIDUAL_SITE, check_layer
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class TunedLens(LogitLens):
 
     kind = "tuned"
 
-    def __init__(self, model: object, *, bias: bool = True) -> None:
+    def __init__(self, model: Model, *, bias: bool = True) -> None:
         super().__init__(model)
         self.bias = bool(bias)
         layers = []
@@ -175,7 +175,7 @@ class TunedLens(LogitLens):
         return save_id
 
     @classmethod
-    def load(cls, directory: str | Path, model: object) -> "TunedLens":
+    def load(cls, directory: str | Path, model: Model) -> "TunedLens":
         """Load a lens saved by :meth:`save` for ``model``.
 
         Raises ``ValueError`` if the lens was made for another model shape
@@ -188,7 +188,7 @@ class TunedLens(LogitLens):
         return cls._load(Path(directory), model, None)
 
     @classmethod
-    def _load(cls, directory: Path, model: object, save_id: str | None) -> "TunedLens":
+    def _load(cls, directory: Path, model: Model, save_id: str | None) -> "TunedLens":
         """:meth:`load`; ``save_id``: the id the parent lens recorded for this half (``None``: not checked)."""
         config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
         if not config_path.is_file() or not weights_path.is_file():
@@ -257,7 +257,7 @@ class TunedLens(LogitLens):
 
     # ------------------------------------------------------------------ tuned-lens package format
     @classmethod
-    def from_tuned_lens(cls, directory: str | Path, model: object) -> "TunedLens":
+    def from_tuned_lens(cls, directory: str | Path, model: Model) -> "TunedLens":
         """Load a lens saved by the ``tuned-lens`` package (``config.json`` + ``params.pt``) for ``model``.
 
         ``layer_translators[i]`` becomes ``translators[i]`` unchanged (both packages

@@ -91,9 +91,11 @@ class PGAScore:
         pc1_readout_energy: ``||V_k^T pc1||^2`` of the centred states' first PC
             (before CCR); compare with ``random_energy = k / d``.
         n_pairs: pairs the rhos were computed on (``N (N - 1) / 2`` when exact).
-        rho_se, z_se: jackknife standard errors of ``rho_readout`` and ``z`` from
-            the sampling of pairs (``0.0`` when exact); ``z_se`` covers the errors of
-            ``rho_readout``, of ``null_mean`` and of the corrected ``null_std``; see docs/methods.md §A.4a.
+        rho_se: jackknife standard error of ``rho_readout`` from the sampling of pairs
+            (``0.0`` when exact).
+        z_se: jackknife standard error of ``z`` from the sampling of pairs (``0.0`` when exact);
+            it covers the errors of ``rho_readout``, of ``null_mean`` and of the corrected
+            ``null_std``; see docs/methods.md §A.4a.
         null_std_raw: the sample std of the null rhos as computed (on sampled pairs it holds their
             pair-sampling noise too); equal to ``null_std`` when exact.
         pair_noise_std: the jackknife estimate of the pair-sampling noise in the null rhos' spread

@@ -57,7 +57,7 @@ from geolens.data import default_texts, load_default_model, load_model
 from geolens.data.models import MODELS, is_available
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.spectral import ALPHA_FIT_RANGE
-from geolens.model import ModelAdapter, as_adapter
+from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.report.findings import (convergence_findings, findings, lens_findings, pga_findings, phases_findings,
                                      probes_findings, spectrum_findings, updates_findings, weights_findings)
 from geolens.report.pages import Section, result_tables, versions, write_html
@@ -410,7 +410,7 @@ DEFAULT_SECTIONS = tuple(name for name in registry.names("report") if registry.g
 
 
 def report(
-    model: object | None = None,
+    model: Model | None = None,
     texts: Sequence[str] | None = None,
     out_dir: str | Path = "out/report",
     *,

@@ -420,11 +420,14 @@ class Study:
             weight decay, learning-rate schedule, held-out loss, ...); merged over the model's own.
         resources: per cell, for Ray: ``num_cpus``, ``num_gpus``, ``memory`` (bytes or ``"16GiB"``),
             ``resources`` (Ray custom resources, ``{name: amount}``).
-        n_tokens, seed, batch_size, max_length: shared by every analysis that takes them. The default
-            ``n_tokens`` (1024) is an upper bound, as each analysis's own default is: with fewer token
+        n_tokens: token positions sampled, shared by every analysis that takes them. The default
+            (1024) is an upper bound, as each analysis's own default is: with fewer token
             positions in the texts, an analysis uses all there are (with a warning) and records the number
             used in its ``params`` (:func:`~geolens.study.load_provenance`); an ``n_tokens`` given here or in
             the TOML file is exact (a cell with too little text fails, saying so).
+        seed: seed of every analysis that takes one.
+        batch_size: texts per forward pass, for every analysis that takes it.
+        max_length: truncation of each text in tokens, for every analysis that takes it.
         dtype: weights of models booted from a path (``"float32"``, ``"bfloat16"``, ...).
         device: where models booted from a path go (``None``: TransformerLens's choice).
         name: a name for the study's pages.

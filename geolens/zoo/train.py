@@ -93,7 +93,8 @@ class ZooConfig:
         lr: peak learning rate, reached after ``warmup`` of the steps, then
             cosine decay to 10 % of it.
         warmup: fraction of the steps spent warming up linearly.
-        weight_decay, clip_grad: AdamW decoupled weight decay, gradient-norm clip.
+        weight_decay: AdamW decoupled weight decay.
+        clip_grad: gradient-norm clip.
         checkpoints: steps saved; default :func:`default_checkpoints`.
         seed: initialisation and data order.
     """

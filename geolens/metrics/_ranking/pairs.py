@@ -104,7 +104,8 @@ class PairSample:
 
     Attributes:
         n: number of points.
-        i, j: ``[P]`` int64 CPU tensors.
+        i: first index of each pair, a ``[P]`` int64 CPU tensor.
+        j: second index of each pair, a ``[P]`` int64 CPU tensor.
         total: ``M = n (n - 1) / 2``, the number of all pairs.
     """
 
