@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from geolens._io import atomic_write_text
+from geolens.plotting import figure_html
 
 __all__ = ["Section", "result_tables", "versions", "write_html"]
 
@@ -129,7 +130,8 @@ def write_html(
         if section.caption:
             parts.append(f"<p class='caption'>{html.escape(section.caption)}</p>")
         for figure in section.figures:
-            parts.append("<div class='figure'>" + figure.to_html(full_html=False, include_plotlyjs=False) + "</div>")
+            # No fixed width: the figure fills the column and follows the window (plotly's responsive config).
+            parts.append("<div class='figure'>" + figure_html(figure, include_plotlyjs=False) + "</div>")
         parts.append("<details><summary>Parameters</summary>" + _dict_table(section.result.params) + "</details>")
         tables = result_tables(section.result)
         for label, table in tables.items():
