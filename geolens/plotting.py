@@ -39,11 +39,12 @@ __all__ = ["figure_html", "ablation_figure", "axis_title", "ccr_colour", "checkp
            "METRICS", "PALETTE", "SERIES_COLOURS", "SITES", "STATIC_FORMATS", "WIDTH", "HEIGHT", "CONFIG", "print_size"]
 
 def figure_html(figure: go.Figure, *, include_plotlyjs: bool = True) -> str:
-    """A figure as an HTML fragment that draws on its own: it carries plotly.js (offline) unless told not to.
+    """A figure as an HTML fragment that fills its container: it carries plotly.js (offline) unless told not to.
 
-    Each fragment loads its own plotly.js, so a notebook output draws whatever happened to the outputs
-    before it (cleared, re-run, or shown in a front-end that isolates each output). A page that loads
-    plotly.js once in its head passes ``include_plotlyjs=False``.
+    The figure takes its container's width and follows the window (:data:`CONFIG`: plotly's
+    ``responsive``), keeping its height. A page that loads plotly.js once (the report, in its head)
+    passes ``include_plotlyjs=False``; a result shown in Jupyter uses plotly's renderers instead
+    (:func:`geolens.results.figure_bundle`).
 
     Example:
         >>> fig = go.Figure(go.Scatter(y=[1, 2]))

@@ -59,7 +59,7 @@ def result_tables(result: Any) -> dict[str, Any]:
 
 
 _STYLE = """
-:root{--ink:#1d2329;--muted:#5b6670;--line:#dde2e6;--accent:#2c6fbb;--bad:#a3261b}
+html{overflow-y:scroll} :root{--ink:#1d2329;--muted:#5b6670;--line:#dde2e6;--accent:#2c6fbb;--bad:#a3261b}
 *{box-sizing:border-box} body{font:15px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--ink);
 margin:0 auto;padding:2em 1.5em 4em;max-width:1120px} h1{font-size:1.7em;margin:0 0 .2em}
 h2{font-size:1.3em;margin:2.2em 0 .4em;padding-top:.6em;border-top:1px solid var(--line)}
