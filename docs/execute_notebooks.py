@@ -19,6 +19,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -118,8 +119,8 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 def share_plotlyjs(nb) -> int:
     """Replace the copy of plotly.js each figure output carries by one script tag loading the site's copy.
 
-    A result's HTML output carries plotly.js so that it draws on its own in Jupyter; on the site that
-    would be one copy per figure. Returns the number of copies removed.
+    Each figure :func:`draw_bare_figures` gives HTML carries plotly.js, so that it draws on its own; on
+    the site that would be one copy per figure. Returns the number of copies removed.
 
     Example:
         >>> import nbformat
@@ -171,11 +172,14 @@ def run_small(source: Path, *, timeout: int = 900):
 
 
 def draw_bare_figures(nb) -> int:
-    """Give every output that carries only plotly's figure JSON an HTML copy that draws on its own.
+    """Give every output whose figure is only in plotly's mime type an HTML copy that draws on the site.
 
-    A cell ending in a figure (``study.plot(...)``) shows it in Jupyter through plotly's mime type,
-    which the site's notebook renderer does not draw; the HTML copy (plotly.js included, then shared
-    by :func:`share_plotlyjs`) is what the site shows. Returns the number of outputs given one.
+    In Jupyter a figure shows through plotly's mime type (a result's output carries no plotly.js), which
+    the site's notebook renderer does not draw. A result's HTML holds a note where its figure goes
+    (:data:`geolens.results.FIGURE_NOTE`): the note becomes the figure's HTML; an output that is only a
+    figure (``study.plot(...)``) gets that HTML of its own. The HTML carries plotly.js, shared by
+    :func:`share_plotlyjs`, and fills its column (:func:`geolens.plotting.figure_html`). Returns the
+    number of outputs drawn.
 
     Example:
         >>> import nbformat, plotly.graph_objects as go
@@ -187,18 +191,71 @@ def draw_bare_figures(nb) -> int:
     """
     import plotly.graph_objects as go
 
+    from geolens.plotting import figure_html
+    from geolens.results import FIGURE_NOTE
+
     drawn = 0
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             data = output.get("data", {})
-            if PLOTLY_MIME in data and "text/html" not in data:
-                data["text/html"] = go.Figure(data[PLOTLY_MIME]).to_html(full_html=False, include_plotlyjs=True)
+            if PLOTLY_MIME not in data:
+                continue
+            html = data.get("text/html")
+            if isinstance(html, list):
+                html = "".join(html)
+            if html is None or FIGURE_NOTE in html:
+                figure = figure_html(go.Figure(data[PLOTLY_MIME]), include_plotlyjs=True)
+                data["text/html"] = figure if html is None else html.replace(FIGURE_NOTE, figure)
                 drawn += 1
     return drawn
 
 
+# A link of a notebook's prose: [text](target), the target without spaces.
+_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
+
+
+def site_link(target: str) -> str:
+    """A link of a notebook in examples/ as the site needs it, from docs/tutorials/ (pages as files).
+
+    The notebooks link the way they work in Jupyter, opened from examples/: the documentation's pages
+    as ``../docs/<page>.md`` and the other notebooks as ``<name>.ipynb``. On the site a page is
+    ``<page>.html`` and a notebook ``tutorials/<name>.html``. Other links are kept.
+
+    Example:
+        >>> site_link("../docs/findings.md#the-width-zoo"), site_link("../docs/concepts/studies.md")
+        ('../findings.html#the-width-zoo', '../concepts/studies.html')
+        >>> site_link("02_masking_and_pc1_ablation.ipynb"), site_link("https://example.org/a.md")
+        ('02_masking_and_pc1_ablation.html', 'https://example.org/a.md')
+    """
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith("#"):
+        return target
+    path, hash_, anchor = target.partition("#")
+    if path.startswith("../docs/") and path.endswith(".md"):
+        path = "../" + path[len("../docs/"):-len(".md")] + ".html"
+    elif "/" not in path and path.endswith(".ipynb"):
+        path = path[:-len(".ipynb")] + ".html"
+    return path + hash_ + anchor
+
+
+def site_links(nb) -> int:
+    """Rewrite every link in the notebook's markdown cells with :func:`site_link`; the number changed."""
+    changed = 0
+
+    def rewrite(match: re.Match) -> str:
+        nonlocal changed
+        target = site_link(match.group(2))
+        changed += target != match.group(2)
+        return match.group(1) + target + match.group(3)
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _LINK.sub(rewrite, cell.source)
+    return changed
+
+
 def write_for_site(nb, source: Path, target: Path) -> Path:
-    """Write a copy of the executed notebook ``nb`` for the site: bare figures drawn, plotly.js shared, its key."""
+    """Write a copy of the executed notebook ``nb`` for the site: figures drawn, plotly.js shared, links
+    rewritten for the site (:func:`site_links`), its key."""
     import copy
 
     import nbformat
@@ -206,6 +263,7 @@ def write_for_site(nb, source: Path, target: Path) -> Path:
     nb = copy.deepcopy(nb)
     draw_bare_figures(nb)
     share_plotlyjs(nb)
+    site_links(nb)
     nb.metadata["geolens_docs"] = {"source_key": _key(source), "small": True,
                                    "seconds": nb.metadata.get("geolens_run", {}).get("seconds")}
     target.parent.mkdir(parents=True, exist_ok=True)

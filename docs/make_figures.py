@@ -32,10 +32,13 @@ STUDY_SETTINGS = dict(n_texts=16, k_fraction=0.2, n_null=50, ccr=[1, 5], n_token
 
 
 def _write(figure, name: str, out: Path) -> Path:
-    figure.update_layout(height=420, margin=dict(l=60, r=20, t=60, b=50))
+    # The figure as the report draws it (its own height and margins, room for its panels' titles), with no
+    # fixed width: it fills the page's text column and follows the window (plotly's responsive config).
+    from geolens.plotting import CONFIG
+
     path = out / f"{name}.html"
-    path.write_text(figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
-                                   config={"responsive": True, "displaylogo": False}), encoding="utf-8")
+    path.write_text(figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}", config=CONFIG,
+                                   default_width="100%"), encoding="utf-8")
     return path
 
 

@@ -7,7 +7,9 @@ Every figure has one style (:func:`_style`): a short title (what, on which model
 on a smaller second line, axes titled with their quantity and unit, metrics by their human names
 (:data:`METRICS`, :func:`label`), one fixed colour per series in every figure (:func:`ccr_colour`,
 :func:`series_colour`; a final-state star takes its line's colour and sits right of the last block,
-marked "final"), a page size (:data:`WIDTH` x :data:`HEIGHT` for one panel) and a white template.
+marked "final"), a white template, and no fixed width: a figure fills its container on screen (each
+page draws it with :data:`CONFIG`, ``responsive``) and keeps a print size (:func:`print_size`;
+:data:`WIDTH` x :data:`HEIGHT` for one panel).
 :func:`write_figures` writes them as PNG, SVG or PDF (kaleido and Chromium).
 """
 
@@ -34,26 +36,34 @@ __all__ = ["figure_html", "ablation_figure", "axis_title", "ccr_colour", "checkp
            "patch_figure", "pga_figure", "phase_width_figure", "phases_figure", "probe_figure", "series_colour",
            "site_label", "unit", "study_correlation_figure", "study_depth_figure", "study_training_figure", "updates_figure",
            "weight_geometry_figure", "write_figures", "browser_path", "NO_BROWSER", "zoo_depth_figure", "zoo_training_figure", "CCR_COLOURS",
-           "METRICS", "PALETTE", "SERIES_COLOURS", "SITES", "STATIC_FORMATS", "WIDTH", "HEIGHT"]
+           "METRICS", "PALETTE", "SERIES_COLOURS", "SITES", "STATIC_FORMATS", "WIDTH", "HEIGHT", "CONFIG", "print_size"]
 
 def figure_html(figure: go.Figure, *, include_plotlyjs: bool = True) -> str:
-    """A figure as an HTML fragment that draws on its own: it carries plotly.js (offline) unless told not to.
+    """A figure as an HTML fragment that fills its container: it carries plotly.js (offline) unless told not to.
 
-    Each fragment loads its own plotly.js, so a notebook output draws whatever happened to the outputs
-    before it (cleared, re-run, or shown in a front-end that isolates each output). A page that loads
-    plotly.js once in its head passes ``include_plotlyjs=False``.
+    The figure takes its container's width and follows the window (:data:`CONFIG`: plotly's
+    ``responsive``), keeping its height. A page that loads plotly.js once (the report, in its head)
+    passes ``include_plotlyjs=False``; a result shown in Jupyter uses plotly's renderers instead
+    (:func:`geolens.results.figure_bundle`).
 
     Example:
         >>> fig = go.Figure(go.Scatter(y=[1, 2]))
         >>> "<div" in figure_html(fig), len(figure_html(fig)) > len(figure_html(fig, include_plotlyjs=False))
         (True, True)
     """
-    return figure.to_html(full_html=False, include_plotlyjs=bool(include_plotlyjs))
+    return figure.to_html(full_html=False, include_plotlyjs=bool(include_plotlyjs), config=CONFIG,
+                          default_width="100%")
 
 
 # ----------------------------------------------------------------------------- one style for every figure
 # Page size (pixels) of a single-panel figure: a page width in print, legible at 100 %.
+# Figures on screen have no fixed width: they fill their container (``autosize``); WIDTH (and a wider
+# width for figures of several panels) is their width in print (:func:`print_size`).
 WIDTH, HEIGHT = 720, 420
+# Pixels at the top of a figure left to plotly's toolbar (the mode bar), so that the title never runs under it.
+_MODEBAR = 30
+# What a page passes to plotly with a figure: redraw at the container's width when the window changes.
+CONFIG: dict = {"responsive": True, "displaylogo": False}
 _FONT = {"family": "Arial, Helvetica, sans-serif", "size": 13, "color": "#222222"}
 _TITLE_MAX = 60  # characters of a title's main line; parameters go to the smaller second line
 _SUBTITLE_WRAP = 105  # characters per line of the subtitle at WIDTH
@@ -267,22 +277,54 @@ def _heading(what: str, model: object = None) -> str:
 
 def _style(fig: go.Figure, title: str, subtitle: str = "", *, width: int = WIDTH, height: int = HEIGHT,
            legend: bool = True, legend_title: str = "") -> go.Figure:
-    """Apply the house style: a short title, the parameters on a smaller second line, page size, white template."""
-    lines = _wrap(subtitle, int(width / 5.6)) if subtitle else []
+    """Apply the house style: a short title, the parameters on a smaller second line, a white template.
+
+    The figure has no fixed width: it fills its container (``autosize``; pages draw it with plotly's
+    ``config={"responsive": True}``, :data:`CONFIG`) and keeps its ``height``. ``width`` is its size in
+    print, kept in ``layout.meta["print_width"]`` for :func:`write_figures`. The title leaves the top
+    :data:`_MODEBAR` pixels to plotly's toolbar, and a figure of several panels leaves room for their
+    titles above the axis titles of the row before (the panels' spacing is set where they are made).
+    """
+    lines = _wrap(subtitle, min(_SUBTITLE_WRAP, int(width / 5.6))) if subtitle else []
     panels = getattr(fig, "_grid_ref", None) is not None and len(fig.layout.annotations) > 0  # subplot titles
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
     fig.update_layout(
-        title={"text": title, "x": 0.01, "xanchor": "left", "xref": "container", "y": 1 - 12 / height,
+        title={"text": title, "x": 0.01, "xanchor": "left", "xref": "container", "y": 1 - _MODEBAR / height,
                "yanchor": "top", "yref": "container", "font": {"size": 16},
                "subtitle": {"text": "<br>".join(lines), "font": {"size": 11, "color": "#555555"}}},
-        template="plotly_white", font=_FONT, width=width, height=height, showlegend=legend,
-        margin={"l": 72, "r": 24, "t": 48 + 14 * len(lines) + (24 if panels else 0), "b": 56},
+        template="plotly_white", font=_FONT, autosize=True, width=None, height=height, showlegend=legend,
+        meta={**meta, "print_width": int(width)},
+        margin={"l": 72, "r": 24, "t": _MODEBAR + 40 + 14 * len(lines) + (24 if panels else 0), "b": 56,
+                "autoexpand": True},
         legend={"title": {"text": legend_title}, "font": {"size": 12}, "bgcolor": "rgba(255,255,255,0.7)"},
         hoverlabel={"font_size": 12},
     )
-    fig.update_xaxes(title_font_size=13, tickfont_size=11)
-    fig.update_yaxes(title_font_size=13, tickfont_size=11)
+    fig.update_xaxes(title_font_size=13, tickfont_size=11, automargin=True)
+    fig.update_yaxes(title_font_size=13, tickfont_size=11, automargin=True)
     fig.update_annotations(font_size=12)
     return fig
+
+
+def print_size(figure: go.Figure) -> tuple[int, int]:
+    """A figure's (width, height) in pixels on paper: its ``layout.width`` if set, else the width it was
+    styled for (``layout.meta["print_width"]``), else :data:`WIDTH`; its height, else :data:`HEIGHT`.
+
+    Example:
+        >>> print_size(_style(go.Figure(), "A figure", width=900, height=500))
+        (900, 500)
+        >>> print_size(go.Figure(layout={"width": 640}))
+        (640, 420)
+    """
+    meta = figure.layout.meta if isinstance(figure.layout.meta, dict) else {}
+    return int(figure.layout.width or meta.get("print_width") or WIDTH), int(figure.layout.height or HEIGHT)
+
+
+def _panel_spacing(rows: int, height: int, *, top: int, bottom: int = 56, gap: int = 96) -> float:
+    """``vertical_spacing`` of ``rows`` rows of panels in a figure ``height`` pixels tall: ``gap`` pixels
+    between rows, room for the x-axis title of one row and the panel titles of the next."""
+    if rows <= 1:
+        return 0.1
+    return min(0.5 / rows, gap / max(height - top - bottom, 1))
 
 
 def _titled(title: str, what: str) -> tuple[str, str]:
@@ -542,7 +584,8 @@ def patch_figure(result) -> go.Figure:
 
     table = result.to_pandas()
     sites = list(dict.fromkeys(table["site"]))
-    fig = make_subplots(rows=1, cols=len(sites), subplot_titles=[site_label(s) for s in sites], shared_yaxes=False)
+    fig = make_subplots(rows=1, cols=len(sites), subplot_titles=[site_label(s) for s in sites], shared_yaxes=False,
+                        horizontal_spacing=0.1)  # room for each panel's axis title, at any width
     labels = result.params.get("position_labels")
     metric = str(result.params.get("metric", "value"))
     for col, site in enumerate(sites, start=1):
@@ -725,9 +768,9 @@ def study_correlation_figure(values: pd.DataFrame, stats: pd.DataFrame, *, metri
                 first = partial.iloc[0]
                 text += f"; given {label(first['control'])}: {float(first['rho']):.2f}"
             titles.append(text)
-    height = max(HEIGHT, 300 * len(metrics))
+    height = max(HEIGHT, 300 * len(metrics) + 60)
     fig = make_subplots(rows=len(metrics), cols=len(against), subplot_titles=titles,
-                        vertical_spacing=min(0.3, 110 / height) if len(metrics) > 1 else 0.1)
+                        vertical_spacing=_panel_spacing(len(metrics), height, top=124, gap=110))
     for r, metric in enumerate(metrics, start=1):
         for c, column in enumerate(against, start=1):
             fig.add_trace(go.Scatter(x=values[column], y=values[metric], mode="markers+text",
@@ -831,8 +874,9 @@ def updates_figure(table, *, title: str = ""):
 
     keys = [k for k in UPDATE_SUMMARY_KEYS if k in table]
     rows = max(1, -(-len(keys) // 3))
+    height = 300 * rows + 90
     fig = make_subplots(rows=rows, cols=3, subplot_titles=[_UPDATE_LABELS[k] for k in keys],
-                        horizontal_spacing=0.1, vertical_spacing=0.2)
+                        horizontal_spacing=0.1, vertical_spacing=_panel_spacing(rows, height, top=124))
     for i, key in enumerate(keys):
         r, c = i // 3 + 1, i % 3 + 1
         fig.add_trace(go.Scatter(x=table["layer"], y=table[key], mode="lines+markers", name=label(key),
@@ -842,7 +886,7 @@ def updates_figure(table, *, title: str = ""):
         fig.update_xaxes(title_text="layer", row=r, col=c)
         fig.update_yaxes(title_text=unit(key), row=r, col=c)
     heading, params = _titled(title, "Update geometry by layer")
-    _style(fig, heading, params, width=900, height=300 * rows + 60, legend=False)
+    _style(fig, heading, params, width=900, height=height, legend=False)
     return fig
 
 
@@ -871,8 +915,10 @@ def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str =
         raise ValueError(f"unknown metrics {missing}; available: {[c for c in table.columns if c not in (x, 'site', 'layer')]}")
     cols = min(3, len(metrics))
     rows = -(-len(metrics) // cols)
+    height = (230 if kind == "bar" else 270) * rows + 110
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[label(m) for m in metrics],
-                        horizontal_spacing=0.11, vertical_spacing=0.5 / max(rows, 1) if rows > 1 else 0.1)
+                        horizontal_spacing=0.11,
+                        vertical_spacing=_panel_spacing(rows, height, top=124, gap=130 if kind == "bar" else 96))
     groups = list(table.groupby("site", sort=False)) if "site" in table.columns and kind == "line" else [(None, table)]
     colours = _colours([str(site) for site, _ in groups])
     for index, metric in enumerate(metrics):
@@ -899,7 +945,7 @@ def metric_grid(table: pd.DataFrame, x: str, metrics: list[str], *, title: str =
     heading, params = _titled(title, "Metrics")
     if "log_isotropy" in metrics and (table["log_isotropy"] < -100).any():
         params += ("; " if params else "") + "log isotropy near −1000: I underflows to 0 (one dominant direction)"
-    _style(fig, heading, params, width=900 if cols == 3 else WIDTH, height=(230 if kind == "bar" else 270) * rows + 90,
+    _style(fig, heading, params, width=900 if cols == 3 else WIDTH, height=height,
            legend=len(groups) > 1 and kind == "line")
     return fig
 
@@ -924,7 +970,7 @@ def weight_geometry_figure(result, metrics: Sequence[str] | None = None) -> go.F
     _style(fig, _heading("Geometry of the unembedding and embedding", params.get("model")),
            "rows = token vectors; W_U raw: W_Uᵀ; W_U folded: (diag(ln_final.w) W_U)ᵀ; W_E: embedding"
            + (f"; {shown}" if shown else ""),
-           width=fig.layout.width, height=fig.layout.height, legend=False)
+           width=print_size(fig)[0], height=fig.layout.height, legend=False)
     return fig
 
 
@@ -1042,7 +1088,7 @@ def browser_path() -> str | None:
 def write_figures(figures: Sequence[go.Figure], paths: Sequence[str | Path], *, scale: float = 2.0) -> list[Path]:
     """Write figures as static files (PNG, SVG or PDF, from each path's suffix) through kaleido and Chromium.
 
-    Figures keep their page size (``layout.width/height``, default ``WIDTH x HEIGHT``); PNGs are
+    Figures keep their page size (:func:`print_size`: the width they were styled for); PNGs are
     drawn at ``scale`` (2: sharp in print). One browser serves every figure of the call. Each file is
     written beside its path and renamed into place, as the report's other files are: a symbolic link
     at a path is replaced, never written through.
@@ -1068,6 +1114,6 @@ def write_figures(figures: Sequence[go.Figure], paths: Sequence[str | Path], *, 
         temporary = [stack.enter_context(atomic_file(path)) for path in paths]  # renamed onto paths at the end
         pio.write_images(list(figures), [str(p) for p in temporary],
                          format=[p.suffix.lstrip(".").lower() for p in paths],
-                         width=[f.layout.width or WIDTH for f in figures],
-                         height=[f.layout.height or HEIGHT for f in figures], scale=scale)
+                         width=[print_size(f)[0] for f in figures],
+                         height=[print_size(f)[1] for f in figures], scale=scale)
     return paths

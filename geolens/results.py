@@ -24,7 +24,7 @@ from geolens import plotting
 from geolens._io import atomic_write_text
 from geolens._json import jsonable, parse_json, restore_non_finite
 
-__all__ = ["Result", "json_text"]
+__all__ = ["Result", "figure_bundle", "json_text"]
 
 
 # Columns that identify a row rather than measure something (see Result.long_rows).
@@ -151,36 +151,78 @@ class Result:
         except Exception as err:
             return None, f"{type(err).__name__}: {err}"
 
-    def _html(self, figure: Any, why_not: str = "") -> str:
-        """A one-line summary, the figure (carrying its own plotly.js), then the table folded away, head and tail."""
+    def _html(self, figure_html: str | None, why_not: str = "") -> str:
+        """A one-line summary, the figure's HTML (from plotly's renderers; no copy of plotly.js), the table folded away.
+
+        Where plotly's renderers give the figure no HTML (the default in Jupyter: front-ends draw it from
+        plotly's own mime type), a short note takes its place, for a front-end that shows only the HTML.
+        """
         table = self.to_pandas()
         head = (f"<p><b>{html.escape(self.title)}</b> <small>{html.escape(self._summary())}</small> "
                 f"<small>— {len(table)} rows; <code>.to_pandas()</code> for all of them</small></p>")
-        if figure is not None:
-            shown_figure = plotting.figure_html(figure)
-        else:
+        if figure_html:
+            shown_figure = figure_html
+        elif why_not:
             shown_figure = f"<p><small>(no figure: {html.escape(why_not)})</small></p>"
+        else:
+            shown_figure = FIGURE_NOTE
         label = "Table" if len(table) <= REPR_ROWS else f"Table (first and last {REPR_ROWS // 2} of {len(table)} rows)"
         return (f"{head}{shown_figure}<details><summary>{label}</summary>"
                 f"{_html_table(table)}</details>")
 
+    def _display(self) -> tuple[dict[str, Any], str]:
+        """The figure's mime bundle from plotly's renderers (empty without a figure) and the result's HTML."""
+        figure, why_not = self._figure()
+        bundle = figure_bundle(figure) if figure is not None else {}
+        return bundle, self._html(bundle.pop("text/html", None), why_not)
+
     def _repr_html_(self) -> str:
         """In Jupyter: a one-line summary, the figure, then the table folded away (at most ``REPR_ROWS`` rows)."""
-        return self._html(*self._figure())
+        return self._display()[1]
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """Jupyter's output: plotly's own figure JSON, the HTML (summary, figure, folded table) and the text repr.
+        """Jupyter's output: the figure as plotly shows it, the HTML (summary, figure, folded table), the text repr.
 
-        Front-ends that render plotly's mime type draw the figure from its JSON; the others (Colab,
-        exported HTML) use the HTML, whose figure loads its own plotly.js, so every output draws on
-        its own, whatever happened to the outputs before it.
+        The figure goes through plotly's own renderers (:func:`figure_bundle`), so the output follows
+        ``plotly.io.renderers.default`` as a plotly figure does: plotly's mime type by default (drawn by
+        JupyterLab, Notebook 7 and VS Code), the ``notebook`` renderer's HTML for the classic Notebook,
+        and so on. No output carries a copy of plotly.js: a notebook saved with results stays small.
         """
-        figure, why_not = self._figure()
-        bundle: dict[str, Any] = {"text/plain": repr(self), "text/html": self._html(figure, why_not)}
-        if figure is not None:
-            bundle[PLOTLY_MIME] = json.loads(figure.to_json())
+        bundle, text_html = self._display()
+        bundle = {**bundle, "text/plain": repr(self), "text/html": text_html}
         if include:
             bundle = {k: v for k, v in bundle.items() if k in include}
         if exclude:
             bundle = {k: v for k, v in bundle.items() if k not in exclude}
         return bundle
+
+
+# Where a result's HTML would hold its figure but plotly's renderers gave none (the figure is in plotly's
+# mime type beside it); docs/execute_notebooks.py puts the figure there for the site.
+FIGURE_NOTE = ("<p class='geolens-figure-note'><small>(the figure is drawn from plotly's own output; where it "
+               "does not show, set <code>plotly.io.renderers.default</code>, e.g. to "
+               "<code>\"notebook\"</code>)</small></p>")
+
+
+def figure_bundle(figure: Any) -> dict[str, Any]:
+    """The mime bundle plotly shows ``figure`` with under the renderers of ``plotly.io.renderers.default``.
+
+    Only plotly's mime-type renderers take part (``plotly_mimetype``, ``notebook``, ``vscode``...; those
+    that open a browser or write a file do not). Where they give nothing (no renderer chosen, as outside
+    Jupyter, or only external ones), the figure's JSON in plotly's mime type.
+
+    Example:
+        >>> import plotly.graph_objects as go
+        >>> bundle = figure_bundle(go.Figure(go.Scatter(y=[1, 2])))  # outside Jupyter: plotly's JSON
+        >>> sorted(bundle), sorted(bundle[PLOTLY_MIME])
+        (['application/vnd.plotly.v1+json'], ['data', 'layout'])
+    """
+    try:  # as plotly.io.show builds it: a renderer such as "notebook" loads plotly.js once, not per figure
+        from plotly.io._renderers import renderers
+
+        bundle = dict(renderers._build_mime_bundle(figure.to_dict()) or {})
+    except (ImportError, AttributeError):  # a plotly without that machinery: the figure's own bundle
+        bundle = dict(figure._repr_mimebundle_() or {})
+    if not bundle:
+        bundle = {PLOTLY_MIME: json.loads(figure.to_json())}
+    return bundle

@@ -58,6 +58,42 @@ return [divs.length, drawn.length];
 """
 
 
+# Each figure's drawn width (plotly's .main-svg and .plot-container) against the width of the element that
+# holds it: the report's .figure, a concept page's .geolens-figure, a notebook output, else the page's column.
+FIT_CHECK = """
+const holders = '.figure, .geolens-figure, .jp-OutputArea-output, .output_html, .output_area, article, body';
+return Array.from(document.querySelectorAll('.plotly-graph-div')).map(div => {
+  const holder = div.parentElement.closest(holders);
+  const box = holder.getBoundingClientRect(), style = getComputedStyle(holder);
+  const right = box.right - parseFloat(style.paddingRight) - parseFloat(style.borderRightWidth);
+  const drawn = Array.from(div.querySelectorAll('.main-svg, .plot-container'))
+      .map(e => e.getBoundingClientRect()).filter(r => r.width > 0);
+  const widest = Math.max(0, ...drawn.map(r => r.right));
+  return {id: div.id, holder: holder.className || holder.tagName, drawn: Math.round(Math.max(0, ...drawn.map(r => r.width))),
+          room: Math.round(right - Math.min(...drawn.map(r => r.left), box.left)),
+          over: Math.round(widest - Math.min(right, document.documentElement.clientWidth))};
+});
+"""
+FIT_WIDTHS = (1400, 900)  # window widths (pixels) at which every figure must fit its column
+
+
+def figures_overflowing(driver, path: Path, shot: str, widths=FIT_WIDTHS) -> dict[int, list[dict]]:
+    """Open ``path`` at each window width; the figures drawn wider than their container (by more than 1 px).
+
+    A screenshot at each width is saved as ``<shot>_<width>.png``. Also: ``{"figures": n}`` at each width
+    under key ``-width`` (the number of figures seen), so a page without figures is noticed.
+    """
+    found: dict[int, list[dict]] = {}
+    for width in widths:
+        driver.set_window_size(width, 1600)
+        page = open_page(driver, path, f"{shot}_{width}.png")
+        fits = driver.execute_script(FIT_CHECK)
+        found[width] = [f for f in fits if f["over"] > 1]
+        found[-width] = [{"figures": len(fits), "drawn": page["drawn"]}]
+    driver.set_window_size(1280, 2000)
+    return found
+
+
 def open_page(driver, path: Path, shot: str) -> dict:
     """Load ``path``, wait for plotly to draw, save a screenshot; return what the page holds."""
     import time
@@ -90,6 +126,11 @@ def test_report_renders_in_chromium(browser, neox_bridge, texts, tmp_path, monke
     toc = browser.find_element("id", "contents").find_elements("tag name", "a")
     assert len(toc) >= 6 and all(link.get_attribute("href").split("#")[1] for link in toc)
     assert page["shot"].stat().st_size > 10_000
+    # Every figure fits the page's column, on a wide window and a narrow one.
+    fits = figures_overflowing(browser, paths["report.html"], "report_width")
+    for width in FIT_WIDTHS:
+        assert fits[-width][0]["figures"] == page["figures"]
+        assert fits[width] == [], f"at {width} px, figures run past their column: {fits[width]}"
 
 
 @pytest.mark.slow
@@ -100,12 +141,26 @@ def test_executed_notebook_renders_in_chromium(browser, executed_notebooks, tmp_
         from tests.test_notebooks import execute
 
         nb = execute(ROOT / "examples" / "01_first_tour.ipynb")
+    import copy
+
+    from plotly.offline import get_plotlyjs
+
+    from tests.helpers import load_script
+
+    # Results show their figures as plotly's mime type (no plotly.js in the outputs), which nbconvert does
+    # not draw: as on the site, each becomes the figure's HTML, and the page loads plotly.js once.
+    nb = copy.deepcopy(nb)
+    builder = load_script("docs/execute_notebooks.py", "execute_notebooks")
+    assert builder.draw_bare_figures(nb) >= 2
+    builder.share_plotlyjs(nb)
+    (tmp_path / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
     # The "basic" template: the notebook's cells and outputs without nbconvert's own CDN scripts
     # (require.js, MathJax), which an offline machine cannot fetch; what is checked is what geolens shows.
     body, _ = nbconvert.HTMLExporter(template_name="basic").from_notebook_node(nb)
+    body = body.replace(builder.SITE_PLOTLY_JS, "plotly.min.js")
     path = tmp_path / "01_first_tour.html"
-    path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{body}</body></html>",
-                    encoding="utf-8")
+    path.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'><script src='plotly.min.js'></script></head>"
+                    f"<body>{body}</body></html>", encoding="utf-8")
     page = open_page(browser, path, "notebook_01_first_tour.png")
     assert page["errors"] == []
     assert page["figures"] >= 2 and page["drawn"] == page["figures"]

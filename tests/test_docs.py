@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser import SHOTS, browser  # noqa: F401  (the headless Chromium fixture)
+from tests.test_browser import FIT_WIDTHS, SHOTS, browser, figures_overflowing  # noqa: F401  (browser: a fixture)
 
 from tests.helpers import load_script
 
@@ -298,6 +298,103 @@ def test_formulas_are_typeset_offline(site, browser):
         assert total >= least and typeset == total, f"{page}: {typeset} of {total} formulas typeset"
         assert errors == 0, f"{page}: {errors} formulas KaTeX could not parse"
         assert "$$" not in text and "\\frac" not in text, f"{page}: raw TeX left in the page"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", ["concepts/spectra.html"] + [f"tutorials/{p.stem}.html" for p in NOTEBOOKS])
+def test_figures_fit_the_page(site, browser, page):
+    """No figure is drawn wider than its column, at a wide window and a narrow one."""
+    fits = figures_overflowing(browser, site / page, "fit_" + page.replace("/", "_").replace(".html", ""))
+    for width in FIT_WIDTHS:
+        assert fits[-width][0]["figures"] >= 1, f"{page}: no figure at {width} px"
+        assert fits[width] == [], f"{page} at {width} px: figures run past their column: {fits[width]}"
+
+
+def internal_links(site: Path) -> tuple[list[str], int]:
+    """Every internal link of the built site that leads nowhere: ``page -> href`` where the file is
+    missing, or the ``#anchor`` is no id of the page it points to; and the number of links checked.
+
+    External links (a scheme, ``//host``, ``mailto:``) are not followed, nor those of ``404.html``, which a
+    server shows at any path (its links start at the site's root).
+    """
+    import html as html_lib
+    import re
+    from urllib.parse import unquote, urlsplit
+
+    ids: dict[Path, set[str]] = {}
+
+    def ids_of(page: Path) -> set[str]:
+        if page not in ids:
+            text = page.read_text(encoding="utf-8", errors="replace")
+            ids[page] = {html_lib.unescape(m) for m in re.findall(r'\b(?:id|name)=["\']([^"\']+)["\']', text)}
+        return ids[page]
+
+    dead, checked = [], 0
+    for page in sorted(site.rglob("*.html")):
+        if page.name == "404.html":  # served by a web server at any path: its links are absolute, from the root
+            continue
+        text = page.read_text(encoding="utf-8", errors="replace")
+        for href in re.findall(r'<a\b[^>]*?\shref=["\']([^"\']*)["\']', text):
+            href = html_lib.unescape(href)
+            parts = urlsplit(href)
+            if parts.scheme or href.startswith("//") or not href:
+                continue
+            checked += 1
+            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.is_file():
+                dead.append(f"{page.relative_to(site)} -> {href} (no file)")
+            elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in ids_of(target):
+                dead.append(f"{page.relative_to(site)} -> {href} (no such anchor)")
+    return dead, checked
+
+
+@pytest.mark.slow
+def test_every_internal_link_resolves(site):
+    """Every internal href of the built site, the notebooks' included, leads to a file and its #anchor to an id
+    (mkdocs --strict checks the Markdown pages' links, not those of the rendered notebooks)."""
+    dead, checked = internal_links(site)
+    assert checked > 500
+    assert dead == [], f"{len(dead)} dead links:\n" + "\n".join(dead[:40])
+    tour = (site / "tutorials" / "01_first_tour.html").read_text(encoding="utf-8")
+    assert 'href="../benchmarks.html"' in tour and 'href="02_masking_and_pc1_ablation.html"' in tour
+
+
+def test_notebook_links_resolve_in_jupyter_from_examples():
+    """In Jupyter, opened from examples/, every relative link of a notebook reaches a file of the repository
+    (the docs' pages as ../docs/<page>.md, the other notebooks by name) and an anchor a heading of it."""
+    import re
+
+    nbformat = pytest.importorskip("nbformat")
+    builder = _load_builder()
+    dead = []
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "markdown":
+                continue
+            for target in re.findall(r"\]\(([^)\s]+)\)", cell.source):
+                if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
+                    continue
+                file, _, anchor = target.partition("#")
+                found = (path.parent / file).resolve()
+                if not found.is_file():
+                    dead.append(f"{path.name} -> {target}")
+                elif anchor and found.suffix == ".md":
+                    headings = [builder_slug(h) for h in re.findall(r"^#+\s+(.+?)\s*$", found.read_text(encoding="utf-8"),
+                                                                     re.M)]
+                    if anchor not in headings:
+                        dead.append(f"{path.name} -> {target} (no heading)")
+                # On the site the same link becomes a page of the site (checked on the built site above).
+                assert builder.site_link(target) != target or not file.endswith((".md", ".ipynb")), target
+    assert dead == [], dead
+
+
+def builder_slug(heading: str) -> str:
+    """The id Python-Markdown's toc extension gives a heading (its default slugify)."""
+    from markdown.extensions.toc import slugify
+
+    return slugify(heading, "-")
 
 
 @pytest.mark.slow

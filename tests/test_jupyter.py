@@ -1,8 +1,10 @@
-"""Results in Jupyter: plotly's own output (figure JSON + an HTML fallback that carries plotly.js), small reprs.
+"""Results in Jupyter: the figure through plotly's own renderers (no copy of plotly.js), small reprs.
 
-Every output draws on its own: a notebook with two results, the first output cleared (as a front-end
-does when a cell is cleared or re-run), exported to HTML, still draws the second figure in headless
-Chromium. The text and HTML reprs show at most ``REPR_ROWS`` rows, head and tail, with the row count.
+A result's output is the mime bundle plotly gives its figure under ``plotly.io.renderers.default``
+(plotly's mime type in Jupyter), plus HTML (summary, folded table) and text. With the ``notebook``
+renderer the figure's HTML joins the result's, plotly.js is loaded once by plotly, and a notebook of
+two results exported to HTML draws both in headless Chromium. The text and HTML reprs show at most
+``REPR_ROWS`` rows, head and tail, with the row count.
 """
 
 from __future__ import annotations
@@ -18,12 +20,9 @@ import torch
 
 import geolens
 from geolens.plotting import figure_html
-from geolens.results import PLOTLY_MIME, REPR_ROWS, Result
+from geolens.results import FIGURE_NOTE, PLOTLY_MIME, REPR_ROWS, Result
 from plotly.offline import get_plotlyjs
 from tests.test_browser import browser  # noqa: F401  (the headless Chromium fixture)
-
-PLOTLYJS_SIZE = len(get_plotlyjs())
-
 
 class _LineResult(Result):
     """A result whose figure is one line over its rows, to test the reprs apart from any analysis."""
@@ -69,17 +68,38 @@ def test_mimebundle_has_plotly_json_html_and_text():
     assert _values(figure["data"][0]["y"]) == pytest.approx([0.5 + i / 7 for i in range(30)])
     assert bundle["text/plain"] == repr(result)
     assert _without_ids(bundle["text/html"]) == _without_ids(result._repr_html_())
-    # The HTML fallback loads its own plotly.js: it draws without any earlier output.
-    assert get_plotlyjs()[-2000:] in bundle["text/html"] and "plotly-graph-div" in bundle["text/html"]
+    # No copy of plotly.js: the figure is plotly's JSON; the HTML says where it is drawn.
+    assert get_plotlyjs()[-2000:] not in bundle["text/html"] and FIGURE_NOTE in bundle["text/html"]
+    assert len(bundle["text/html"]) < 20_000
     assert set(result._repr_mimebundle_(include={"text/plain"})) == {"text/plain"}
     assert PLOTLY_MIME not in result._repr_mimebundle_(exclude={PLOTLY_MIME})
 
 
-def test_every_figure_carries_plotlyjs_not_only_the_first():
+def test_figure_html_carries_plotlyjs_unless_told_not_to_and_fills_its_container():
     figure = go.Figure(go.Scatter(y=[1, 2]))
-    first, second = figure_html(figure), figure_html(figure)
-    assert get_plotlyjs()[-2000:] in first and get_plotlyjs()[-2000:] in second
-    assert get_plotlyjs()[-2000:] not in figure_html(figure, include_plotlyjs=False)
+    assert get_plotlyjs()[-2000:] in figure_html(figure)
+    fragment = figure_html(figure, include_plotlyjs=False)
+    assert get_plotlyjs()[-2000:] not in fragment
+    assert "width:100%" in fragment.replace(" ", "") and '"responsive": true' in fragment
+
+
+@pytest.mark.parametrize("renderer, html_figure", [("plotly_mimetype", False), ("notebook", True),
+                                                    ("plotly_mimetype+notebook", True), ("browser", False)])
+def test_the_figure_follows_plotlys_renderer(renderer, html_figure, monkeypatch):
+    """The figure's part of the output is what plotly's renderers give it, never a copy of plotly.js."""
+    import plotly.io as pio
+
+    from geolens.results import figure_bundle
+
+    monkeypatch.setattr(pio.renderers, "default", renderer)
+    bundle = _result(5)._repr_mimebundle_()
+    # plotly's mime type where the renderers give it, its JSON where they give nothing (no mime renderer chosen)
+    assert (PLOTLY_MIME in bundle) == (renderer != "notebook")
+    assert ("plotly-graph-div" in bundle["text/html"]) == html_figure
+    assert (FIGURE_NOTE in bundle["text/html"]) != html_figure
+    assert get_plotlyjs()[-2000:] not in bundle["text/html"]
+    if renderer == "notebook":
+        assert set(figure_bundle(_result(5).plot())) == {"text/html"}
 
 
 def test_result_without_figure_shows_its_numbers_and_no_plotly_json():
@@ -121,12 +141,9 @@ def test_html_table_is_folded_head_and_tail_with_a_row_marker(n_rows):
 
 
 def test_html_size_does_not_grow_with_the_table():
-    """Beyond plotly.js and the figure's own data, the HTML is the same size for 96 rows or 20 000."""
+    """The HTML (the figure is plotly's JSON beside it) is the same size for 96 rows or 20 000."""
     def rest(n_rows: int) -> int:
-        result = _result(n_rows)
-        text = result._repr_html_()
-        figure_data = len(result.plot().to_json())
-        return len(text) - PLOTLYJS_SIZE - figure_data
+        return len(_result(n_rows)._repr_html_())
 
     small, large = rest(96), rest(20_000)
     assert small < 20_000
@@ -155,7 +172,7 @@ def test_pga_result_repr_of_a_real_analysis():
     assert len(_body_rows(bundle["text/html"])) == REPR_ROWS + 1  # head, "… N rows …", tail
 
 
-# ---------------------------------------------------------------- a fresh kernel, a cleared output, Chromium
+# ---------------------------------------------------------------- a fresh kernel, plotly's renderers, Chromium
 
 SETUP = """\
 import torch
@@ -167,11 +184,11 @@ tokens = torch.randint(0, model.cfg.d_vocab, (3, 12), generator=torch.Generator(
 """
 FIRST = "geolens.pga(model, tokens, k=4, n_null=5, n_tokens=20, progress=False)"
 SECOND = "geolens.pga(model, tokens, k=2, n_null=5, ccr=[0, 1], n_tokens=20, progress=False)"
+CLASSIC = "import plotly.io as pio\npio.renderers.default = 'notebook'  # the classic Notebook's renderer"
 
 
-@pytest.fixture(scope="module")
-def two_results_notebook(tmp_path_factory):
-    """A tiny notebook, executed in a fresh kernel: set-up, then two results shown one cell each."""
+def _run(*sources: str):
+    """A tiny notebook of these cells, executed in a fresh kernel with nothing set up for it."""
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
     from pathlib import Path
@@ -179,39 +196,49 @@ def two_results_notebook(tmp_path_factory):
     from nbclient import NotebookClient
 
     root = Path(__file__).resolve().parents[1]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in (SETUP, FIRST, SECOND)])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(root)}}).execute()
     return nb
 
 
+@pytest.fixture(scope="module")
+def two_results_notebook():
+    """Set-up, then two results shown one cell each, with plotly's default renderer in a kernel."""
+    return _run(SETUP, FIRST, SECOND)
+
+
 @pytest.mark.slow
-def test_each_result_output_in_a_kernel_is_plotlys_bundle_with_its_own_plotlyjs(two_results_notebook):
+def test_each_result_output_in_a_kernel_is_plotlys_mimetype_without_plotlyjs(two_results_notebook):
+    nbformat = pytest.importorskip("nbformat")
     for cell in two_results_notebook.cells[1:]:
         (output,) = [out for out in cell.outputs if out.output_type == "execute_result"]
-        assert set(output["data"]) >= {"text/plain", "text/html", PLOTLY_MIME}
-        assert "PGAResult</b>" in output["data"]["text/html"]
-        assert get_plotlyjs()[-2000:] in output["data"]["text/html"]  # not only in the first output shown
+        assert set(output["data"]) == {"text/plain", "text/html", PLOTLY_MIME}
+        assert "PGAResult</b>" in output["data"]["text/html"] and FIGURE_NOTE in output["data"]["text/html"]
+        assert get_plotlyjs()[-2000:] not in output["data"]["text/html"]
         assert output["data"]["text/plain"].splitlines()[-1].endswith("columns]")
+    assert len(nbformat.writes(two_results_notebook)) < 200_000  # was 9.5 MB with plotly.js in each output
 
 
 @pytest.mark.slow
-def test_second_result_draws_after_the_first_output_is_cleared(browser, two_results_notebook, tmp_path):
-    import copy
-
+def test_results_draw_with_the_classic_notebook_renderer(browser, tmp_path):
+    """With ``pio.renderers.default = "notebook"`` each result's HTML holds its figure and plotly loads
+    plotly.js once, in the first output: the notebook exported to HTML draws both figures."""
     nbconvert = pytest.importorskip("nbconvert")
     from tests.test_browser import open_page
 
-    nb = copy.deepcopy(two_results_notebook)
-    nb.cells[1].outputs = []  # a cleared cell: the first result's output, and whatever it carried, is gone
-    nb.cells[1].execution_count = None
+    nb = _run(SETUP, CLASSIC, FIRST, SECOND)
+    results = [out for cell in nb.cells[2:] for out in cell.outputs if out.output_type == "execute_result"]
+    assert len(results) == 2 and all("plotly-graph-div" in out["data"]["text/html"] for out in results)
+    assert all(get_plotlyjs()[-2000:] not in out["data"]["text/html"] for out in results)
     # The "basic" template: the cells' outputs without nbconvert's CDN scripts, which an offline machine
-    # cannot fetch; what is checked is what geolens's output brings with it.
+    # cannot fetch; what is checked is what the outputs bring with them.
     body, _ = nbconvert.HTMLExporter(template_name="basic").from_notebook_node(nb)
-    assert body.count("plotly-graph-div") >= 1 and "PGAResult</b>" in body
-    path = tmp_path / "cleared_first_output.html"
+    assert body.count(get_plotlyjs()[-2000:]) == 1
+    path = tmp_path / "classic_renderer.html"
     path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{body}</body></html>",
                     encoding="utf-8")
-    page = open_page(browser, path, "jupyter_cleared_first_output.png")
-    assert page["errors"] == []
-    assert page["figures"] == 1 and page["drawn"] == 1
-    assert browser.execute_script("return document.querySelectorAll('.plotly-graph-div svg.main-svg').length") >= 1
+    page = open_page(browser, path, "jupyter_classic_renderer.png")
+    # The notebook renderer's HTML asks a CDN for MathJax, which an offline machine cannot reach.
+    errors = [e for e in page["errors"] if "mathjax" not in e.lower()]
+    assert errors == []
+    assert page["figures"] == 2 and page["drawn"] == 2

@@ -90,10 +90,30 @@ def test_notebook_runs_and_shows_its_results(path, executed_notebooks):
     executed_notebooks[path.stem] = nb
     injected = [c for c in nb.cells if builder.INJECTED_TAG in c.metadata.get("tags", [])]
     assert len(injected) == 1 and injected[0].outputs == [], "the small sizes were not injected"
-    htmls = [out.get("data", {}).get("text/html", "") for cell in nb.cells if cell.cell_type == "code"
-             for out in cell.outputs]
-    shown = [h for h in htmls if "Result</b>" in h]
+    outputs = [out.get("data", {}) for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+    shown = [data for data in outputs if "Result</b>" in data.get("text/html", "")]
     assert shown, f"{path.name} displays no geolens result"
-    assert all("plotly-graph-div" in h for h in shown), "a result's HTML repr lacks its figure"
+    # The figure as plotly's own output (the kernel's default renderer), beside the summary and table.
+    assert all(builder.PLOTLY_MIME in data or "no figure" in data["text/html"] for data in shown), \
+        "a result's output lacks its figure"
     written = nb.metadata["geolens_run"]["out_files"]
     assert any(f.startswith(f"out/{path.stem}/") for f in written), f"{path.name} wrote nothing under out/{path.stem}/"
+
+
+# The most a notebook executed at its small sizes may weigh, saved as nbclient leaves it (what a user saves
+# in Jupyter: a plain kernel, nothing done for the site). Outputs carry no copy of plotly.js (4.7 MB).
+MAX_SAVED_KB = {"01_first_tour": 300}
+MAX_SAVED_KB_OTHERS = 600
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_saved_notebook_is_light(path, executed_notebooks):
+    from plotly.offline import get_plotlyjs
+
+    nb = executed_notebooks.get(path.stem) or execute(path)
+    executed_notebooks[path.stem] = nb
+    saved = nbformat.writes(nb)
+    assert get_plotlyjs()[-2000:] not in saved, f"{path.name}: an output carries plotly.js"
+    limit = MAX_SAVED_KB.get(path.stem, MAX_SAVED_KB_OTHERS)
+    assert len(saved.encode()) <= limit * 1024, f"{path.name} saved weighs {len(saved.encode()) / 1024:.0f} KB > {limit} KB"

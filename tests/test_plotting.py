@@ -231,7 +231,8 @@ def test_short_title_with_parameters_on_a_second_line(name):
     assert 0 < len(main) <= 60 and "<br>" not in main, main
     assert "=" not in main, f"parameters belong to the subtitle: {main!r}"
     assert fig.layout.template.layout.paper_bgcolor in ("white", "#fff", "#ffffff", "rgb(255,255,255)")
-    assert fig.layout.width and fig.layout.height and fig.layout.font.size >= 12
+    assert fig.layout.width is None and fig.layout.autosize and fig.layout.height and fig.layout.font.size >= 12
+    assert plotting.print_size(fig)[0] >= 600  # its width in print
 
 
 @pytest.mark.parametrize("name", list(FIGURES))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from geolens._io import atomic_write_text
+from geolens.plotting import figure_html
 
 __all__ = ["Section", "result_tables", "versions", "write_html"]
 
@@ -58,7 +59,7 @@ def result_tables(result: Any) -> dict[str, Any]:
 
 
 _STYLE = """
-:root{--ink:#1d2329;--muted:#5b6670;--line:#dde2e6;--accent:#2c6fbb;--bad:#a3261b}
+html{overflow-y:scroll} :root{--ink:#1d2329;--muted:#5b6670;--line:#dde2e6;--accent:#2c6fbb;--bad:#a3261b}
 *{box-sizing:border-box} body{font:15px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--ink);
 margin:0 auto;padding:2em 1.5em 4em;max-width:1120px} h1{font-size:1.7em;margin:0 0 .2em}
 h2{font-size:1.3em;margin:2.2em 0 .4em;padding-top:.6em;border-top:1px solid var(--line)}
@@ -129,7 +130,8 @@ def write_html(
         if section.caption:
             parts.append(f"<p class='caption'>{html.escape(section.caption)}</p>")
         for figure in section.figures:
-            parts.append("<div class='figure'>" + figure.to_html(full_html=False, include_plotlyjs=False) + "</div>")
+            # No fixed width: the figure fills the column and follows the window (plotly's responsive config).
+            parts.append("<div class='figure'>" + figure_html(figure, include_plotlyjs=False) + "</div>")
         parts.append("<details><summary>Parameters</summary>" + _dict_table(section.result.params) + "</details>")
         tables = result_tables(section.result)
         for label, table in tables.items():
