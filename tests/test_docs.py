@@ -73,8 +73,8 @@ def test_site_builds_with_every_page(site):
                  "concepts/lenses-phases.html", "concepts/causal.html", "concepts/convergence.html",
                  "tutorials/01_first_tour.html", "howto/own-model.html", "howto/ray.html",
                  "howto/large_models.html", "cli.html", "api/index.html", "api/metrics.html",
-                 "benchmarks.html", "changelog.html", "references.html", "methods.html", "gallery.html",
-                 "api/pga.html", "api/more.html"):
+                 "benchmarks.html", "changelog.html", "references.html", "methods.html", "gallery.html", "glossary.html",
+                 "api/pga.html", "api/more.html", "troubleshooting.html"):
         assert (site / page).is_file(), f"{page} was not built"
     assert (site / "assets" / "javascripts" / "plotly.min.js").stat().st_size > 1_000_000
     # Search from disk: the offline plugin writes the index as a script next to the JSON one.

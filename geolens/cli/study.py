@@ -107,7 +107,7 @@ def run_study_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
     if args.address is not None and args.executor != "ray":
         parser.error("--address needs --executor ray")
     if args.executor == "ray" and importlib.util.find_spec("ray") is None:
-        parser.error("--executor ray needs Ray: pip install 'geolens[ray]'")
+        parser.error("--executor ray needs Ray (the extra geolens-tl[ray]): pip install 'ray>=2.9'")
     try:
         check_study_dir(args.out, writing=True)  # another tool's study.json there is never overwritten
     except (ValueError, OSError) as err:

@@ -16,14 +16,17 @@ from typing import Any, Sequence
 
 from geolens._io import atomic_write_text
 from geolens.plotting import figure_html
+from geolens._version import __version__
 
 __all__ = ["Section", "result_tables", "versions", "write_html"]
 
 
 def versions() -> dict[str, str]:
     """Versions of the packages that shape the numbers."""
-    out = {"python": platform.python_version()}
-    for name in ("geolens", "transformer-lens", "torch", "transformers", "numpy", "scipy", "scikit-learn"):
+    # geolens's own version from the package imported (its distribution is named geolens-tl; an unrelated
+    # distribution on the package index is named geolens).
+    out = {"python": platform.python_version(), "geolens": __version__}
+    for name in ("transformer-lens", "torch", "transformers", "numpy", "scipy", "scikit-learn"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -163,7 +163,7 @@ def _run_ray(cells: list[Cell], record: Callable[[Cell, dict], None], *, address
     try:
         import ray
     except ImportError:
-        raise ImportError("executor='ray' needs Ray: pip install 'geolens[ray]'") from None
+        raise ImportError("executor='ray' needs Ray (the extra geolens-tl[ray]): pip install 'ray>=2.9'") from None
     started_here = False
     if not ray.is_initialized():
         if address is not None:
