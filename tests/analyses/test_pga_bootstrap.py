@@ -16,9 +16,7 @@ from scipy.stats import spearmanr
 
 import geolens
 import geolens.report
-from geolens.analyses.pga import _resample_score, _score_states, text_resamples
-from geolens.metrics.bootstrap import resampled_rank_alignment
-from geolens.metrics.pga import _centred_and_reduced, _jackknife_blocks, sample_pairs, shared_pair_sample
+from geolens.analyses.pga import _score_states, resample_pairs, resampled_z, text_resamples
 from geolens.capture import States
 from geolens.metrics import random_subspaces, readout_basis, subspace_pga
 from geolens.model import as_adapter
@@ -26,20 +24,18 @@ from geolens.model import as_adapter
 K, N_NULL = 4, 6
 
 
-def reference_z(states: np.ndarray, picked: np.ndarray, readout: np.ndarray, nulls: np.ndarray, m: int,
+def reference_z(rows: np.ndarray, source: np.ndarray, readout: np.ndarray, nulls: np.ndarray, m: int,
                 drop: bool = True) -> float:
-    """PGA z of a resample by numpy and scipy: the sample's rows centred and CCR-m by SVD (the point
-    estimate's preprocessing), the resample's copies of them (``picked``), cosine pdist, pairs of a row with
+    """PGA z of resampled rows by numpy and scipy: centre, CCR-m by SVD, cosine pdist, pairs of a row with
     its own copy left out (``drop``), scipy's Spearman (average ranks for the duplicated pairs' ties)."""
-    c = states - states.mean(0)
+    c = rows - rows.mean(0)
     if m:
         vt = np.linalg.svd(c, full_matrices=False)[2][:m]
         c = c - c @ vt.T @ vt
-    rows = c[picked]
     i, j = np.triu_indices(len(rows), 1)  # pdist order
-    keep = picked[i] != picked[j] if drop else np.ones(i.size, dtype=bool)
-    full = pdist(rows, "cosine")[keep]
-    rhos = np.array([spearmanr(full, pdist(rows @ q, "cosine")[keep]).statistic for q in [readout, *nulls]])
+    keep = source[i] != source[j] if drop else np.ones(i.size, dtype=bool)
+    full = pdist(c, "cosine")[keep]
+    rhos = np.array([spearmanr(full, pdist(c @ q, "cosine")[keep]).statistic for q in [readout, *nulls]])
     return float((rhos[0] - rhos[1:].mean()) / rhos[1:].std(ddof=1))
 
 
@@ -59,9 +55,9 @@ def test_resampled_z_equals_an_independent_reference_on_the_resampled_rows(nativ
         h = states.layer(site, layer).numpy()
         for m in (0, 2):
             for b, picked in enumerate(resamples):
-                expected = reference_z(h, picked.numpy(), readout, nulls, m)
+                expected = reference_z(h[picked.numpy()], picked.numpy(), readout, nulls, m)
                 assert resampled[(site, layer, m)][b] == pytest.approx(expected, abs=1e-7)
-                kept = reference_z(h, picked.numpy(), readout, nulls, m, drop=False)
+                kept = reference_z(h[picked.numpy()], picked.numpy(), readout, nulls, m, drop=False)
                 moved.append(abs(kept - expected))
                 checked += 1
     assert checked == 18
@@ -76,21 +72,20 @@ def test_resampled_z_equals_an_independent_reference_on_the_resampled_rows(nativ
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-9), (torch.float32, 2e-3)])
-def test_the_whole_sample_as_a_resample_is_the_metric_function(dtype, tol):
+def test_a_resample_without_duplicates_is_the_metric_function_on_its_rows(dtype, tol):
     g = torch.Generator().manual_seed(0)
     h = (torch.randn(60, 10, generator=g, dtype=torch.float64) * torch.linspace(2, 0.5, 10, dtype=torch.float64))
     h = h.to(dtype)
     readout = torch.linalg.qr(torch.randn(10, 3, generator=g, dtype=torch.float64))[0].to(dtype)
     nulls = random_subspaces(10, 3, 8, seed=3, dtype=dtype)
     subspaces = torch.cat([readout[None], nulls])
-    pairs = sample_pairs(60, 60 * 59 // 2)
-    ones = torch.ones(1, 60, dtype=torch.int64)  # every text (here a row) drawn once
-    blocks, _ = _jackknife_blocks(pairs.n_pairs, 32, seed=0)
-    for m in (0, 1, 3):
-        processed, _ = _centred_and_reduced(h, readout, m, dtype)
-        rhos, deleted = resampled_rank_alignment(processed, subspaces, pairs, torch.arange(60), ones, blocks, 32)
+    pairs = resample_pairs(torch.arange(60))
+    assert pairs.n_pairs == pairs.total == 60 * 59 // 2
+    got = resampled_z(h, subspaces, [0, 1, 3], pairs)
+    projected = resampled_z(h, subspaces, [0, 1, 3], pairs, projected=h @ subspaces)  # the update of projections
+    for m, value, again in zip((0, 1, 3), got, projected):
         direct = subspace_pga(h, readout, null_subspaces=nulls, ccr=m).z
-        assert _resample_score(rhos[0], deleted[0], None) == pytest.approx(direct, abs=tol)
+        assert value == pytest.approx(direct, abs=tol) and again == pytest.approx(direct, abs=tol)
 
 
 def test_a_resample_on_sampled_pairs_takes_their_noise_out_of_the_null_spread_as_the_point_estimate_does():
@@ -98,18 +93,25 @@ def test_a_resample_on_sampled_pairs_takes_their_noise_out_of_the_null_spread_as
     h = torch.randn(120, 10, generator=g) * torch.linspace(2, 0.5, 10)
     readout = torch.linalg.qr(torch.randn(10, 3, generator=g))[0]
     nulls = random_subspaces(10, 3, 12, seed=3)
-    pairs = shared_pair_sample(120, 2000, 0)  # the point estimate's pairs
-    blocks, _ = _jackknife_blocks(2000, 32, seed=0)
-    ones = torch.ones(1, 120, dtype=torch.int64)
-    for m in (0, 1):
-        processed, _ = _centred_and_reduced(h, readout, m, h.dtype)
-        rhos, deleted = resampled_rank_alignment(processed, torch.cat([readout[None], nulls]), pairs,
-                                                 torch.arange(120), ones, blocks, 32)
-        value = _resample_score(rhos[0], deleted[0], 1.0 - 2000 / (120 * 119 / 2))
+    pairs = resample_pairs(torch.arange(120), 2000, seed=0)  # no row drawn twice: the point estimate's pairs
+    assert pairs.n_pairs == 2000 and not pairs.exact
+    got = resampled_z(h, torch.cat([readout[None], nulls]), [0, 1], pairs)
+    for m, value in zip((0, 1), got):
         score = subspace_pga(h, readout, null_subspaces=nulls, ccr=m, n_pairs=2000, seed=0)
-        assert score.pair_noise_std > 0 and value == pytest.approx(score.z, abs=1e-3)
+        assert score.pair_noise_std > 0 and value == pytest.approx(score.z, abs=1e-4)
         raw = (score.rho_readout - score.null_mean) / score.null_std_raw  # the spread as observed: nearer 0
         assert abs(value) > abs(raw)
+
+
+def test_resample_pairs_drop_exactly_the_pairs_of_a_row_with_its_own_copy():
+    source = torch.tensor([5, 5, 5, 2, 9, 9, 4])  # row 5 drawn three times, row 9 twice
+    pairs = resample_pairs(source)
+    kept = set(zip(pairs.i.tolist(), pairs.j.tolist()))
+    assert pairs.total == len(kept) == 21 - 3 - 1 and pairs.exact  # total: the pairs there are to rank
+    assert all(int(source[a]) != int(source[b]) for a, b in kept)
+    assert (0, 3) in kept and (1, 3) in kept and (4, 6) in kept  # copies of different rows keep their pairs
+    sampled = resample_pairs(torch.arange(200) // 2, 5000, seed=1)  # 100 rows, each drawn twice
+    assert sampled.n_pairs < 5000 and bool((sampled.i // 2 != sampled.j // 2).all())
 
 
 def test_text_resamples_keep_a_texts_rows_together_and_are_seeded():
