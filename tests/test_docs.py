@@ -207,9 +207,10 @@ def test_citation_names_this_version_and_the_three_papers():
     import geolens
 
     yaml = pytest.importorskip("yaml")
-    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M).group(1)
+    # The version is written once, in geolens/_version.py, which pyproject reads.
+    assert 'version = { attr = "geolens._version.__version__" }' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     citation = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
-    assert citation["version"] == version == geolens.__version__
+    assert citation["version"] == geolens.__version__
     assert citation["title"] == "geolens" and citation["license"] == "MIT"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     papers = re.findall(r"arXiv:(\d{4}\.\d{5})", readme.split("## The papers")[1].split("\n## ")[0])
@@ -217,7 +218,7 @@ def test_citation_names_this_version_and_the_three_papers():
     assert sorted(cited) == sorted(papers) and len(papers) == 3
     references = (ROOT / "docs" / "references.md").read_text(encoding="utf-8")
     bibtex = references.split("## Cite")[1].split("\n## ")[0]
-    assert f"version = {{{version}}}" in bibtex
+    assert f"version = {{{geolens.__version__}}}" in bibtex
     assert sorted(re.findall(r"eprint\s*=\s*\{([\d.]+)\}", bibtex)) == sorted(papers)
     assert "docs/references.md#cite" in readme
 

@@ -111,6 +111,10 @@ def test_the_wheel_installs_and_its_console_script_writes_the_quick_report(tmp_p
     bin_dir = venv / ("Scripts" if os.name == "nt" else "bin")
     # As the README installs it (--find-links dist "geolens-tl[...]"), with no index: every dependency the
     # wheel declares must already be here, or pip fails.
+    # The wheel itself first (the test environment's editable geolens-tl, seen through the .pth file, would
+    # otherwise count as installed), then the requirement again: pip resolves every dependency the wheel
+    # declares, with no index, so a missing one fails.
+    _run([bin_dir / "python", "-m", "pip", "install", "--no-index", "--force-reinstall", "--no-deps", wheel], cwd=tmp_path)
     _run([bin_dir / "python", "-m", "pip", "install", "--no-index", "--find-links", wheel.parent, DIST], cwd=tmp_path)
     installed = time.perf_counter()
 
