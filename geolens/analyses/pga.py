@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
-import scipy.linalg
 import torch
 from tqdm.auto import tqdm
 
@@ -19,10 +18,9 @@ from geolens.capture import States, capture
 from geolens.interventions import subspace_basis
 from geolens.metrics.grassmann import random_subspaces
 from geolens.metrics.intervals import INTERVAL_LEVEL, MIN_FINITE_FRACTION, symmetric_interval
-from geolens.metrics.pga import (MIN_SAMPLED_PAIRS, PairSample, sample_pairs, sampled_rank_alignment, sampled_z,
-                                 subspace_pga)
-from geolens.metrics.preprocess import SPREAD_RTOL, center, check_spread
+from geolens.metrics.pga import MIN_SAMPLED_PAIRS, PairSample, subspace_pga
 from geolens.metrics.readout import readout_basis
+from geolens.metrics.resampling import LayerResampler, resample_pairs, text_resamples
 from geolens.model import READOUTS, Model, as_adapter
 from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
@@ -419,170 +417,13 @@ def _check_texts(states: States, n_resamples: int) -> None:
                       "params['bootstrap']['few_texts'])", stacklevel=3)
 
 
-def text_resamples(batch_index: torch.Tensor, n_resamples: int, *, seed: int = 0) -> list[torch.Tensor]:
-    """``n_resamples`` bootstrap resamples of the texts, as row indices: each draws as many texts as there
-    are (with replacement) and takes every row of each drawn text, so a text's positions stay together.
-
-    ``batch_index`` is ``States.batch_index`` (the text of each row); only texts with rows are drawn.
-    Seeded by ``seed`` (NumPy ``default_rng``), so :func:`pga` and a caller get the same resamples.
-
-    Example:
-        >>> rows = text_resamples(torch.tensor([0, 0, 1, 2, 2, 2]), 2, seed=0)
-        >>> [r.tolist() for r in rows]     # texts (0, 1, 1) and (0, 1, 2): rows of a text stay together
-        [[0, 1, 2, 2], [0, 1, 2, 3, 4, 5]]
-    """
-    n_resamples = check_int(n_resamples, "n_resamples", low=0)
-    index = torch.as_tensor(batch_index).cpu()
-    _, inverse = torch.unique(index, return_inverse=True)
-    order = torch.argsort(inverse, stable=True)
-    counts = torch.bincount(inverse)
-    members = list(torch.split(order, counts.tolist()))
-    draws = np.random.default_rng([0xB007, int(seed)]).integers(0, len(members), size=(n_resamples, len(members)))
-    return [torch.cat([members[t] for t in draw.tolist()]) for draw in draws]
-
-
-def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: int = 0) -> PairSample:
-    """The pairs a resample is ranked on: every pair ``a < b`` of its rows (or a seeded uniform sample of
-    ``n_pairs`` of them) except those whose two rows are copies of one captured row.
-
-    ``source[a]`` is the captured row that resampled row ``a`` copies. A row and its own copy are
-    not a pair of two positions (the statistic never pairs a position with itself); their
-    distance is 0 in every space, and kept they would add concordant ties at the bottom of
-    every ranking. Copies of two different rows keep their pair, as many times as the two were
-    drawn (the resample's weight). ``total`` counts the pairs there are to rank (self-copies
-    left out), so ``exact`` says whether every one of them is ranked.
-
-    Example:
-        >>> p = resample_pairs(torch.tensor([7, 7, 9]))        # rows 0 and 1 copy row 7
-        >>> list(zip(p.i.tolist(), p.j.tolist())), p.total, p.exact
-        ([(0, 2), (1, 2)], 2, True)
-    """
-    source = torch.as_tensor(source).cpu()
-    n = int(source.numel())
-    copies = torch.unique(source, return_counts=True)[1]
-    available = n * (n - 1) // 2 - int((copies * (copies - 1) // 2).sum())
-    if n_pairs is not None and n_pairs < available:  # sampled among all pairs, then self-copies dropped
-        base = sample_pairs(n, n_pairs, seed=seed)
-    else:
-        base = sample_pairs(n, n * (n - 1) // 2, seed=seed)
-    keep = source[base.i] != source[base.j]
-    return PairSample(n=n, i=base.i[keep].contiguous(), j=base.j[keep].contiguous(), total=available)
-
-
-def resampled_z(
-    states: torch.Tensor, subspaces: torch.Tensor, ccr: Sequence[int], pairs: PairSample, *,
-    projected: torch.Tensor | None = None,
-) -> list[float]:
-    """PGA z of one resample's ``[n, d]`` rows at each CCR value, ranked on ``pairs``; NaN where undefined.
-
-    The same steps as :func:`geolens.metrics.subspace_pga` (centre, remove the top ``m``
-    principal components, Spearman of full-space against projected cosine distances,
-    ``z = (rho_0 - mean rho_r) / sd rho_r``) on the given pairs only: ``subspaces[0]``
-    is the readout, the rest the null. A degenerate resample (too few directions left,
-    a null without spread) gives NaN instead of raising.
-
-    ``projected`` (optional): ``states @ subspaces`` (``[S, n, k]``), e.g. rows gathered from
-    the projections of the whole capture, made once for every resample. The preprocessed
-    rows' coordinates then follow without projecting again:
-    ``(H - 1 mu^T)(I - P P^T) Q = H Q - 1 (mu^T Q) - ((H - 1 mu^T) P)(P^T Q)``,
-    with ``mu`` the resample's mean and ``P`` its top ``m`` principal directions.
-
-    Example:
-        >>> from geolens.metrics import random_subspaces
-        >>> h = torch.randn(40, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-        >>> z = resampled_z(h, random_subspaces(6, 2, 9, seed=0), [0, 1], resample_pairs(torch.arange(40)))
-        >>> len(z), all(math.isfinite(v) for v in z)
-        (2, True)
-    """
-    n, d = states.shape
-    nan = [math.nan] * len(ccr)
-    # Ranked on a sample of its pairs: the null spread's pair-sampling noise is taken out, as in the point estimate.
-    fpc = None if pairs.exact else max(0.0, 1.0 - pairs.n_pairs / pairs.total)
-    input_dtype = states.dtype
-    x = states.to(working_dtype(states))
-    centred = center(x)
-    try:
-        check_spread(x, centred, dtype=input_dtype, what="the resampled states")
-    except DegenerateError:
-        return nan
-    sv, vh = _principal(centred, max(max(ccr), 1))
-    subspaces = subspaces.to(dtype=x.dtype, device=x.device)
-    if projected is None:
-        projected = x @ subspaces
-    # Centred coordinates, shared by every CCR value: H Q - 1 (mu^T Q).
-    base = projected.to(x.dtype) - (x.mean(0) @ subspaces).unsqueeze(1)
-    out = []
-    for m in ccr:
-        if m >= min(n - 1, d) or int((sv[m:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum()) < 2:
-            out.append(math.nan)
-            continue
-        pcs = vh[:m]
-        processed = centred - (centred @ pcs.T) @ pcs if m else centred
-        coords = base - (centred @ pcs.T) @ (pcs @ subspaces) if m else base
-        try:
-            if m:
-                check_spread(centred, processed, dtype=input_dtype, what="the resampled states after CCR")
-            rhos, deleted = sampled_rank_alignment(processed, subspaces, pairs, coords=coords)
-        except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z
-            out.append(math.nan)
-            continue
-        out.append(_resample_score(rhos, deleted, fpc))
-    return out
-
-
-def _resample_score(rhos: torch.Tensor, deleted: torch.Tensor, fpc: float | None) -> float:
-    """A resample's z by the point estimate's estimator: plain on all its pairs (``fpc`` is ``None``), else
-    with the null spread's pair-sampling noise taken out (:func:`~geolens.metrics.pga.sampled_z`, ``fpc``
-    its finite-population correction); NaN where the null has no spread.
-
-    Example:
-        >>> rhos = torch.tensor([0.5, 0.1, 0.2, 0.3], dtype=torch.float64)
-        >>> round(_resample_score(rhos, rhos.unsqueeze(1).repeat(1, 4), None), 6)
-        3.0
-    """
-    null = rhos[1:]
-    spread = float(null.std(unbiased=True))
-    if spread <= 1e-9:
-        return math.nan
-    if fpc is None:
-        return float((rhos[0] - null.mean()) / spread)
-    with warnings.catch_warnings():  # a floored spread is the estimator's, as in the point estimate
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return sampled_z(rhos, deleted, fpc).z
-
-
-def _principal(centred: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The largest singular values (descending; at least ``top + 2`` of them, all for float64) and the top
-    ``top`` right singular vectors of ``centred``, as in :func:`geolens.metrics.subspace_pga`: float32 from
-    the float64 Gram matrix, other dtypes by an SVD. The rank test after CCR-m needs only values m and m + 1,
-    so the float32 path asks LAPACK for the top ``top + 2`` eigenpairs alone (the full ``eigh`` is most of a
-    resample's cost)."""
-    if centred.dtype != torch.float32:
-        _, sv, vh = torch.linalg.svd(centred, full_matrices=False)
-        return sv, vh[:top]
-    x64 = centred.double()
-    n, d = x64.shape
-    gram = (x64.T @ x64 if n >= d else x64 @ x64.T).cpu().numpy()
-    size = gram.shape[0]
-    lam, vec = scipy.linalg.eigh(gram, subset_by_index=[max(0, size - top - 2), size - 1])  # ascending
-    lam = torch.from_numpy(lam).to(x64.device)
-    vec = torch.from_numpy(vec).to(x64.device)
-    sv = lam.flip(0).clamp_min(0.0).sqrt()
-    top_vectors = vec.flip(1)[:, :top]
-    vh = top_vectors.T if n >= d else (top_vectors.T @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
-    return sv.to(centred.dtype), vh.to(centred.dtype)
-
-
 def _bootstrap(
     states: States, readout: torch.Tensor, nulls: torch.Tensor, ccrs: list[int], rows: list[dict], *,
     n_resamples: int, n_pairs: int | None, seed: int, progress: bool,
 ) -> list[dict]:
-    """Every row's z on each of ``n_resamples`` text resamples (rows whose own z is undefined are skipped).
-
-    Layer by layer: the layer's rows are projected onto every subspace once, and each resample
-    gathers its rows' coordinates (:func:`resampled_z`), so a resample costs its rankings, not
-    ``S`` products of ``N x d`` by ``d x k``.
-    """
+    """Every row's z on each of ``n_resamples`` text resamples (rows whose own z is undefined are skipped),
+    layer by layer (:class:`~geolens.metrics.resampling.LayerResampler`: what does not change between
+    resamples is made once per layer)."""
     subspaces = torch.cat([readout.unsqueeze(0), nulls], dim=0)
     cells = {(row["site"], row["layer"], row["ccr"]): i for i, row in enumerate(rows)}
     z = np.full((len(rows), n_resamples), np.nan)
@@ -601,13 +442,9 @@ def _bootstrap(
     work = [job for job in jobs if todo[job]]
     bar = tqdm(total=len(work) * n_resamples, desc="PGA bootstrap", disable=not progress, leave=False)
     for site, layer in work:
-        x = states.layer(site, layer)
-        x = x.to(working_dtype(x))
-        projected = x @ subspaces.to(dtype=x.dtype, device=x.device)  # [S, N, k], once per layer
+        layer_rows = LayerResampler(states.layer(site, layer), subspaces)
         for b, picked in enumerate(resamples):
-            at = picked.to(x.device)
-            values = resampled_z(x[at], subspaces, todo[(site, layer)], kept[b] if kept else pairs_of(b),
-                                 projected=projected[:, at])
+            values = layer_rows.z(picked, kept[b] if kept else pairs_of(b), todo[(site, layer)])
             for m, value in zip(todo[(site, layer)], values):
                 z[cells[(site, layer, m)], b] = value
             bar.update()

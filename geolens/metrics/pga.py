@@ -58,7 +58,7 @@ from geolens.metrics.distances import (
     unit_rows,
 )
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
-from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread
+from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread, principal_components
 
 __all__ = ["PGAScore", "subspace_pga", "rank_alignment", "sampled_rank_alignment", "JACKKNIFE_BLOCKS",
            "MIN_SAMPLED_PAIRS", "MIN_NULL_VARIANCE_FRACTION", "PairSample", "SampledZ", "sample_pairs", "sampled_z"]
@@ -309,7 +309,7 @@ def _centred_and_reduced(
     centred = center(states)
     check_spread(states, centred, dtype=input_dtype, what="the states")
     # One decomposition gives both PC1 (for migration) and the CCR components.
-    sv, vh = _singular(centred, top=max(ccr, 1))
+    sv, vh = principal_components(centred, max(ccr, 1))
     kept_rank = int((sv[ccr:] > SPREAD_RTOL * torch.finfo(input_dtype).eps * sv[0]).sum())
     if kept_rank < 2:
         raise DegenerateError(f"after centring and CCR-{ccr} the states span {kept_rank} direction(s); "
@@ -374,30 +374,6 @@ def _null_statistics(rhos: torch.Tensor, deleted: torch.Tensor | None, *, n_toke
                       f"spread is floored at {MIN_NULL_VARIANCE_FRACTION:g} of it and z is unreliable; use more pairs",
                       RuntimeWarning, stacklevel=3)
     return dataclasses.replace(sampled, null_std_raw=null_std_raw)
-
-
-def _singular(x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """All singular values of ``x`` (descending) and its top ``top`` right singular vectors ``[top, d]``.
-
-    float32 ``x``: from the eigendecomposition of the smaller Gram matrix, formed in float64
-    (BLAS products and one small ``eigh``, where LAPACK's float32 SVD of a tall matrix costs
-    many times more on a CPU); singular values come out accurate to ~1e-8 of the largest, far
-    below the float32 rounding that the rank test allows for (``SPREAD_RTOL * eps``). float64
-    ``x``: a plain SVD (its rank test needs the full float64 resolution).
-    """
-    if x.dtype != torch.float32:
-        _, sv, vh = torch.linalg.svd(x, full_matrices=False)
-        return sv, vh[:top]
-    x64 = x.double()
-    n, d = x.shape
-    lam, vec = torch.linalg.eigh(x64.T @ x64 if n >= d else x64 @ x64.T)  # ascending
-    sv = lam.flip(0).clamp_min(0.0).sqrt()
-    top_vectors = vec.flip(1)[:, :top]
-    if n >= d:
-        vh = top_vectors.T
-    else:  # left vectors of the wide x: v_i = x^T u_i / s_i (the top ones; their s_i are well above 0)
-        vh = (top_vectors.T @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
-    return sv.to(x.dtype), vh.to(x.dtype)
 
 
 def check_n_pairs(n_pairs: object, n: int) -> int | None:

@@ -17,13 +17,14 @@ Example:
 
 from __future__ import annotations
 
+import scipy.linalg
 import torch
 from jaxtyping import Float
 
 from geolens._validation import DegenerateError, check_float_matrix, check_int
 
-__all__ = ["SPREAD_RTOL", "center", "check_ccr", "check_spread", "power_of_two_scale", "principal_directions",
-           "remove_common_components", "row_norms", "scaled_rows", "unit_scaled"]
+__all__ = ["SPREAD_RTOL", "center", "check_ccr", "check_spread", "power_of_two_scale", "principal_components",
+           "principal_directions", "remove_common_components", "row_norms", "scaled_rows", "unit_scaled"]
 
 # Spread below this many units of the input dtype's resolution is rounding, not geometry.
 SPREAD_RTOL = 8.0
@@ -173,15 +174,60 @@ def center(states: Float[torch.Tensor, "N d"]) -> Float[torch.Tensor, "N d"]:
     return states - states.mean(dim=0, keepdim=True)
 
 
+def principal_components(
+    centred: Float[torch.Tensor, "N d"], top: int, *, gram: bool | None = None
+) -> tuple[Float[torch.Tensor, "V"], Float[torch.Tensor, "top d"]]:
+    """The largest singular values of already-centred states (descending: at least ``top + 2`` of them,
+    or all there are) and their top ``top`` right singular vectors (the principal directions, as rows).
+
+    ``gram`` (default: for every dtype but float64) takes them from the smaller Gram matrix, formed in
+    float64, with LAPACK asked for the top ``top + 2`` eigenpairs alone: BLAS products and a partial
+    ``eigh``, where the float32 SVD of a tall matrix costs many times more on a CPU. Its singular values
+    are accurate to about ``1e-8`` of the largest, far below the float32 rounding that a rank test
+    allows for (``SPREAD_RTOL * eps``). Otherwise a plain SVD (a float64 rank test needs its full
+    resolution). A rank test after removing ``m < top + 1`` components needs values ``m`` and ``m + 1``
+    only. Returned in the input's dtype, on its device.
+
+    See docs/methods.md §A.2.
+
+    Example:
+        >>> x = center(torch.randn(50, 6, dtype=torch.float64) * torch.arange(6, 0, -1, dtype=torch.float64))
+        >>> sv, vh = principal_components(x, 2)
+        >>> sv_g, vh_g = principal_components(x, 2, gram=True)
+        >>> sv.shape, sv_g.shape, bool(torch.allclose(sv[:4], sv_g, atol=1e-9))
+        (torch.Size([6]), torch.Size([4]), True)
+        >>> bool(torch.allclose((vh @ vh_g.T).abs(), torch.eye(2, dtype=torch.float64), atol=1e-9))
+        True
+    """
+    if gram is None:
+        gram = centred.dtype != torch.float64
+    if not gram:
+        _, sv, vh = torch.linalg.svd(centred, full_matrices=False)
+        return sv, vh[:top]
+    x64 = centred.double()
+    n, d = x64.shape
+    product = (x64.T @ x64 if n >= d else x64 @ x64.T).cpu().numpy()
+    size = product.shape[0]
+    lam, vec = scipy.linalg.eigh(product, subset_by_index=[max(0, size - top - 2), size - 1])  # ascending
+    lam, vec = torch.from_numpy(lam).to(x64.device), torch.from_numpy(vec).to(x64.device)
+    sv = lam.flip(0).clamp_min(0.0).sqrt()
+    top_vectors = vec.flip(1)[:, :top]
+    if n >= d:
+        vh = top_vectors.T
+    else:  # left vectors of a wide x: v_i = x^T u_i / s_i (the top ones; their s_i are well above 0)
+        vh = (top_vectors.T @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
+    return sv.to(centred.dtype), vh.to(centred.dtype)
+
+
 def principal_directions(centred: Float[torch.Tensor, "N d"], m: int) -> Float[torch.Tensor, "d m"]:
-    """Top-``m`` principal directions (columns, unit norm) of already-centred states.
+    """Top-``m`` principal directions (columns, unit norm) of already-centred states
+    (:func:`principal_components`).
 
     See docs/methods.md §A.2.
     """
     if m == 0:
         return centred.new_zeros(centred.shape[1], 0)
-    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
-    return vh[:m].T
+    return principal_components(centred, m)[1].T
 
 
 def remove_common_components(states: Float[torch.Tensor, "N d"], m: int) -> Float[torch.Tensor, "N d"]:

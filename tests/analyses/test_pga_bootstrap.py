@@ -16,7 +16,8 @@ from scipy.stats import spearmanr
 
 import geolens
 import geolens.report
-from geolens.analyses.pga import _score_states, resample_pairs, resampled_z, text_resamples
+from geolens.analyses.pga import _score_states
+from geolens.metrics.resampling import resample_pairs, resampled_z, text_resamples
 from geolens.capture import States
 from geolens.metrics import random_subspaces, readout_basis, subspace_pga
 from geolens.model import as_adapter
@@ -82,7 +83,10 @@ def test_a_resample_without_duplicates_is_the_metric_function_on_its_rows(dtype,
     pairs = resample_pairs(torch.arange(60))
     assert pairs.n_pairs == pairs.total == 60 * 59 // 2
     got = resampled_z(h, subspaces, [0, 1, 3], pairs)
-    projected = resampled_z(h, subspaces, [0, 1, 3], pairs, projected=h @ subspaces)  # the update of projections
+    # The rows of a larger capture, only 60 of them drawn: the capture's other rows change nothing.
+    extra = torch.randn(25, 10, generator=g, dtype=torch.float64).to(dtype) * 3 + 1
+    projected = resampled_z(torch.cat([extra[:10], h, extra[10:]]), subspaces, [0, 1, 3], pairs,
+                            source=torch.arange(60) + 10)
     for m, value, again in zip((0, 1, 3), got, projected):
         direct = subspace_pga(h, readout, null_subspaces=nulls, ccr=m).z
         assert value == pytest.approx(direct, abs=tol) and again == pytest.approx(direct, abs=tol)

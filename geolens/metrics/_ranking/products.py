@@ -11,6 +11,7 @@ See docs/methods.md §A.3-§A.4a.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,7 +22,8 @@ from geolens.metrics._ranking.pairs import PairSample
 from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool
 from geolens.metrics.distances import unit_rows
 
-__all__ = ["negated_cosine_upper", "on_host", "pair_negated_cosines", "pair_values_into"]
+__all__ = ["ResampledRows", "negated_cosine_upper", "on_host", "pair_negated_cosines", "pair_values_into",
+           "resampled_negated_cosines", "row_pair_dots"]
 
 
 def on_host(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -162,3 +164,111 @@ def negated_cosine_upper(x: Float[torch.Tensor, "B N d"], *, out: torch.Tensor |
         # matrix.T is column-major: syrk writes -U U^T's lower triangle into it, in place.
         syrk(-1.0, rows[b], c=matrix.T, lower=1, overwrite_c=1)
     return out
+
+
+def row_pair_dots(rows: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``<rows[first[p]], rows[second[p]]>`` in float64 for ``[N, d]`` rows and ``[P]`` index pairs: a
+    compiled loop on the CPU, a blocked gather-and-dot elsewhere.
+
+    Example:
+        >>> rows = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> row_pair_dots(rows, torch.tensor([0, 0]), torch.tensor([1, 0])).tolist()
+        [11.0, 5.0]
+    """
+    if rows.device.type == "cpu":
+        out = np.empty(first.numel(), dtype=np.float64)
+        compiled.row_pair_dots(rows.contiguous().numpy(), first.numpy(), second.numpy(), out)
+        return torch.from_numpy(out)
+    out = torch.empty(first.numel(), dtype=torch.float64, device=rows.device)
+    for lo in range(0, first.numel(), _GATHER_BLOCK):
+        a, b = first[lo : lo + _GATHER_BLOCK].to(rows.device), second[lo : lo + _GATHER_BLOCK].to(rows.device)
+        out[lo : lo + _GATHER_BLOCK] = (rows[a].double() * rows[b].double()).sum(-1)
+    return out
+
+
+# Pairs a gather-and-dot block takes at once (its [block, d] copies stay small).
+_GATHER_BLOCK = 1 << 14
+
+
+@dataclass(frozen=True)
+class ResampledRows:
+    """What the pairs of one resample need, per row ``i`` of the capture and subspace ``s`` (float64 but
+    ``projected``), for the levels ``m`` of components removed (``levels``, ascending).
+
+    With ``X`` the rows centred on the sample's mean, ``delta`` the resample's mean of ``X``, ``V`` its
+    top principal directions (rows) and ``Q_s`` the subspace's basis, row ``i``'s coordinates in ``Q_s``
+    after re-centring and removing ``m`` components are
+    ``q = r_i - (V_m Q_s)^T a_i[:m]`` with ``r_i = Q_s^T X_i - Q_s^T delta`` and ``a_i = V (X_i - delta)``, so
+
+        ``<q_i, q_j> = <p_i, p_j> - (shift_i + shift_j) + shift_sq - a_i[:m].cross_j[:m] - a_j[:m].cross_i[:m]
+        + (inner_i^(m).a_j[:m] + inner_j^(m).a_i[:m]) / 2``
+
+    (each term written symmetric in ``i, j``, so two pairs of identical rows get identical values).
+
+    Attributes:
+        projected: ``[S, N, k]`` ``p_i = Q_s^T X_i`` (made once per layer; the working dtype).
+        shift: ``[S, N]`` ``<Q_s^T delta, p_i>``.
+        shift_sq: ``[S]`` ``|Q_s^T delta|^2``.
+        comps: ``[N, M]`` ``a_i``.
+        cross: ``[S, N, M]`` ``(V Q_s) r_i``.
+        inner: ``[S, N, sum(levels)]``: for level ``c``, columns ``inner_at[c]`` on, ``a_i[:m] G_s[:m, :m]``
+            with ``G_s = (V Q_s)(V Q_s)^T``.
+        inner_at: ``[C]`` int64.
+        norms: ``[C, S, N]`` ``|q_i|`` at each level.
+        levels: ``[C]`` int64.
+    """
+
+    projected: torch.Tensor
+    shift: torch.Tensor
+    shift_sq: torch.Tensor
+    comps: torch.Tensor
+    cross: torch.Tensor
+    inner: torch.Tensor
+    inner_at: torch.Tensor
+    norms: torch.Tensor
+    levels: torch.Tensor
+
+
+def resampled_negated_cosines(rows: ResampledRows, first: torch.Tensor, second: torch.Tensor, start: int, stop: int,
+                              *, host: bool | None = None) -> torch.Tensor:
+    """``-cos(q_a, q_b)`` ``[C, stop - start, P]`` (the dtype of ``rows.projected``) of the pairs of rows
+    ``(first[p], second[p])`` in subspaces ``start..stop-1`` at each level of :class:`ResampledRows`.
+
+    On the host (``host``, default :func:`on_host`) the compiled loop (one ``k``-long dot a pair and
+    subspace, shared by every level), split over the rank pool's workers; elsewhere the same terms by
+    gathers, a few subspaces at a time.
+    """
+    projected = rows.projected
+    n_levels, p = int(rows.levels.numel()), int(first.numel())
+    out = torch.empty(n_levels, stop - start, p, dtype=projected.dtype, device=projected.device)
+    if on_host(projected.device, projected.dtype) if host is None else host:
+        args = [t.contiguous().numpy() for t in (projected, first, second, rows.shift, rows.shift_sq, rows.comps,
+                                                  rows.cross, rows.inner, rows.inner_at, rows.norms, rows.levels)]
+        target = out.numpy()
+        parts = 1 if in_worker() else min(n_workers(), stop - start)
+        bounds = np.linspace(start, stop, parts + 1).astype(int).tolist()
+        jobs = [rank_pool().submit(compiled.resampled_pair_values, *args, lo, hi, start, target)
+                for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+        for job in jobs:
+            job.result()
+        return out
+    for lo in range(start, stop):
+        out[:, lo - start] = _resampled_torch(rows, first.to(projected.device), second.to(projected.device), lo)
+    return out
+
+
+def _resampled_torch(rows: ResampledRows, a: torch.Tensor, b: torch.Tensor, s: int) -> torch.Tensor:
+    """:func:`resampled_negated_cosines` of subspace ``s`` by gathers: ``[C, P]``."""
+    proj = rows.projected[s]
+    dots = (proj[a].double() * proj[b].double()).sum(-1)
+    base = dots - (rows.shift[s, a] + rows.shift[s, b]) + rows.shift_sq[s]  # symmetric in (a, b), bit for bit
+    cross = rows.cross[s]
+    terms = (rows.comps[a] * cross[b] + rows.comps[b] * cross[a]).cumsum(-1)
+    out = []
+    for c, m in enumerate(rows.levels.tolist()):
+        removed = terms[:, m - 1] if m else torch.zeros_like(base)
+        at = int(rows.inner_at[c])
+        back = 0.5 * ((rows.inner[s, a, at : at + m] * rows.comps[b, :m]).sum(-1)
+                      + (rows.inner[s, b, at : at + m] * rows.comps[a, :m]).sum(-1))
+        out.append(-(base - removed + back) / (rows.norms[c, s, a] * rows.norms[c, s, b]))
+    return torch.stack(out).to(rows.projected.dtype)

@@ -1,0 +1,311 @@
+"""PGA z of bootstrap resamples of texts, each re-centred and re-CCR'd (docs/methods.md §A.10).
+
+A resample draws the texts with replacement and keeps each text's positions together. Its z is
+the point estimate's statistic on its own rows: centred on the resample's mean, its own top ``m``
+principal components removed, its pairs ranked against the point estimate's subspaces. A row drawn
+twice would pair with its copy at distance 0 in every space; those pairs are left out.
+
+The work that does not change between resamples is done once per layer (:class:`LayerResampler`):
+the rows' projections onto every subspace. A resample then costs one eigendecomposition, a few
+low-rank corrections of those projections, and one ``k``-long dot a sampled pair and subspace
+(shared by every CCR level) before its rankings:
+``(X - 1 delta^T)(I - V^T V) Q = X Q - 1 (delta^T Q) - ((X - 1 delta^T) V^T)(V Q)``.
+
+Example:
+    >>> import torch
+    >>> from geolens.metrics import random_subspaces
+    >>> h = torch.randn(60, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> layer = LayerResampler(h, random_subspaces(6, 2, 9, seed=0))
+    >>> source = text_resamples(torch.arange(60) // 5, 1, seed=0)[0]      # 12 texts of 5 positions
+    >>> z = layer.z(source, resample_pairs(source), [0, 1])
+    >>> len(z), all(math.isfinite(v) for v in z)
+    (2, True)
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from geolens._validation import DegenerateError, check_int, working_dtype
+from geolens.metrics._ranking.pairs import PairSample, sample_pairs
+from geolens.metrics._ranking.products import ResampledRows, resampled_negated_cosines, row_pair_dots
+from geolens.metrics._ranking.select import select_backend
+from geolens.metrics.pga import (JACKKNIFE_BLOCKS, _centred_full_ranks, _deleted_rhos, _jackknife_blocks,
+                                 sampled_z)
+from geolens.metrics.preprocess import SPREAD_RTOL, check_spread, principal_components
+
+__all__ = ["LayerResampler", "resample_pairs", "resample_score", "resampled_z", "text_resamples"]
+
+# Scratch bytes of one chunk of resampled pair values (levels x subspaces x pairs).
+_VALUES_BYTES = 128 * 2**20
+
+
+def text_resamples(batch_index: torch.Tensor, n_resamples: int, *, seed: int = 0) -> list[torch.Tensor]:
+    """``n_resamples`` bootstrap resamples of the texts, as row indices: each draws as many texts as there
+    are (with replacement) and takes every row of each drawn text, so a text's positions stay together.
+
+    ``batch_index`` is ``States.batch_index`` (the text of each row); only texts with rows are drawn.
+    Seeded by ``seed`` (NumPy ``default_rng``), so :func:`geolens.pga` and a caller get the same resamples.
+
+    Example:
+        >>> rows = text_resamples(torch.tensor([0, 0, 1, 2, 2, 2]), 2, seed=0)
+        >>> [r.tolist() for r in rows]     # texts (0, 1, 1) and (0, 1, 2): rows of a text stay together
+        [[0, 1, 2, 2], [0, 1, 2, 3, 4, 5]]
+    """
+    n_resamples = check_int(n_resamples, "n_resamples", low=0)
+    index = torch.as_tensor(batch_index).cpu()
+    _, inverse = torch.unique(index, return_inverse=True)
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse)
+    members = list(torch.split(order, counts.tolist()))
+    draws = np.random.default_rng([0xB007, int(seed)]).integers(0, len(members), size=(n_resamples, len(members)))
+    return [torch.cat([members[t] for t in draw.tolist()]) for draw in draws]
+
+
+def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: int = 0) -> PairSample:
+    """The pairs a resample is ranked on: every pair ``a < b`` of its rows (or a seeded uniform sample of
+    ``n_pairs`` of them) except those whose two rows are copies of one captured row.
+
+    ``source[a]`` is the captured row that resampled row ``a`` copies. A row and its own copy are
+    not a pair of two positions (the statistic never pairs a position with itself); their
+    distance is 0 in every space, and kept they would add concordant ties at the bottom of
+    every ranking. Copies of two different rows keep their pair, as many times as the two were
+    drawn (the resample's weight). ``total`` counts the pairs there are to rank (self-copies
+    left out), so ``exact`` says whether every one of them is ranked.
+
+    Example:
+        >>> p = resample_pairs(torch.tensor([7, 7, 9]))        # rows 0 and 1 copy row 7
+        >>> list(zip(p.i.tolist(), p.j.tolist())), p.total, p.exact
+        ([(0, 2), (1, 2)], 2, True)
+    """
+    source = torch.as_tensor(source).cpu()
+    n = int(source.numel())
+    copies = torch.unique(source, return_counts=True)[1]
+    available = n * (n - 1) // 2 - int((copies * (copies - 1) // 2).sum())
+    if n_pairs is not None and n_pairs < available:  # sampled among all pairs, then self-copies dropped
+        base = sample_pairs(n, n_pairs, seed=seed)
+    else:
+        base = sample_pairs(n, n * (n - 1) // 2, seed=seed)
+    keep = source[base.i] != source[base.j]
+    return PairSample(n=n, i=base.i[keep].contiguous(), j=base.j[keep].contiguous(), total=available)
+
+
+def resample_score(rhos: torch.Tensor, deleted: torch.Tensor, fpc: float | None) -> float:
+    """A resample's z by the point estimate's estimator: plain on all its pairs (``fpc`` is ``None``), else
+    with the null spread's pair-sampling noise taken out (:func:`~geolens.metrics.pga.sampled_z`, ``fpc``
+    its finite-population correction); NaN where the null has no spread.
+
+    Example:
+        >>> rhos = torch.tensor([0.5, 0.1, 0.2, 0.3], dtype=torch.float64)
+        >>> round(resample_score(rhos, rhos.unsqueeze(1).repeat(1, 4), None), 6)
+        3.0
+    """
+    null = rhos[1:]
+    spread = float(null.std(unbiased=True))
+    if spread <= 1e-9:
+        return math.nan
+    if fpc is None:
+        return float((rhos[0] - null.mean()) / spread)
+    with warnings.catch_warnings():  # a floored spread is the estimator's, as in the point estimate
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return sampled_z(rhos, deleted, fpc).z
+
+
+class LayerResampler:
+    """One layer's captured rows ``[N, d]`` and the subspaces ``[S, d, k]`` (``subspaces[0]`` the readout,
+    the rest the null), made ready to score resamples of the rows with :meth:`z`.
+
+    Made once per layer: the rows centred on the sample's mean (float64) and their projections onto
+    every subspace (the working dtype: float32 for float32 or half-precision rows). See the module's
+    docstring for how a resample's coordinates follow from them.
+    """
+
+    def __init__(self, states: torch.Tensor, subspaces: torch.Tensor):
+        self.input_dtype = states.dtype
+        work = working_dtype(states)
+        self.states = states
+        x64 = states.double()
+        self.x = x64 - x64.mean(0)
+        n_subspaces, d, k = subspaces.shape
+        # [d, S k]: one product gives a vector's (or V's rows') coordinates in every subspace at once.
+        self.flat_subspaces = subspaces.to(dtype=torch.float64, device=states.device).permute(1, 0, 2).reshape(d, -1)
+        self.shape = (n_subspaces, k)
+        self.projected = self.x.to(work) @ subspaces.to(dtype=work, device=states.device)  # [S, N, k], once
+        self.projected_sq = self.projected.double().pow(2).sum(-1)  # [S, N]
+
+    def z(self, source: torch.Tensor, pairs: PairSample, ccr: Sequence[int]) -> list[float]:
+        """PGA z of the resample whose row ``a`` copies captured row ``source[a]``, ranked on ``pairs`` (of
+        its rows, :func:`resample_pairs`), at each CCR value of ``ccr``; NaN where undefined (a
+        degenerate resample: too few directions left, a zero row, a null without spread)."""
+        levels = [int(m) for m in ccr]
+        out = dict.fromkeys(levels, math.nan)
+        source = torch.as_tensor(source).to(self.x.device)
+        rows = self.x[source]
+        delta = rows.mean(0)
+        centred = rows - delta
+        try:
+            check_spread(self.states[source], centred, dtype=self.input_dtype, what="the resampled states")
+        except DegenerateError:
+            return [math.nan] * len(levels)
+        sv, vh = principal_components(centred, max(max(levels), 1), gram=self.input_dtype != torch.float64)
+        good = [m for m in sorted(set(levels)) if self._keeps_spread(centred, sv, vh, m)]
+        if good:
+            try:
+                rhos, deleted = self._alignment(source, pairs, delta, vh, good)
+            except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z at some level
+                rhos = None
+            if rhos is not None:
+                fpc = None if pairs.exact else max(0.0, 1.0 - pairs.n_pairs / pairs.total)
+                for c, m in enumerate(good):
+                    if rhos[c] is not None:
+                        out[m] = resample_score(rhos[c], deleted[c], fpc)
+        return [out[m] for m in levels]
+
+    def _keeps_spread(self, centred: torch.Tensor, sv: torch.Tensor, vh: torch.Tensor, m: int) -> bool:
+        """Whether the resample keeps at least two directions with spread after removing ``m`` components."""
+        n, d = centred.shape
+        if m >= min(n - 1, d) or int((sv[m:] > SPREAD_RTOL * torch.finfo(self.input_dtype).eps * sv[0]).sum()) < 2:
+            return False
+        if not m:
+            return True
+        if self.input_dtype != torch.float64:
+            # What check_spread tests, from the singular values: ||processed||^2 = ||centred||^2 - sum of the
+            # removed s_l^2, exact to float64 rounding, far below the float32 limit.
+            total = float(centred.pow(2).sum())
+            left = total - float(sv[:m].double().pow(2).sum())
+            return left > (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2 * total
+        processed = centred - (centred @ vh[:m].T) @ vh[:m]
+        try:
+            check_spread(centred, processed, dtype=self.input_dtype, what="the resampled states after CCR")
+        except DegenerateError:
+            return False
+        return True
+
+    def _alignment(self, source: torch.Tensor, pairs: PairSample, delta: torch.Tensor, vh: torch.Tensor,
+                   levels: list[int]) -> tuple[list, list]:
+        """``(rhos, deleted)`` at each level (``None`` where that level is degenerate): the Spearman of every
+        subspace over the pairs, and its delete-a-group jackknife replicates (as
+        :func:`~geolens.metrics.pga.sampled_rank_alignment` makes them)."""
+        first, second = source.cpu()[pairs.i], source.cpu()[pairs.j]
+        first, second = torch.minimum(first, second), torch.maximum(first, second)  # a copy's pair: the same values
+        comps = (self.x - delta) @ vh.double().T  # [N, M]
+        full = self._full_values(first, second, delta, comps, levels)
+        rows = self._resampled_rows(delta, vh.double(), comps, levels, torch.unique(torch.cat([first, second])))
+        p = pairs.n_pairs
+        n_blocks = min(JACKKNIFE_BLOCKS, p)
+        work = self.projected.dtype
+        backend = select_backend("auto", device=self.x.device, dtype=work, n_values=p, n_blocks=n_blocks)
+        blocks, sizes = _jackknife_blocks(p, n_blocks, seed=0)
+        ranks, norms = [], []
+        for values in full:
+            try:
+                ranked, norm = _centred_full_ranks(values, "sampled full-space")
+            except DegenerateError:
+                ranks.append(None)
+                norms.append(None)
+                continue
+            ranks.append(backend.sampled_ranks(ranked, blocks.to(self.x.device), n_blocks))
+            norms.append(norm)
+        return self._ranked(rows, first, second, ranks, norms, sizes)
+
+    def _ranked(self, rows: ResampledRows, first, second, ranks: list, norms: list, sizes: torch.Tensor):
+        """Every subspace's values ranked against each level's full-space ranks, a chunk of subspaces at a
+        time: ``(rhos, deleted)`` per level, ``None`` where a level is degenerate."""
+        n_subspaces, p = self.projected.shape[0], int(first.numel())
+        chunk = max(1, _VALUES_BYTES // max(1, len(ranks) * p * self.projected.element_size()))
+        dots = [[] for _ in ranks]
+        phis = [[] for _ in ranks]
+        for start in range(0, n_subspaces, chunk):
+            stop = min(n_subspaces, start + chunk)
+            values = resampled_negated_cosines(rows, first, second, start, stop)
+            pending = [r.submit(values[c]) if r is not None else None for c, r in enumerate(ranks)]
+            for c, wait in enumerate(pending):
+                if wait is not None:
+                    dot, sq_norms, phi = wait()
+                    dots[c].append(None if bool((sq_norms <= 0).any()) else dot / sq_norms.sqrt())
+                    phis[c].append(phi)
+        rhos, deleted = [], []
+        for c, norm in enumerate(norms):
+            if norm is None or any(d is None for d in dots[c]):
+                rhos.append(None)
+                deleted.append(None)
+                continue
+            rho = torch.cat(dots[c]).cpu() / norm.cpu()
+            rhos.append(rho)
+            deleted.append(_deleted_rhos(rho, torch.cat(phis[c]).cpu(), sizes))
+        return rhos, deleted
+
+    def _full_values(self, first, second, delta, comps, levels) -> list[torch.Tensor]:
+        """Each level's full-space negated cosines ``[P]`` (float64) of the resample's processed rows."""
+        x_delta = self.x @ delta
+        dots = row_pair_dots(self.x, first, second).to(self.x.device)
+        dots = dots - (x_delta[first] + x_delta[second]) + delta @ delta  # symmetric: identical rows tie exactly
+        sq = (self.x - delta).pow(2).sum(-1)
+        removed = torch.cumsum(comps[first] * comps[second], -1)
+        removed_sq = torch.cumsum(comps.pow(2), -1)
+        out = []
+        for m in levels:
+            inner = dots - removed[:, m - 1] if m else dots
+            sq_m = sq - removed_sq[:, m - 1] if m else sq
+            self._check_norms(sq_m[first], sq[first])
+            self._check_norms(sq_m[second], sq[second])
+            out.append(-inner / (sq_m[first] * sq_m[second]).sqrt())
+        return out
+
+    def _resampled_rows(self, delta, vh, comps, levels, paired=None) -> ResampledRows:
+        """The per-row terms of :class:`~geolens.metrics._ranking.products.ResampledRows` for this resample
+        (``paired``: the captured rows its pairs use, the only ones whose norms must be above zero; default all)."""
+        work = self.projected.dtype
+        n_subspaces, k = self.shape
+        shift_by = (delta @ self.flat_subspaces).reshape(n_subspaces, k)  # [S, k]: Q_s^T delta
+        across = (vh @ self.flat_subspaces).reshape(-1, n_subspaces, k).transpose(0, 1)  # [S, M, k]: V Q_s
+        shift = torch.bmm(self.projected, shift_by.to(work).unsqueeze(-1)).squeeze(-1).double()
+        shift_sq = shift_by.pow(2).sum(-1)
+        cross = torch.bmm(self.projected, across.transpose(1, 2).to(work)).double()
+        cross = cross - torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1).unsqueeze(1)
+        gram = across @ across.transpose(1, 2)  # [S, M, M]
+        base_sq = self.projected_sq - 2 * shift + shift_sq.unsqueeze(1)  # |r_i|^2
+        removed = torch.cumsum(comps.unsqueeze(0) * cross, -1)
+        inner, norms = [], []
+        for m in levels:
+            part = torch.matmul(comps[:, :m], gram[:, :m, :m])  # [S, N, m]
+            sq = base_sq - 2 * removed[..., m - 1] + (part * comps[:, :m]).sum(-1) if m else base_sq
+            self._check_norms(sq if paired is None else sq[:, paired], base_sq if paired is None else base_sq[:, paired])
+            inner.append(part)
+            norms.append(sq.clamp_min(0.0).sqrt())
+        widths = torch.tensor([0, *levels[:-1]], dtype=torch.int64).cumsum(0)
+        return ResampledRows(
+            projected=self.projected, shift=shift, shift_sq=shift_sq, comps=comps, cross=cross,
+            inner=torch.cat(inner, -1) if sum(levels) else comps.new_zeros(cross.shape[0], cross.shape[1], 1),
+            inner_at=widths, norms=torch.stack(norms), levels=torch.tensor(levels, dtype=torch.int64),
+        )
+
+    def _check_norms(self, sq: torch.Tensor, scale: torch.Tensor) -> None:
+        """Raise where a row's squared norm is rounding next to ``scale`` (its norm before the removal): a
+        zero row, with no direction and so no cosine."""
+        floor = (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2
+        if bool((sq <= floor * scale).any()) or bool((sq <= 0).any()):
+            raise ValueError("a resampled state has zero norm, so its cosine distance is undefined")
+
+
+def resampled_z(states: torch.Tensor, subspaces: torch.Tensor, ccr: Sequence[int], pairs: PairSample, *,
+                source: torch.Tensor | None = None) -> list[float]:
+    """PGA z of one resample at each CCR value, ranked on ``pairs``; NaN where undefined:
+    :meth:`LayerResampler.z` of ``states`` (the captured rows), with resampled row ``a`` a copy of
+    ``states[source[a]]`` (default: every row once, in order).
+
+    Example:
+        >>> from geolens.metrics import random_subspaces
+        >>> h = torch.randn(40, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> z = resampled_z(h, random_subspaces(6, 2, 9, seed=0), [0, 1], resample_pairs(torch.arange(40)))
+        >>> len(z), all(math.isfinite(v) for v in z)
+        (2, True)
+    """
+    if source is None:
+        source = torch.arange(states.shape[0])
+    return LayerResampler(states, subspaces).z(source, pairs, ccr)

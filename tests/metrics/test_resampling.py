@@ -1,0 +1,124 @@
+"""The PGA z of a text resample from a layer's statistics made once (geolens.metrics.resampling), against
+the plain steps on the resample's own rows: centre, CCR by SVD, cosine distances, Spearman."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import pdist
+from scipy.stats import spearmanr
+
+from geolens.metrics import random_subspaces
+from geolens.metrics._ranking.products import resampled_negated_cosines
+from geolens.metrics.resampling import LayerResampler, resample_pairs, resampled_z, text_resamples
+
+
+def plain_z(rows: np.ndarray, source: np.ndarray, subspaces: np.ndarray, m: int, pairs=None) -> float:
+    """z of resampled rows by numpy and scipy on the resample's own rows (pairs of a row with its copy left out;
+    ``pairs``: only those positions of the pdist order)."""
+    c = rows - rows.mean(0)
+    if m:
+        vt = np.linalg.svd(c, full_matrices=False)[2][:m]
+        c = c - c @ vt.T @ vt
+    i, j = np.triu_indices(len(rows), 1)
+    keep = source[i] != source[j]
+    full = pdist(c, "cosine")[keep]
+    rhos = np.array([spearmanr(full, pdist(c @ q, "cosine")[keep]).statistic for q in subspaces])
+    return float((rhos[0] - rhos[1:].mean()) / rhos[1:].std(ddof=1))
+
+
+def clouds(dtype, n_texts=14, per_text=6, d=12, k=3, n_null=10, seed=0):
+    """Texts of correlated rows (a topic per text plus noise) with a dominant direction and an offset, as a
+    residual stream has; the subspaces (readout first) and the rows' text index."""
+    g = torch.Generator().manual_seed(seed)
+    topics = torch.randn(n_texts, d, generator=g, dtype=torch.float64)
+    rows = topics.repeat_interleave(per_text, 0) + 0.7 * torch.randn(n_texts * per_text, d, generator=g,
+                                                                      dtype=torch.float64)
+    rows = rows * torch.linspace(3, 0.5, d, dtype=torch.float64) + 5.0
+    readout = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))[0]
+    subspaces = torch.cat([readout[None], random_subspaces(d, k, n_null, seed=seed + 1, dtype=torch.float64)])
+    return rows.to(dtype), subspaces.to(dtype), torch.arange(n_texts).repeat_interleave(per_text)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-8), (torch.float32, 2e-3)])
+def test_a_resample_with_copies_equals_scipy_on_its_own_rows(dtype, tol):
+    rows, subspaces, texts = clouds(dtype)
+    layer = LayerResampler(rows, subspaces)
+    resamples = text_resamples(texts, 4, seed=1)
+    assert all(len(set(r.tolist())) < len(r) for r in resamples)  # every resample holds copies
+    for source in resamples:
+        got = layer.z(source, resample_pairs(source), [0, 1, 4])
+        for m, value in zip((0, 1, 4), got):
+            expected = plain_z(rows.double().numpy()[source.numpy()], source.numpy(), subspaces.double().numpy(), m)
+            assert value == pytest.approx(expected, abs=tol)
+
+
+def test_sampled_pairs_rank_the_same_pairs_as_the_rows_themselves():
+    rows, subspaces, texts = clouds(torch.float64, n_texts=30, per_text=8)
+    source = text_resamples(texts, 1, seed=2)[0]
+    pairs = resample_pairs(source, 4000, seed=3)
+    assert not pairs.exact
+    # The same pairs on the resample's rows written out, every row its own: the products of two copies may
+    # round apart there, which splits a few ties between their pairs (a rank moves by 1/2).
+    gathered = resampled_z(rows[source], subspaces, [0, 2], pairs)
+    assert layer_z(rows, subspaces, source, pairs) == pytest.approx(gathered, abs=1e-5)
+
+
+def layer_z(rows, subspaces, source, pairs):
+    return LayerResampler(rows, subspaces).z(source, pairs, [0, 2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_loop_and_the_torch_gathers_give_the_same_values(dtype):
+    rows, subspaces, texts = clouds(dtype)
+    layer = LayerResampler(rows, subspaces)
+    source = text_resamples(texts, 1, seed=0)[0]
+    pairs = resample_pairs(source, 1000, seed=0)
+    x = layer.x[source]
+    delta = x.mean(0)
+    vh = torch.linalg.svd(x - delta, full_matrices=False)[2][:4]
+    comps = (layer.x - delta) @ vh.T
+    terms = layer._resampled_rows(delta, vh, comps, [0, 1, 4])
+    first, second = source[pairs.i], source[pairs.j]
+    host = resampled_negated_cosines(terms, first, second, 0, subspaces.shape[0], host=True)
+    gathers = resampled_negated_cosines(terms, first, second, 0, subspaces.shape[0], host=False)
+    assert host.dtype == dtype and host.shape == (3, subspaces.shape[0], pairs.n_pairs)
+    torch.testing.assert_close(host, gathers, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-6)
+    # Against the cosines of the processed rows themselves.
+    for c, m in enumerate((0, 1, 4)):
+        processed = (layer.x - delta) - ((layer.x - delta) @ vh[:m].T) @ vh[:m]
+        coords = processed.to(dtype) @ subspaces
+        unit = coords / coords.norm(dim=-1, keepdim=True)
+        direct = -(unit[:, first] * unit[:, second]).sum(-1)
+        torch.testing.assert_close(host[c], direct, rtol=0, atol=1e-10 if dtype == torch.float64 else 1e-4)
+
+
+def test_pairs_of_identical_rows_get_identical_values():
+    rows, subspaces, texts = clouds(torch.float32)
+    rows[7] = rows[30]  # two texts share a row, as texts that open with the same token do
+    layer = LayerResampler(rows, subspaces)
+    source = torch.arange(rows.shape[0])
+    x = layer.x
+    vh = torch.linalg.svd(x - x.mean(0), full_matrices=False)[2][:2]
+    terms = layer._resampled_rows(x.mean(0), vh, (x - x.mean(0)) @ vh.T, [0, 2])
+    others = torch.tensor([1, 12, 50, 60])
+    values = resampled_negated_cosines(terms, torch.cat([torch.full((4,), 7), others]),
+                                       torch.cat([others, torch.full((4,), 30)]), 0, subspaces.shape[0])
+    assert torch.equal(values[..., :4], values[..., 4:])  # (7, j) and (j, 30): bit for bit
+    assert len(source) == rows.shape[0]
+
+
+def test_degenerate_resamples_give_nan_not_an_error():
+    rows, subspaces, texts = clouds(torch.float64, n_texts=6, per_text=4, d=6, k=2, n_null=5)
+    flat = rows.clone()
+    flat[:] = flat[0]  # every row the same: no spread
+    source = torch.arange(24)
+    assert all(math.isnan(v) for v in resampled_z(flat, subspaces, [0, 1], resample_pairs(source)))
+    line = rows[:, :1] * torch.tensor([[1.0, 2.0, 0, 0, 0, 0]], dtype=torch.float64)  # one direction only
+    z = resampled_z(line, subspaces, [0, 1], resample_pairs(source))
+    assert all(math.isnan(v) for v in z)
+    z = resampled_z(rows, subspaces, [0, 5, 23], resample_pairs(source))  # CCR-5 leaves 1 of d = 6 directions
+    assert math.isfinite(z[0]) and math.isnan(z[1]) and math.isnan(z[2])
