@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -129,11 +129,16 @@ class LayerResampler:
         self.input_dtype = states.dtype
         work = working_dtype(states)
         self.states = states
+        # Rows equal to an earlier row (texts that open alike) stand for it: see _alignment.
+        _, inverse = torch.unique(states.cpu(), dim=0, return_inverse=True)
+        first_of = torch.full((int(inverse.max()) + 1,), states.shape[0], dtype=torch.int64)
+        first_of = first_of.scatter_reduce(0, inverse, torch.arange(states.shape[0]), reduce="amin")
+        self.canonical = first_of[inverse]
         x64 = states.double()
         self.x = x64 - x64.mean(0)
         n_subspaces, d, k = subspaces.shape
         # [d, S k]: one product gives a vector's (or V's rows') coordinates in every subspace at once.
-        self.flat_subspaces = subspaces.to(dtype=torch.float64, device=states.device).permute(1, 0, 2).reshape(d, -1)
+        self.flat_subspaces = subspaces.to(dtype=work, device=states.device).permute(1, 0, 2).reshape(d, -1)
         self.shape = (n_subspaces, k)
         self.projected = self.x.to(work) @ subspaces.to(dtype=work, device=states.device)  # [S, N, k], once
         self.projected_sq = self.projected.double().pow(2).sum(-1)  # [S, N]
@@ -142,29 +147,40 @@ class LayerResampler:
         """PGA z of the resample whose row ``a`` copies captured row ``source[a]``, ranked on ``pairs`` (of
         its rows, :func:`resample_pairs`), at each CCR value of ``ccr``; NaN where undefined (a
         degenerate resample: too few directions left, a zero row, a null without spread)."""
+        return self.submit(source, pairs, ccr)()
+
+    def submit(self, source: torch.Tensor, pairs: PairSample, ccr: Sequence[int]) -> Callable[[], list[float]]:
+        """Start :meth:`z`; returns a function that waits for and returns it. The last rankings run in the rank
+        pool meanwhile, so the caller can prepare the next resample."""
         levels = [int(m) for m in ccr]
-        out = dict.fromkeys(levels, math.nan)
         source = torch.as_tensor(source).to(self.x.device)
         rows = self.x[source]
         delta = rows.mean(0)
         centred = rows - delta
+        undefined = [math.nan] * len(levels)
         try:
             check_spread(self.states[source], centred, dtype=self.input_dtype, what="the resampled states")
         except DegenerateError:
-            return [math.nan] * len(levels)
+            return lambda: undefined
         sv, vh = principal_components(centred, max(max(levels), 1), gram=self.input_dtype != torch.float64)
         good = [m for m in sorted(set(levels)) if self._keeps_spread(centred, sv, vh, m)]
-        if good:
-            try:
-                rhos, deleted = self._alignment(source, pairs, delta, vh, good)
-            except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z at some level
-                rhos = None
-            if rhos is not None:
-                fpc = None if pairs.exact else max(0.0, 1.0 - pairs.n_pairs / pairs.total)
-                for c, m in enumerate(good):
-                    if rhos[c] is not None:
-                        out[m] = resample_score(rhos[c], deleted[c], fpc)
-        return [out[m] for m in levels]
+        if not good:
+            return lambda: undefined
+        try:
+            pending = self._alignment(source, pairs, delta, vh, good)
+        except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z
+            return lambda: undefined
+        fpc = None if pairs.exact else max(0.0, 1.0 - pairs.n_pairs / pairs.total)
+
+        def result() -> list[float]:
+            rhos, deleted = pending()
+            out = dict.fromkeys(levels, math.nan)
+            for c, m in enumerate(good):
+                if rhos[c] is not None:
+                    out[m] = resample_score(rhos[c], deleted[c], fpc)
+            return [out[m] for m in levels]
+
+        return result
 
     def _keeps_spread(self, centred: torch.Tensor, sv: torch.Tensor, vh: torch.Tensor, m: int) -> bool:
         """Whether the resample keeps at least two directions with spread after removing ``m`` components."""
@@ -187,12 +203,14 @@ class LayerResampler:
         return True
 
     def _alignment(self, source: torch.Tensor, pairs: PairSample, delta: torch.Tensor, vh: torch.Tensor,
-                   levels: list[int]) -> tuple[list, list]:
-        """``(rhos, deleted)`` at each level (``None`` where that level is degenerate): the Spearman of every
-        subspace over the pairs, and its delete-a-group jackknife replicates (as
+                   levels: list[int]) -> Callable[[], tuple[list, list]]:
+        """A function giving ``(rhos, deleted)`` at each level (``None`` where that level is degenerate): the
+        Spearman of every subspace over the pairs, and its delete-a-group jackknife replicates (as
         :func:`~geolens.metrics.pga.sampled_rank_alignment` makes them)."""
-        first, second = source.cpu()[pairs.i], source.cpu()[pairs.j]
-        first, second = torch.minimum(first, second), torch.maximum(first, second)  # a copy's pair: the same values
+        # Each pair as its two captured rows, equal rows as one (the first of them): pairs of equal states then
+        # get equal values and tie, and a pair of two equal states is at distance 0 in every space.
+        first, second = self.canonical[source.cpu()[pairs.i]], self.canonical[source.cpu()[pairs.j]]
+        first, second = torch.minimum(first, second), torch.maximum(first, second)
         comps = (self.x - delta) @ vh.double().T  # [N, M]
         full = self._full_values(first, second, delta, comps, levels)
         rows = self._resampled_rows(delta, vh.double(), comps, levels, torch.unique(torch.cat([first, second])))
@@ -215,30 +233,40 @@ class LayerResampler:
 
     def _ranked(self, rows: ResampledRows, first, second, ranks: list, norms: list, sizes: torch.Tensor):
         """Every subspace's values ranked against each level's full-space ranks, a chunk of subspaces at a
-        time: ``(rhos, deleted)`` per level, ``None`` where a level is degenerate."""
+        time; returns a function that waits for the last chunk and gives ``(rhos, deleted)`` per level
+        (``None`` where a level is degenerate)."""
         n_subspaces, p = self.projected.shape[0], int(first.numel())
         chunk = max(1, _VALUES_BYTES // max(1, len(ranks) * p * self.projected.element_size()))
         dots = [[] for _ in ranks]
         phis = [[] for _ in ranks]
+        pending: list = []
+
+        def collect() -> None:
+            for c, wait in pending:
+                dot, sq_norms, phi = wait()
+                dots[c].append(None if bool((sq_norms <= 0).any()) else dot / sq_norms.sqrt())
+                phis[c].append(phi)
+            pending.clear()
+
         for start in range(0, n_subspaces, chunk):
-            stop = min(n_subspaces, start + chunk)
-            values = resampled_negated_cosines(rows, first, second, start, stop)
-            pending = [r.submit(values[c]) if r is not None else None for c, r in enumerate(ranks)]
-            for c, wait in enumerate(pending):
-                if wait is not None:
-                    dot, sq_norms, phi = wait()
-                    dots[c].append(None if bool((sq_norms <= 0).any()) else dot / sq_norms.sqrt())
-                    phis[c].append(phi)
-        rhos, deleted = [], []
-        for c, norm in enumerate(norms):
-            if norm is None or any(d is None for d in dots[c]):
-                rhos.append(None)
-                deleted.append(None)
-                continue
-            rho = torch.cat(dots[c]).cpu() / norm.cpu()
-            rhos.append(rho)
-            deleted.append(_deleted_rhos(rho, torch.cat(phis[c]).cpu(), sizes))
-        return rhos, deleted
+            values = resampled_negated_cosines(rows, first, second, start, min(n_subspaces, start + chunk))
+            collect()  # the chunk before this one: at most two chunks of values alive
+            pending.extend((c, r.submit(values[c])) for c, r in enumerate(ranks) if r is not None)
+
+        def result():
+            collect()
+            rhos, deleted = [], []
+            for c, norm in enumerate(norms):
+                if norm is None or any(d is None for d in dots[c]):
+                    rhos.append(None)
+                    deleted.append(None)
+                    continue
+                rho = torch.cat(dots[c]).cpu() / norm.cpu()
+                rhos.append(rho)
+                deleted.append(_deleted_rhos(rho, torch.cat(phis[c]).cpu(), sizes))
+            return rhos, deleted
+
+        return result
 
     def _full_values(self, first, second, delta, comps, levels) -> list[torch.Tensor]:
         """Each level's full-space negated cosines ``[P]`` (float64) of the resample's processed rows."""
@@ -254,7 +282,7 @@ class LayerResampler:
             sq_m = sq - removed_sq[:, m - 1] if m else sq
             self._check_norms(sq_m[first], sq[first])
             self._check_norms(sq_m[second], sq[second])
-            out.append(-inner / (sq_m[first] * sq_m[second]).sqrt())
+            out.append(torch.where(first == second, -1.0, -inner / (sq_m[first] * sq_m[second]).sqrt()))
         return out
 
     def _resampled_rows(self, delta, vh, comps, levels, paired=None) -> ResampledRows:
@@ -262,12 +290,14 @@ class LayerResampler:
         (``paired``: the captured rows its pairs use, the only ones whose norms must be above zero; default all)."""
         work = self.projected.dtype
         n_subspaces, k = self.shape
-        shift_by = (delta @ self.flat_subspaces).reshape(n_subspaces, k)  # [S, k]: Q_s^T delta
-        across = (vh @ self.flat_subspaces).reshape(-1, n_subspaces, k).transpose(0, 1)  # [S, M, k]: V Q_s
-        shift = torch.bmm(self.projected, shift_by.to(work).unsqueeze(-1)).squeeze(-1).double()
-        shift_sq = shift_by.pow(2).sum(-1)
-        cross = torch.bmm(self.projected, across.transpose(1, 2).to(work)).double()
-        cross = cross - torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1).unsqueeze(1)
+        # V's rows and delta in every subspace at once ([M + 1, S k], one product), then the rows' coordinates
+        # along them (one batched product): cross before its delta term, and the shift.
+        along = (torch.cat([vh, delta.unsqueeze(0)]).to(work) @ self.flat_subspaces).reshape(-1, n_subspaces, k)
+        along = along.transpose(0, 1)  # [S, M + 1, k]
+        both = torch.bmm(self.projected, along.transpose(1, 2)).double()  # [S, N, M + 1]
+        across, shift_by = along[:, :-1].double(), along[:, -1].double()  # V Q_s, Q_s^T delta
+        shift, shift_sq = both[..., -1], shift_by.pow(2).sum(-1)
+        cross = both[..., :-1] - torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1).unsqueeze(1)
         gram = across @ across.transpose(1, 2)  # [S, M, M]
         base_sq = self.projected_sq - 2 * shift + shift_sq.unsqueeze(1)  # |r_i|^2
         removed = torch.cumsum(comps.unsqueeze(0) * cross, -1)

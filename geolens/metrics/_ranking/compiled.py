@@ -409,12 +409,16 @@ def resampled_pair_values(projected, first, second, shift, shift_sq, comps, cros
     """The negated cosines of the pairs ``(first[p], second[p])`` in subspaces ``start..stop-1`` after
     re-centring and removing each level's top components, from projections made once
     (:func:`geolens.metrics._ranking.products.resampled_negated_cosines` defines every input; this is
-    its CPU loop), written to ``out[level, s - offset, p]``. Per pair and subspace: one ``k``-long dot, then
+    its CPU loop), written to ``out[level, s - offset, p]``; a pair of one row with itself is ``-1``. Per pair and subspace: one ``k``-long dot, then
     each level's low-rank terms."""
     n_levels = levels.shape[0]
     for s in range(start, stop):
         for p in range(first.shape[0]):
             a, b = first[p], second[p]
+            if a == b:  # two equal states: distance 0, cosine 1 exactly
+                for c in range(n_levels):
+                    out[c, s - offset, p] = -1.0
+                continue
             dot = 0.0
             for t in range(projected.shape[2]):
                 dot += np.float64(projected[s, a, t]) * np.float64(projected[s, b, t])

@@ -232,7 +232,8 @@ class ResampledRows:
 def resampled_negated_cosines(rows: ResampledRows, first: torch.Tensor, second: torch.Tensor, start: int, stop: int,
                               *, host: bool | None = None) -> torch.Tensor:
     """``-cos(q_a, q_b)`` ``[C, stop - start, P]`` (the dtype of ``rows.projected``) of the pairs of rows
-    ``(first[p], second[p])`` in subspaces ``start..stop-1`` at each level of :class:`ResampledRows`.
+    ``(first[p], second[p])`` in subspaces ``start..stop-1`` at each level of :class:`ResampledRows` (``-1``
+    exactly for a row paired with itself: two equal states).
 
     On the host (``host``, default :func:`on_host`) the compiled loop (one ``k``-long dot a pair and
     subspace, shared by every level), split over the rank pool's workers; elsewhere the same terms by
@@ -271,4 +272,4 @@ def _resampled_torch(rows: ResampledRows, a: torch.Tensor, b: torch.Tensor, s: i
         back = 0.5 * ((rows.inner[s, a, at : at + m] * rows.comps[b, :m]).sum(-1)
                       + (rows.inner[s, b, at : at + m] * rows.comps[a, :m]).sum(-1))
         out.append(-(base - removed + back) / (rows.norms[c, s, a] * rows.norms[c, s, b]))
-    return torch.stack(out).to(rows.projected.dtype)
+    return torch.where(a == b, -1.0, torch.stack(out)).to(rows.projected.dtype)  # a row with itself: cosine 1
