@@ -116,6 +116,27 @@ def check_cuda_equals_cpu(cfg, device, report):
                  f"z_se {gpu_a.z_se:.4f} vs {cpu_a.z_se:.4f}")
 
 
+def check_resamples_cuda_equals_cpu(cfg, device, report):
+    """A text resample's z (``LayerResampler``: the gathers path on CUDA, the compiled loop on the CPU)."""
+    if device.type != "cuda":
+        report.skip("pga resamples cuda=cpu", "no CUDA device: the CUDA-vs-CPU comparison is skipped")
+        return
+    from geolens.metrics.resampling import LayerResampler, resample_pairs, text_resamples
+
+    n, d, k, r = cfg["eq_n"], cfg["eq_d"], cfg["eq_k"], cfg["eq_r"]
+    h = synthetic(n, d)
+    subspaces = torch.cat([_readout(d, k)[None], random_subspaces(d, k, r, seed=0, dtype=torch.float32)])
+    texts = torch.arange(n) // max(1, n // 32)
+    worst = 0.0
+    for b, source in enumerate(text_resamples(texts, 3, seed=0)):
+        pairs = resample_pairs(source, 10_000, seed=b + 1)
+        cpu = LayerResampler(h, subspaces).z(source, pairs, [1, 5])
+        gpu = LayerResampler(h.to(device), subspaces.to(device)).z(source, pairs, [1, 5])
+        worst = max(worst, *(abs(a - g) for a, g in zip(cpu, gpu)))
+    report.number("pga resamples cuda-cpu max|dz|", f"{worst:.1e}")
+    report.check("resampled PGA z on CUDA equals the CPU to 1e-3", worst <= 1e-3, f"max |dz| = {worst:.2e}")
+
+
 def check_pga_times(cfg, device, report):
     d, k, r = cfg["pga_d"], cfg["pga_k"], cfg["pga_r"]
     q = _readout(d, k).to(device)
@@ -447,6 +468,8 @@ def main() -> int:
 def run_checks(cfg, device, report) -> None:
     """Checks 1-6."""
     report.run("exact and approximate PGA: CUDA against the CPU", check_cuda_equals_cpu, cfg, device, report)
+    report.run("resampled PGA (the interval over texts): CUDA against the CPU", check_resamples_cuda_equals_cpu, cfg,
+               device, report)
     report.run(f"PGA time per layer (d={cfg['pga_d']}, k={cfg['pga_k']}, R={cfg['pga_r']})", check_pga_times, cfg,
                device, report)
     with tempfile.TemporaryDirectory(prefix="geolens-gpu-check-") as tmp:

@@ -403,8 +403,7 @@ def per_resample(states, model, *, n_null: int, n_pairs: int, n_resamples: int, 
     pairs = [resample_pairs(r, n_pairs, seed=b + 1) for b, r in enumerate(resamples)]
     started = time.perf_counter()
     layer_rows = LayerResampler(x, subspaces)
-    fast = [layer_rows.submit(r, p, list(ccr)) for r, p in zip(resamples, pairs)]
-    fast = [f() for f in fast]
+    fast = [layer_rows.z(r, p, list(ccr)) for r, p in zip(resamples, pairs)]
     t_fast = time.perf_counter() - started
     started = time.perf_counter()
     direct = []

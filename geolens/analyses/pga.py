@@ -443,16 +443,13 @@ def _bootstrap(
     bar = tqdm(total=len(work) * n_resamples, desc="PGA bootstrap", disable=not progress, leave=False)
     for site, layer in work:
         layer_rows = LayerResampler(states.layer(site, layer), subspaces)
-        pending = None
-        # Each resample is prepared while the one before it is still being ranked in the rank pool.
-        for b, picked in enumerate([*resamples, None]):
-            started = None if picked is None else layer_rows.submit(picked, kept[b] if kept else pairs_of(b),
-                                                                      todo[(site, layer)])
-            if pending is not None:
-                for m, value in zip(todo[(site, layer)], pending[1]()):
-                    z[cells[(site, layer, m)], pending[0]] = value
-                bar.update()
-            pending = (b, started)
+        # One resample at a time: preparing the next one while the rank pool ranks the last would put BLAS
+        # threads and the pool's workers on the same cores.
+        for b, picked in enumerate(resamples):
+            values = layer_rows.z(picked, kept[b] if kept else pairs_of(b), todo[(site, layer)])
+            for m, value in zip(todo[(site, layer)], values):
+                z[cells[(site, layer, m)], b] = value
+            bar.update()
     bar.close()
     return [{"site": row["site"], "layer": row["layer"], "ccr": row["ccr"], "z": z[i].tolist()}
             for i, row in enumerate(rows)]

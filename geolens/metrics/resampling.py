@@ -150,8 +150,8 @@ class LayerResampler:
         return self.submit(source, pairs, ccr)()
 
     def submit(self, source: torch.Tensor, pairs: PairSample, ccr: Sequence[int]) -> Callable[[], list[float]]:
-        """Start :meth:`z`; returns a function that waits for and returns it. The last rankings run in the rank
-        pool meanwhile, so the caller can prepare the next resample."""
+        """Start :meth:`z`; returns a function that waits for and returns it (the last chunk of subspaces is
+        still being ranked in the rank pool when this returns)."""
         levels = [int(m) for m in ccr]
         source = torch.as_tensor(source).to(self.x.device)
         rows = self.x[source]
@@ -270,8 +270,9 @@ class LayerResampler:
 
     def _full_values(self, first, second, delta, comps, levels) -> list[torch.Tensor]:
         """Each level's full-space negated cosines ``[P]`` (float64) of the resample's processed rows."""
-        x_delta = self.x @ delta
         dots = row_pair_dots(self.x, first, second).to(self.x.device)
+        first, second = first.to(self.x.device), second.to(self.x.device)
+        x_delta = self.x @ delta
         dots = dots - (x_delta[first] + x_delta[second]) + delta @ delta  # symmetric: identical rows tie exactly
         sq = (self.x - delta).pow(2).sum(-1)
         removed = torch.cumsum(comps[first] * comps[second], -1)
