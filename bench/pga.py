@@ -383,8 +383,8 @@ def interval_cost(layers: list[int] | None, n_resamples: int, bootstrap_pairs: i
 
 
 def per_resample(states, model, *, n_null: int, n_pairs: int, n_resamples: int, ccr=(1, 5, 10)) -> None:
-    """One layer's resamples, timed three ways in the same run: geolens (``LayerResampler``: projections made
-    once, low-rank corrections, one shared dot a pair and subspace); the direct computation of each resample
+    """One layer's resamples, timed three ways in the same run: geolens (``LayerResampler.z_many``, as ``pga`` runs
+    them: projections made once, low-rank corrections, one shared dot a pair and subspace); the direct computation of each resample
     from public functions (gather its rows, centre and CCR by SVD, ``sampled_rank_alignment`` on its pairs);
     and the floor, the rankings alone (each CCR value's full-space ranks and its ``[S, P]`` values, ranked as
     both paths must). Also the largest |dz| between geolens and the direct computation."""
@@ -403,7 +403,7 @@ def per_resample(states, model, *, n_null: int, n_pairs: int, n_resamples: int, 
     pairs = [resample_pairs(r, n_pairs, seed=b + 1) for b, r in enumerate(resamples)]
     started = time.perf_counter()
     layer_rows = LayerResampler(x, subspaces)
-    fast = [layer_rows.z(r, p, list(ccr)) for r, p in zip(resamples, pairs)]
+    fast = list(layer_rows.z_many(resamples, pairs.__getitem__, list(ccr)))
     t_fast = time.perf_counter() - started
     started = time.perf_counter()
     direct = []

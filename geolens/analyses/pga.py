@@ -443,10 +443,8 @@ def _bootstrap(
     bar = tqdm(total=len(work) * n_resamples, desc="PGA bootstrap", disable=not progress, leave=False)
     for site, layer in work:
         layer_rows = LayerResampler(states.layer(site, layer), subspaces)
-        # One resample at a time: preparing the next one while the rank pool ranks the last would put BLAS
-        # threads and the pool's workers on the same cores.
-        for b, picked in enumerate(resamples):
-            values = layer_rows.z(picked, kept[b] if kept else pairs_of(b), todo[(site, layer)])
+        for b, values in enumerate(layer_rows.z_many(resamples, kept.__getitem__ if kept else pairs_of,
+                                                     todo[(site, layer)])):
             for m, value in zip(todo[(site, layer)], values):
                 z[cells[(site, layer, m)], b] = value
             bar.update()

@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from geolens._validation import DegenerateError, check_int, working_dtype
+from geolens.metrics._ranking.cpu import one_thread
+from geolens.metrics._ranking.pool import n_workers
 from geolens.metrics._ranking.pairs import PairSample, sample_pairs
 from geolens.metrics._ranking.products import ResampledRows, resampled_negated_cosines, row_pair_dots
 from geolens.metrics._ranking.select import select_backend
@@ -181,6 +184,21 @@ class LayerResampler:
             return [out[m] for m in levels]
 
         return result
+
+    def z_many(self, sources: Sequence[torch.Tensor], pairs: Callable[[int], PairSample], ccr: Sequence[int]
+               ) -> Iterator[list[float]]:
+        """:meth:`z` of each resample ``b`` (rows ``sources[b]``, pairs ``pairs(b)``), yielded in order.
+
+        On the CPU, resamples are prepared side by side, as many as the rank pool has workers, each with
+        torch and BLAS held to one thread (:func:`~geolens.metrics._ranking.cpu.one_thread`): a resample's
+        products are small, and one thread a resample keeps every core busy between the pool's turns.
+        """
+        if self.x.device.type != "cpu":
+            for b, source in enumerate(sources):
+                yield self.z(source, pairs(b), ccr)
+            return
+        with one_thread(), ThreadPoolExecutor(n_workers(), thread_name_prefix="geolens-resample") as side_by_side:
+            yield from side_by_side.map(lambda b: self.z(sources[b], pairs(b), ccr), range(len(sources)))
 
     def _keeps_spread(self, centred: torch.Tensor, sv: torch.Tensor, vh: torch.Tensor, m: int) -> bool:
         """Whether the resample keeps at least two directions with spread after removing ``m`` components."""

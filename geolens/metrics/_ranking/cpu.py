@@ -17,6 +17,8 @@ and bench/pga.py for what each step costs.
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Iterator
@@ -31,7 +33,7 @@ from geolens.metrics._ranking.products import pair_negated_cosines
 from geolens.metrics._ranking.ranks import FullRanks, run_starts
 from geolens.metrics.distances import unit_rows
 
-__all__ = ["CpuBackend", "SampledRanks", "ranked_dots", "subspace_ranked_dots"]
+__all__ = ["CpuBackend", "SampledRanks", "one_thread", "ranked_dots", "subspace_ranked_dots"]
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,30 @@ def _blas_controller():
 def _single_threaded_blas():
     """BLAS held to one thread (process-wide, restored on exit): the rank pool is the parallelism."""
     return _blas_controller().limit(limits=1, user_api="blas")
+
+
+@contextlib.contextmanager
+def one_thread():
+    """BLAS and torch's own operations held to one thread inside (process-wide, restored on exit, also on an
+    error): for small products between the rank pool's turns, where more threads cost more than they give.
+    The rank pool keeps its workers.
+
+    Example:
+        >>> before = torch.get_num_threads()
+        >>> with one_thread():
+        ...     torch.get_num_threads()
+        1
+        >>> torch.get_num_threads() == before
+        True
+    """
+    threads = torch.get_num_threads()
+    rank_pool()  # made with as many workers as torch has threads, before they are held to one
+    with _single_threaded_blas():
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------- a sample of pairs
