@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from geolens._rng import rng
 from geolens._sampling import bounded_subset
 from geolens._validation import UpperBound, check_int, working_dtype
 from geolens.analyses.pga import default_k
@@ -538,12 +539,13 @@ def _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measu
     sample_b = states_b.layer(RESIDUAL_SITE, pairs_b[0])
     dtype = working_dtype(sample_a) if sample_a.dtype == sample_b.dtype else torch.float64
     device = sample_a.device
-    base_seed = 0 if seed is None else int(seed)
     k = readout_a.shape[1]
     nulls_a = nulls_b = None
     if n_null >= 2:
-        nulls_a = random_subspaces(sample_a.shape[1], k, n_null, seed=base_seed, dtype=dtype, device=device)
-        nulls_b = random_subspaces(sample_b.shape[1], k, n_null, seed=base_seed + 1, dtype=dtype, device=device)
+        nulls_a = random_subspaces(sample_a.shape[1], k, n_null, generator=rng(seed, "null subspaces"), dtype=dtype,
+                                   device=device)
+        nulls_b = random_subspaces(sample_b.shape[1], k, n_null, generator=rng(seed, "null subspaces", part=1),
+                                   dtype=dtype, device=device)
     flat_index = condensed_indices(sample_a.shape[0], device=device) if "spearman" in measures else None
     scorers = {measure: _scorer(measure, options, flat_index) for measure in measures}
     rows = []

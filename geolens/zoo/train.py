@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 
 from geolens._cache import cache_root
 from geolens._io import atomic_write_text
+from geolens._rng import rng, seeded_torch
 from geolens._validation import DamagedFileError, check_float, check_int
 from geolens.data.models import refused_weights_named, transformers_progress
 from geolens.model import boot_bridge
@@ -181,8 +182,7 @@ def _model_config(config: ZooConfig, width: int, tokenizer: Any):
 def _new_model(config: ZooConfig, width: int, tokenizer: Any):
     from transformers import GPTNeoXForCausalLM
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
+    with seeded_torch(config.seed, "zoo initialisation"):
         model = GPTNeoXForCausalLM(_model_config(config, width, tokenizer))
     return model.float()
 
@@ -195,7 +195,7 @@ def _batch_indices(step: int, batch_size: int, n_windows: int, seed: int, cache:
         epoch, position = divmod(g, n_windows)
         if epoch not in cache:
             cache.clear()  # only the current epoch (and the next, across a boundary) is needed
-            cache[epoch] = torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+            cache[epoch] = torch.randperm(n_windows, generator=rng(seed, "zoo batches", part=epoch))
         out.append(cache[epoch][position])
     return torch.stack(out)
 
