@@ -47,7 +47,7 @@ from geolens.metrics.distances import condensed_indices
 from geolens.metrics.grassmann import random_subspaces
 from geolens.metrics.preprocess import remove_common_components
 from geolens.metrics.readout import readout_basis
-from geolens.metrics.similarity import _neighbour_rows, _prepare_knn, linear_cka, mutual_knn
+from geolens.metrics.similarity import _neighbour_rows, _prepare_knn, cka_matrix, linear_cka, mutual_knn
 from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
@@ -582,7 +582,7 @@ def _grid_rows(states_a, states_b, layers_a, layers_b, readout_a, readout_b, mea
             if measure == "spearman":
                 tables[name] = _spearman_grid(clouds_a, clouds_b, same)
             elif measure == "cka":
-                tables[name] = _cka_grid(clouds_a, clouds_b, same, options["debiased"])
+                tables[name] = cka_matrix(clouds_a, None if same else clouds_b, debiased=options["debiased"])
             else:
                 tables[name] = _knn_grid(clouds_a, clouds_b, same, options["knn_k"])
     return [{"layer_a": la, "layer_b": lb, **{name: float(t[i, j]) for name, t in tables.items()}}
@@ -603,41 +603,6 @@ def _spearman_grid(clouds_a, clouds_b, same):
     units_a = torch.stack([centred_unit_ranks(x, flat_index) for x in clouds_a])
     units_b = units_a if same else torch.stack([centred_unit_ranks(x, flat_index) for x in clouds_b])
     return rank_correlation_matrix(units_a, units_b)
-
-
-def _gram_unit(x: torch.Tensor, debiased: bool) -> torch.Tensor:
-    """The (U-)centred linear Gram matrix of ``x`` as a unit vector, so that CKA is a dot product.
-
-    Biased CKA is ``<HKH, HLH> / (||HKH|| ||HLH||)`` with ``K = X X^T``; centred columns give
-    ``HKH = K``. The unbiased HSIC of Song et al. (2012) equals ``<U(K), U(L)> / (n (n - 3))``
-    for the U-centred matrices (Szekely & Rizzo 2014): zero diagonal, and off the diagonal
-    ``K_ij - r_i / (n - 2) - r_j / (n - 2) + t / ((n - 1)(n - 2))`` (row sums ``r`` and total ``t``
-    of ``K`` with its diagonal zeroed), so debiased CKA is a dot product too. Only the upper
-    triangle is kept (off-diagonal entries weighted by sqrt(2)).
-    """
-    x = x.to(torch.float64)
-    x = x - x.mean(dim=0)
-    n = x.shape[0]
-    gram = x @ x.T
-    if debiased:
-        gram.fill_diagonal_(0.0)
-        row = gram.sum(dim=1)
-        gram = gram - row[:, None] / (n - 2) - row[None, :] / (n - 2) + row.sum() / ((n - 1) * (n - 2))
-        gram.fill_diagonal_(0.0)
-    upper = torch.triu_indices(n, n, offset=1, device=x.device)
-    vector = torch.cat([gram[upper[0], upper[1]] * 2.0 ** 0.5, gram.diagonal()])
-    norm = torch.linalg.vector_norm(vector)
-    if not bool(norm > 0):
-        raise ValueError("a layer's states have no variance (or a zero unbiased HSIC): CKA is undefined")
-    return vector / norm
-
-
-def _cka_grid(clouds_a, clouds_b, same, debiased):
-    if debiased and clouds_a[0].shape[0] < 4:
-        raise ValueError("debiased CKA needs at least 4 positions")
-    units_a = torch.stack([_gram_unit(x, debiased) for x in clouds_a])
-    units_b = units_a if same else torch.stack([_gram_unit(x, debiased) for x in clouds_b])
-    return units_a @ units_b.T
 
 
 def _knn_sets(x: torch.Tensor, knn_k: int) -> torch.Tensor:
