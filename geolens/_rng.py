@@ -67,10 +67,9 @@ STREAMS: dict[str, Stream] = {
     "null subspaces": Stream("torch", "Haar-random subspaces of a null (geolens.metrics.grassmann); "
                                       "part 1: the second model's of a pair"),
     "pairs": Stream("numpy", "a uniform sample of point pairs (geolens.metrics._ranking.pairs)", salt=0x9A17),
-    "text resamples": Stream("numpy", "the texts drawn by each bootstrap resample of PGA (geolens.analyses.pga)",
-                             salt=0xB007),
-    "resample pairs": Stream("numpy", "the pair sample of bootstrap resample b, part b + 1 (geolens.analyses.pga)",
-                             salt=0x9A17, stride=1_000_003),
+    "text resamples": Stream("numpy", "the texts drawn by each bootstrap resample of PGA", salt=0xB007),
+    "resample pairs": Stream("numpy", "the pair sample of PGA's bootstrap resample b, part b + 1", salt=0x9A17,
+                             stride=1_000_003),
     "pair blocks": Stream("torch", "the permutation that deals sampled pairs into jackknife blocks "
                                    "(geolens.metrics.pga)", salt=0x5EED),
     "lens batches": Stream("torch", "the rows of each tuned-lens training batch (geolens.lens.fit)"),
