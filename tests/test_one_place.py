@@ -1,5 +1,5 @@
-"""One place per decision: seeded random streams (geolens._rng), linear CKA (geolens.metrics.similarity)
-and atomic writes (geolens._io) are each made in one module. The package's code (its docstrings and
+"""One place per decision: seeded random streams (geolens._rng), linear CKA and mutual k-NN
+(geolens.metrics.similarity) and atomic writes (geolens._io) are each made in one module. The package's code (its docstrings and
 comments left out) is searched for a second one."""
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ RULES = {
         r"\b\w*seed\s*[-+*]\s*\w|\w\s*[-+*]\s*\w*seed\b",
         "a stream of its own in geolens._rng.STREAMS (a salt), or rng(..., part=i) for sub-streams",
     ),
-    "CKA": (
+    "similarity measure": (
         "metrics/similarity.py",
-        r"(?i)\bdef\s+(\w*_)?(cka|hsic)(_\w*)?\s*\(",  # a function named for CKA or HSIC
-        "geolens.metrics.cka_matrix / linear_cka",
+        r"(?i)\bdef\s+(\w*_)?(cka|hsic|knn)(_\w*)?\s*\(",  # a function named for CKA, HSIC or k-NN
+        "geolens.metrics: linear_cka / cka_matrix, mutual_knn / mutual_knn_matrix",
     ),
     "atomic write": (
         "_io.py",
@@ -87,8 +87,9 @@ def test_the_scanner_reads_code_not_text():
     assert re.search(RULES["seed arithmetic"][1], "x = base_seed + 1") and re.search(RULES["seed arithmetic"][1],
                                                                                    "g(seed * 100_003 + epoch)")
     assert not re.search(RULES["seed arithmetic"][1], "f(seed = seed , part = 1)")
-    assert re.search(RULES["CKA"][1], "def _cka_grid ( clouds_a )") and re.search(RULES["CKA"][1], "def _unbiased_hsic (")
-    assert not re.search(RULES["CKA"][1], "def _no_package_installs ( )")
+    similarity = RULES["similarity measure"][1]
+    assert re.search(similarity, "def _cka_grid ( clouds_a )") and re.search(similarity, "def _knn_sets ( x , k )")
+    assert not re.search(similarity, "def _no_package_installs ( )")
     assert re.search(RULES["atomic write"][1], "tempfile . mkdtemp ( )")
     assert not re.search(RULES["atomic write"][1], "tempfile . TemporaryDirectory ( prefix = )")
 

@@ -47,7 +47,7 @@ from geolens.metrics.distances import condensed_indices
 from geolens.metrics.grassmann import random_subspaces
 from geolens.metrics.preprocess import remove_common_components
 from geolens.metrics.readout import readout_basis
-from geolens.metrics.similarity import _neighbour_rows, _prepare_knn, cka_matrix, linear_cka, mutual_knn
+from geolens.metrics.similarity import cka_matrix, linear_cka, mutual_knn, mutual_knn_matrix
 from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
@@ -584,7 +584,7 @@ def _grid_rows(states_a, states_b, layers_a, layers_b, readout_a, readout_b, mea
             elif measure == "cka":
                 tables[name] = cka_matrix(clouds_a, None if same else clouds_b, debiased=options["debiased"])
             else:
-                tables[name] = _knn_grid(clouds_a, clouds_b, same, options["knn_k"])
+                tables[name] = mutual_knn_matrix(clouds_a, None if same else clouds_b, k=options["knn_k"])
     return [{"layer_a": la, "layer_b": lb, **{name: float(t[i, j]) for name, t in tables.items()}}
             for i, la in enumerate(layers_a) for j, lb in enumerate(layers_b)]
 
@@ -603,26 +603,6 @@ def _spearman_grid(clouds_a, clouds_b, same):
     units_a = torch.stack([centred_unit_ranks(x, flat_index) for x in clouds_a])
     units_b = units_a if same else torch.stack([centred_unit_ranks(x, flat_index) for x in clouds_b])
     return rank_correlation_matrix(units_a, units_b)
-
-
-def _knn_sets(x: torch.Tensor, knn_k: int) -> torch.Tensor:
-    """``[N, k]`` indices of each row's cosine nearest other rows (as :func:`mutual_knn` finds them)."""
-    z = _prepare_knn(x, "states", "cosine")
-    return torch.cat([_neighbour_rows(z, slice(s, min(s + 2048, z.shape[0])), knn_k)
-                      for s in range(0, z.shape[0], 2048)])
-
-
-def _knn_grid(clouds_a, clouds_b, same, knn_k):
-    sets_a = [_knn_sets(x, knn_k) for x in clouds_a]
-    sets_b = sets_a if same else [_knn_sets(x, knn_k) for x in clouds_b]
-    n = clouds_a[0].shape[0]
-    out = torch.empty(len(sets_a), len(sets_b), dtype=torch.float64)
-    for i, na in enumerate(sets_a):
-        member = torch.zeros(n, n, dtype=torch.bool, device=na.device)
-        member.scatter_(1, na, True)
-        for j, nb in enumerate(sets_b):
-            out[i, j] = member.gather(1, nb).sum(dtype=torch.float64) / (n * knn_k)
-    return out
 
 
 def _is_model(value: object) -> bool:

@@ -35,10 +35,10 @@ from jaxtyping import Float
 from geolens._validation import check_float_matrix, check_int, working_dtype
 from geolens.metrics.preprocess import scaled_rows, unit_scaled
 
-__all__ = ["cka_matrix", "linear_cka", "mutual_knn", "KNN_METRICS"]
+__all__ = ["cka_matrix", "linear_cka", "mutual_knn", "mutual_knn_matrix", "KNN_METRICS"]
 
 KNN_METRICS = ("cosine", "ip")
-_BLOCK_ROWS = 2048  # rows of the [block, N] similarity matrix held at once by mutual_knn
+_BLOCK_ROWS = 2048  # rows of the [block, N] similarity and membership matrices held at once (mutual k-NN)
 
 
 def _paired(x: object, y: object, *, min_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,13 +88,12 @@ def _squared_frobenius_terms(
     n = xs[0].shape[0]
     if _gram_route(n, [x.shape[1] for x in xs], [y.shape[1] for y in ys]):
         upper = torch.triu_indices(n, n, offset=1, device=xs[0].device)
-        parts_x = [_gram_parts(x, upper) for x in xs]
-        parts_y = parts_x if ys is xs else [_gram_parts(y, upper) for y in ys]
-        ux, dx = (torch.stack(p) for p in zip(*parts_x))
-        uy, dy = (torch.stack(p) for p in zip(*parts_y))
+        ux, dx = (torch.stack(p) for p in zip(*(_gram_parts(x, upper) for x in xs)))
+        uy, dy = (ux, dx) if ys is xs else (torch.stack(p) for p in zip(*(_gram_parts(y, upper) for y in ys)))
         cross = 2.0 * (ux @ uy.T) + dx @ dy.T
-        return cross, 2.0 * ux.square().sum(dim=1) + dx.square().sum(dim=1), \
-            2.0 * uy.square().sum(dim=1) + dy.square().sum(dim=1)
+        self_x = 2.0 * torch.linalg.vecdot(ux, ux) + torch.linalg.vecdot(dx, dx)
+        self_y = self_x if ys is xs else 2.0 * torch.linalg.vecdot(uy, uy) + torch.linalg.vecdot(dy, dy)
+        return cross, self_x, self_y
     cross = torch.stack([torch.stack([(x.T @ y).square().sum() for y in ys]) for x in xs])
     self_x = torch.stack([(x.T @ x).square().sum() for x in xs])
     self_y = self_x if ys is xs else torch.stack([(y.T @ y).square().sum() for y in ys])
@@ -210,19 +209,25 @@ def cka_matrix(
                 [0.7071, 1.0000]], dtype=torch.float64)
     """
     _check_debiased(debiased)
-    min_rows = 4 if debiased else 2
-    clouds_x, names_x = _clouds(xs, "xs", min_rows)
-    clouds_y, names_y = (clouds_x, names_x) if ys is None else _clouds(ys, "ys", min_rows)
-    n = clouds_x[0].shape[0]
-    for name, cloud in zip(names_x + names_y, clouds_x + clouds_y):
-        if cloud.shape[0] != n:
-            raise ValueError(f"every cloud must have the same rows (N): {names_x[0]} has {n}, {name} {cloud.shape[0]}")
+    clouds_x, names_x, clouds_y, names_y = _cloud_sets(xs, ys, min_rows=4 if debiased else 2)
     return _cka(clouds_x, clouds_y, names_x, names_y, debiased)
 
 
 def _check_debiased(debiased: object) -> None:
     if not isinstance(debiased, bool):
         raise TypeError(f"debiased must be a bool, got {type(debiased).__name__}")
+
+
+def _cloud_sets(xs: object, ys: object, *, min_rows: int) -> tuple[list, list[str], list, list[str]]:
+    """Validate ``xs`` and ``ys`` (``None``: ``xs`` itself), non-empty sequences of clouds over the same rows:
+    ``(clouds_x, names_x, clouds_y, names_y)`` with names ``"xs[i]"``; ``ys=None`` gives the very same lists."""
+    clouds_x, names_x = _clouds(xs, "xs", min_rows)
+    clouds_y, names_y = (clouds_x, names_x) if ys is None else _clouds(ys, "ys", min_rows)
+    n = clouds_x[0].shape[0]
+    for name, cloud in zip(names_x + names_y, clouds_x + clouds_y):
+        if cloud.shape[0] != n:
+            raise ValueError(f"every cloud must have the same rows (N): {names_x[0]} has {n}, {name} {cloud.shape[0]}")
+    return clouds_x, names_x, clouds_y, names_y
 
 
 def _clouds(clouds: object, name: str, min_rows: int) -> tuple[list[torch.Tensor], list[str]]:
@@ -298,20 +303,73 @@ def mutual_knn(
         >>> mutual_knn(x, y[[0, 2, 1, 3]], k=1)       # neighbours swapped
         0.0
     """
+    _check_metric(metric)
+    x, y = _paired(x, y, min_rows=2)
+    n = x.shape[0]
+    k = check_int(k, "k", low=1, high=n - 1)
+    sets_x = _neighbour_sets(_prepare_knn(x, "x", metric), k)
+    sets_y = _neighbour_sets(_prepare_knn(y.to(x.device), "y", metric), k)
+    return float(_shared_neighbours(sets_x, [sets_y])[0] / (n * k))
+
+
+def mutual_knn_matrix(
+    xs: Sequence[Float[torch.Tensor, "N d1"]],
+    ys: Sequence[Float[torch.Tensor, "N d2"]] | None = None,
+    *,
+    k: int = 10,
+    metric: str = "cosine",
+) -> Float[torch.Tensor, "A B"]:
+    """Mutual k-NN alignment of every cloud of ``xs`` against every cloud of ``ys`` (all over the same ``N`` rows).
+
+    Entry ``[i, j]`` is :func:`mutual_knn` ``(xs[i], ys[j], k=k, metric=metric)``, with each cloud's
+    neighbour sets found once for all pairs. ``ys=None`` compares ``xs`` with itself. Clouds are
+    moved to the device of ``xs[0]``.
+
+    Returns:
+        ``[A, B]`` float64 tensor of alignments in ``[0, 1]``.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+        >>> mutual_knn_matrix([x, x[[0, 2, 1, 3]]], k=1)
+        tensor([[1., 0.],
+                [0., 1.]], dtype=torch.float64)
+    """
+    _check_metric(metric)
+    clouds_x, names_x, clouds_y, names_y = _cloud_sets(xs, ys, min_rows=2)
+    n = clouds_x[0].shape[0]
+    k = check_int(k, "k", low=1, high=n - 1)
+    device = clouds_x[0].device
+    sets_x = [_neighbour_sets(_prepare_knn(c.to(device), name, metric), k) for c, name in zip(clouds_x, names_x)]
+    sets_y = sets_x if ys is None else [_neighbour_sets(_prepare_knn(c.to(device), name, metric), k)
+                                        for c, name in zip(clouds_y, names_y)]
+    return torch.stack([_shared_neighbours(a, sets_y) for a in sets_x]) / (n * k)
+
+
+def _check_metric(metric: object) -> None:
     if not isinstance(metric, str):
         raise TypeError(f"metric must be a str, got {type(metric).__name__}")
     if metric not in KNN_METRICS:
         raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}")
-    x, y = _paired(x, y, min_rows=2)
-    n = x.shape[0]
-    k = check_int(k, "k", low=1, high=n - 1)
-    zx = _prepare_knn(x, "x", metric)
-    zy = _prepare_knn(y.to(x.device), "y", metric)
-    shared = torch.zeros((), dtype=torch.float64, device=x.device)
+
+
+def _neighbour_sets(z: torch.Tensor, k: int) -> torch.Tensor:
+    """``[N, k]`` indices of each row's ``k`` most similar other rows of the prepared ``z``, in blocks of rows."""
+    n = z.shape[0]
+    return torch.cat([_neighbour_rows(z, slice(start, min(start + _BLOCK_ROWS, n)), k)
+                      for start in range(0, n, _BLOCK_ROWS)])
+
+
+def _shared_neighbours(sets_x: torch.Tensor, sets_ys: list[torch.Tensor]) -> torch.Tensor:
+    """``[B]`` float64: for each of ``sets_ys``, the number of (row, neighbour) pairs it shares with ``sets_x``.
+
+    One ``[block, N]`` membership matrix of ``sets_x`` per block of rows, read by every ``sets_ys``.
+    """
+    n = sets_x.shape[0]
+    shared = torch.zeros(len(sets_ys), dtype=torch.float64, device=sets_x.device)
     for start in range(0, n, _BLOCK_ROWS):
         rows = slice(start, min(start + _BLOCK_ROWS, n))
-        nx, ny = _neighbour_rows(zx, rows, k), _neighbour_rows(zy, rows, k)
-        in_x = torch.zeros(rows.stop - rows.start, n, dtype=torch.bool, device=x.device)
-        in_x.scatter_(1, nx, True)
-        shared += in_x.gather(1, ny).sum(dtype=torch.float64)
-    return float(shared / (n * k))
+        member = torch.zeros(rows.stop - rows.start, n, dtype=torch.bool, device=sets_x.device)
+        member.scatter_(1, sets_x[rows], True)
+        for j, sets_y in enumerate(sets_ys):
+            shared[j] += member.gather(1, sets_y[rows]).sum(dtype=torch.float64)
+    return shared

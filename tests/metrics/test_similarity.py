@@ -312,3 +312,24 @@ def test_cka_matrix_bad_input():
         cka_matrix([x[:3]], debiased=True)
     with pytest.raises(TypeError, match="debiased must be a bool"):
         cka_matrix([x], debiased=None)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip"])
+def test_mutual_knn_matrix_is_mutual_knn_of_every_pair(metric):
+    from geolens.metrics import mutual_knn_matrix
+
+    xs = [_cloud(60, 5, s) for s in (1, 2, 3)]
+    ys = [xs[0] @ _rotation(5, 7), _cloud(60, 8, 4)]
+    table = mutual_knn_matrix(xs, ys, k=4, metric=metric)
+    assert table.shape == (3, 2) and table.dtype == torch.float64
+    for i, j in itertools.product(range(3), range(2)):
+        assert float(table[i, j]) == mutual_knn(xs[i], ys[j], k=4, metric=metric)
+        assert float(table[i, j]) == pytest.approx(_np_mutual_knn(xs[i], ys[j], 4, metric), abs=1e-12)
+    assert float(table[0, 0]) == 1.0
+    assert torch.equal(mutual_knn_matrix(xs, k=4, metric=metric), mutual_knn_matrix(xs, list(xs), k=4, metric=metric))
+    with pytest.raises(ValueError, match="k must be <= 59"):
+        mutual_knn_matrix(xs, k=60)
+    with pytest.raises(ValueError, match=r"xs\[1\] has 1 rows of zero norm"):
+        mutual_knn_matrix([xs[0], torch.cat([torch.zeros(1, 5, dtype=torch.float64), xs[1][1:]])], k=3)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        mutual_knn_matrix(xs, metric="l2")
