@@ -58,6 +58,10 @@ class Stream:
     salt: int = 0
     stride: int = 1
 
+    def __post_init__(self) -> None:
+        if self.library not in LIBRARIES:
+            raise ValueError(f"a stream's library is one of {LIBRARIES}, got {self.library!r}")
+
 
 # The one list of seeded streams. Salts and strides are those each site used before the registry
 # (the same seed must give the same samples, study cells and test numbers): never change one.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from geolens._rng import SHARED_DRAWS, STREAMS, derived_seed, rng, seeded_torch
+from geolens._rng import SHARED_DRAWS, STREAMS, Stream, derived_seed, rng, seeded_torch
 
 SEEDS = (0, 1, 7, 123456)
 
@@ -133,3 +133,5 @@ def test_a_stream_is_of_one_library_and_must_be_registered():
         rng(-1, "positions")
     with pytest.raises(TypeError, match="seed must be an int"):
         rng(1.5, "pairs")
+    with pytest.raises(ValueError, match="a stream's library is one of"):
+        Stream("jax", "keys")

@@ -76,14 +76,14 @@ def shared_pair_sample(n: int, n_pairs: int, seed: int) -> "PairSample":
     return sample_pairs(n, n_pairs, seed=seed)
 
 
-def _distinct_positions(total: int, size: int, rng: np.random.Generator) -> np.ndarray:
+def _distinct_positions(total: int, size: int, generator: np.random.Generator) -> np.ndarray:
     """``size`` distinct integers of ``[0, total)``, uniformly, sorted (``size <= total / 2``)."""
-    chosen = _sorted_distinct(rng.integers(0, total, size=size + size // 4 + 16))
+    chosen = _sorted_distinct(generator.integers(0, total, size=size + size // 4 + 16))
     while chosen.size < size:
-        more = rng.integers(0, total, size=2 * (size - chosen.size) + 16)
+        more = generator.integers(0, total, size=2 * (size - chosen.size) + 16)
         chosen = _sorted_distinct(np.concatenate([chosen, more]))
     if chosen.size > size:  # a uniform subset of a uniform set of distinct positions is uniform
-        chosen = np.sort(rng.choice(chosen, size=size, replace=False))
+        chosen = np.sort(generator.choice(chosen, size=size, replace=False))
     return chosen
 
 
