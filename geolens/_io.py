@@ -1,4 +1,4 @@
-"""Writes that a killed process cannot leave half done: the old file, or the new one, or none.
+"""Writes that a killed process cannot leave half done: the old file (or folder), or the new one, or none.
 
 Files are created with mode ``0o666`` less the process's umask, as ``open`` would create them (not
 ``tempfile.mkstemp``'s ``0o600``): a report shared through a group-readable folder stays readable.
@@ -13,12 +13,19 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import secrets
+import shutil
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-__all__ = ["atomic_file", "atomic_write_text", "check_file_target", "check_folder_target", "check_writable_folder"]
+__all__ = ["atomic_file", "atomic_folder", "atomic_write_text", "check_file_target", "check_folder_target",
+           "check_writable_folder", "publish_folder", "remove_stale_staging"]
+
+# A staging folder untouched this long was left by a killed process (a live writer is far younger).
+STALE_STAGING_S = 3600.0
 
 
 def check_file_target(path: str | os.PathLike, what: str = "a file") -> Path:
@@ -156,3 +163,94 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_folder(
+    path: str | os.PathLike, *, keep: Callable[[Path], bool] | None = None, stale_after_s: float = STALE_STAGING_S,
+) -> Iterator[Path]:
+    """Yield a path for a writer that makes a whole folder there (``save_pretrained``); when the block ends
+    without error, that folder becomes ``path`` with one rename (:func:`publish_folder`).
+
+    The yielded path does not exist yet. It lies in a hidden staging folder beside ``path``
+    (``.<name>-tmp-<random>``), which the writer may also use as scratch space (the yielded path's
+    ``parent``) and which is removed afterwards, error or not. ``keep`` is passed to
+    :func:`publish_folder`. Staging folders of ``path`` older than ``stale_after_s`` seconds, left by
+    killed processes, are removed first (:func:`remove_stale_staging`).
+
+    Example:
+        >>> import tempfile
+        >>> target = Path(tempfile.mkdtemp()) / "model"
+        >>> with atomic_folder(target) as out:
+        ...     out.mkdir(); _ = (out / "config.json").write_text("{}")
+        >>> sorted(p.name for p in target.parent.iterdir()), (target / "config.json").read_text()
+        (['model'], '{}')
+    """
+    path = check_folder_target(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(path, stale_after_s)
+    staging = _staging_beside(path)
+    try:
+        yield staging / path.name
+        publish_folder(staging / path.name, path, keep=keep)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _staging_beside(path: Path) -> Path:
+    """A new hidden folder beside ``path`` (``.<name>-tmp-<random>``), made with ``open``'s permissions."""
+    for _ in range(100):
+        staging = path.parent / f"{_staging_prefix(path)}{secrets.token_hex(4)}"
+        try:
+            staging.mkdir()
+            return staging
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free staging folder name beside {path}")
+
+
+def _staging_prefix(path: Path) -> str:
+    return f".{path.name}-tmp-"
+
+
+def publish_folder(folder: Path, path: Path, *, keep: Callable[[Path], bool] | None = None) -> None:
+    """Move the finished ``folder`` onto ``path`` with one rename.
+
+    A folder already at ``path`` is removed first (debris, or the previous version), unless
+    ``keep(path)`` says it is whole: a concurrent writer finished first, so its folder stays and
+    ``folder`` is left for the caller to remove.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "new").mkdir(); (root / "old").mkdir(); _ = (root / "old" / "half").write_text("x")
+        >>> publish_folder(root / "new", root / "old"); sorted(p.name for p in root.iterdir())
+        ['old']
+        >>> list((root / "old").iterdir())
+        []
+    """
+    if not folder.is_dir():  # checked before the old folder goes: a writer that made nothing loses nothing
+        raise FileNotFoundError(f"{folder} was not made: nothing to move onto {path}")
+    if path.exists() and not (keep is not None and keep(path)):
+        shutil.rmtree(path)
+    try:
+        os.replace(folder, path)
+    except OSError:
+        if keep is None or not keep(path):
+            raise
+
+
+def remove_stale_staging(path: Path, stale_after_s: float = STALE_STAGING_S) -> None:
+    """Remove the staging folders of ``path`` (:func:`atomic_folder`'s) untouched for ``stale_after_s`` seconds.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / ".model-tmp-1234").mkdir(); os.utime(root / ".model-tmp-1234", (0, 0))
+        >>> remove_stale_staging(root / "model"); list(root.iterdir())
+        []
+    """
+    for staging in path.parent.glob(glob.escape(_staging_prefix(path)) + "*"):
+        with contextlib.suppress(OSError):
+            if staging.is_dir() and time.time() - staging.stat().st_mtime > stale_after_s:
+                shutil.rmtree(staging)

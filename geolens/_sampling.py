@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from geolens._rng import rng
 from geolens._validation import UpperBound, check_int
 
 __all__ = ["seeded_subset", "bounded_subset"]
@@ -25,8 +26,7 @@ def seeded_subset(available: int, n: int, seed: int | None = 0) -> torch.Tensor:
     """
     available = check_int(available, "available", low=0)
     n = check_int(n, "n", low=0)
-    generator = torch.Generator().manual_seed(0 if seed is None else check_int(seed, "seed", low=0))
-    return torch.randperm(available, generator=generator)[:n].sort().values
+    return torch.randperm(available, generator=rng(seed, "positions"))[:n].sort().values
 
 
 def bounded_subset(

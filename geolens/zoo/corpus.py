@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,6 +30,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from geolens._rng import rng
 from geolens._validation import check_float
 from geolens.data.texts import default_texts
 
@@ -59,7 +59,7 @@ def zoo_split(held_out_fraction: float = HELD_OUT_FRACTION) -> tuple[list[str], 
                                     high_open=True)
     texts = list(dict.fromkeys(default_texts(n=None)))  # drop verbatim repeats, keep corpus order
     n_held = max(1, round(held_out_fraction * len(texts)))
-    held = set(random.Random(_SPLIT_SEED).sample(range(len(texts)), n_held))
+    held = set(rng(_SPLIT_SEED, "held-out articles").sample(range(len(texts)), n_held))
     train = [t for i, t in enumerate(texts) if i not in held]
     held_out = [t for i, t in enumerate(texts) if i in held]
     return train, held_out

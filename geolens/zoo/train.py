@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import pickle
 import shutil
 import time
@@ -52,7 +51,8 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens._cache import cache_root
-from geolens._io import atomic_write_text
+from geolens._io import atomic_file, atomic_folder, atomic_write_text
+from geolens._rng import rng, seeded_torch
 from geolens._validation import DamagedFileError, check_float, check_int
 from geolens.data.models import refused_weights_named, transformers_progress
 from geolens.model import boot_bridge
@@ -181,8 +181,7 @@ def _model_config(config: ZooConfig, width: int, tokenizer: Any):
 def _new_model(config: ZooConfig, width: int, tokenizer: Any):
     from transformers import GPTNeoXForCausalLM
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
+    with seeded_torch(config.seed, "zoo initialisation"):
         model = GPTNeoXForCausalLM(_model_config(config, width, tokenizer))
     return model.float()
 
@@ -195,7 +194,7 @@ def _batch_indices(step: int, batch_size: int, n_windows: int, seed: int, cache:
         epoch, position = divmod(g, n_windows)
         if epoch not in cache:
             cache.clear()  # only the current epoch (and the next, across a boundary) is needed
-            cache[epoch] = torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+            cache[epoch] = torch.randperm(n_windows, generator=rng(seed, "zoo batches", part=epoch))
         out.append(cache[epoch][position])
     return torch.stack(out)
 
@@ -217,13 +216,10 @@ def _write_json(path: Path, payload: Any) -> None:
 
 
 def _save_checkpoint(model, tokenizer, folder: Path) -> None:
-    """Write an HF folder into a staging sibling, then rename: a folder that exists is whole."""
-    staging = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(str(staging))
-    tokenizer.save_pretrained(str(staging))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(staging, folder)
+    """Write an HF folder atomically (:func:`geolens._io.atomic_folder`): a folder that exists is whole."""
+    with atomic_folder(folder) as staging:
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
 
 
 @dataclass
@@ -317,10 +313,8 @@ def _family_tokenizer(config: ZooConfig, root: Path, train_texts: list[str]):
 
     folder = root / _TOKENIZER_DIR
     if not (folder / "tokenizer.json").is_file():
-        staging = root / (_TOKENIZER_DIR + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        train_tokenizer(train_texts, config.vocab_size, staging)
-        os.replace(staging, folder)
+        with atomic_folder(folder) as staging:
+            train_tokenizer(train_texts, config.vocab_size, staging)
     return AutoTokenizer.from_pretrained(str(folder))
 
 
@@ -490,9 +484,8 @@ def _checkpoint(zoo: Zoo, width: int, step: int, model, tokenizer, optimizer, ev
         earlier = stale.name[4:].isdigit() and int(stale.name[4:]) < step
         if earlier and int(stale.name[4:]) not in zoo.config.checkpoints:
             shutil.rmtree(stale, ignore_errors=True)
-    tmp = member / (_RESUME_FILE + ".tmp")
-    torch.save({"step": step, "optimizer": optimizer.state_dict()}, tmp)
-    os.replace(tmp, member / _RESUME_FILE)
+    with atomic_file(member / _RESUME_FILE) as tmp:
+        torch.save({"step": step, "optimizer": optimizer.state_dict()}, tmp)
     recent = log["losses"][-10:]
     log["checkpoints"] = [c for c in log["checkpoints"] if c["step"] != step] + [{
         "step": step, "eval_loss": _eval_loss(model, eval_windows, zoo.config.batch_size),

@@ -36,15 +36,16 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import pandas as pd
 
 from geolens._io import atomic_write_text
-from geolens._validation import check_float, check_int
+from geolens._validation import UpperBound, check_float, check_int
 from geolens.analyses import registry
+from geolens.report import QUICK
 from geolens.report.pages import Section, versions, write_html
 from geolens.results import Result, json_text
 from geolens.study import Study, load_errors, run_study
@@ -89,9 +90,20 @@ class ZooReportSettings:
 
     @classmethod
     def quick(cls, **overrides: Any) -> "ZooReportSettings":
-        """Small budgets (seconds per checkpoint): 8 texts, 256 positions, 20 nulls, CCR 0 and 1, a 10-step lens."""
-        preset = dict(n_texts=8, max_length=64, n_tokens=256, n_null=20, ccr=(0, 1), lens_steps=10,
-                      lens_tokens_per_step=256, lens_texts=40)
+        """Small budgets (seconds per checkpoint): the report's (:data:`geolens.report.QUICK`) for every
+        setting the zoo shares with it (texts, length, positions, nulls, CCR), and a 10-step lens;
+        ``overrides`` win.
+
+        Example:
+            >>> ZooReportSettings.quick().n_tokens == QUICK["n_tokens"]
+            True
+        """
+        own = {f.name for f in fields(cls)}
+        # The zoo's sample sizes are exact numbers (its study cells are keyed by that): a preset's upper
+        # bound is taken as its number.
+        shared = {name: int(value) if isinstance(value, UpperBound) else value
+                  for name, value in QUICK.items() if name in own}
+        preset = dict(shared, lens_steps=10, lens_tokens_per_step=256, lens_texts=40)
         return cls(**{**preset, **overrides})
 
     def k(self, d_model: int) -> int:

@@ -124,33 +124,6 @@ def test_cache_root_precedence(tmp_path, monkeypatch):
     assert _cache.cache_root().parts[-2:] == (".cache", "geolens")
 
 
-def test_publish_replaces_debris_and_keeps_a_finished_folder(tmp_path):
-    target = tmp_path / "model"
-    target.mkdir()
-    (target / "half.bin").write_bytes(b"x")  # no marker: debris
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    (staging / models._MARKER).write_text("{}")
-    models._publish(staging, target)
-    assert models._model_is_complete(target) and not (target / "half.bin").exists()
-
-    late = tmp_path / "late"
-    late.mkdir()
-    (late / models._MARKER).write_text("{}")
-    (late / "other.bin").write_bytes(b"y")
-    models._publish(late, target)  # a concurrent winner is kept, no error
-    assert not (target / "other.bin").exists()
-
-
-def test_stale_staging_folders_are_removed(tmp_path):
-    old, fresh = tmp_path / (models._STAGING_PREFIX + "old"), tmp_path / (models._STAGING_PREFIX + "new")
-    old.mkdir()
-    fresh.mkdir()
-    os.utime(old, (0, 0))
-    models._remove_stale_staging(tmp_path)
-    assert not old.exists() and fresh.exists()
-
-
 # ---------------------------------------------------------------- default model
 
 

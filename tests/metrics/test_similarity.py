@@ -273,3 +273,63 @@ def test_mutual_knn_bad_input():
     with pytest.raises(ValueError, match="y has 1 rows of zero norm"):
         mutual_knn(x, zero_row)
     assert 0.0 <= mutual_knn(x, zero_row, metric="ip") <= 1.0
+
+
+# ----------------------------------------------------------------------------- CKA of many clouds at once
+@pytest.mark.parametrize("debiased", [False, True])
+@pytest.mark.parametrize("n, width", [(120, 6), (8, 20)])  # feature-space and Gram routes
+def test_cka_matrix_is_linear_cka_of_every_pair(n, width, debiased):
+    from geolens.metrics import cka_matrix
+
+    xs = [_related_pair(n, width, width - 1, seed=s)[i] for s in (1, 2) for i in (0, 1)]
+    ys = [_cloud(n, width + 2, 9), xs[1] @ _rotation(width - 1, 4) + 1.0]
+    table = cka_matrix(xs, ys, debiased=debiased)
+    assert table.shape == (4, 2) and table.dtype == torch.float64
+    for i, j in itertools.product(range(4), range(2)):
+        assert float(table[i, j]) == pytest.approx(linear_cka(xs[i], ys[j], debiased=debiased), abs=1e-12)
+        assert float(table[i, j]) == pytest.approx(_np_cka(xs[i].numpy(), ys[j].numpy()) if not debiased
+                                                   else _np_debiased_cka(xs[i].numpy(), ys[j].numpy()), abs=1e-9)
+    assert float(table[1, 1]) == pytest.approx(1.0, abs=1e-12)
+    square = cka_matrix(xs, debiased=debiased)
+    assert torch.allclose(square, square.T, atol=1e-12, rtol=0)
+    assert torch.allclose(square.diagonal(), torch.ones(4, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert torch.allclose(square, cka_matrix(xs, list(xs), debiased=debiased), atol=1e-12, rtol=0)
+
+
+def test_cka_matrix_bad_input():
+    from geolens.metrics import cka_matrix
+
+    x, y = _related_pair(n=20)
+    with pytest.raises(TypeError, match="xs must be a non-empty sequence"):
+        cka_matrix(x)
+    with pytest.raises(TypeError, match="ys must be a non-empty sequence"):
+        cka_matrix([x], [])
+    with pytest.raises(ValueError, match="same rows"):
+        cka_matrix([x, y[:10]])
+    with pytest.raises(ValueError, match=r"ys\[1\] has no variance"):
+        cka_matrix([x], [y, torch.ones_like(y)])
+    with pytest.raises(ValueError, match=r"xs\[0\] needs at least 4 rows"):
+        cka_matrix([x[:3]], debiased=True)
+    with pytest.raises(TypeError, match="debiased must be a bool"):
+        cka_matrix([x], debiased=None)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip"])
+def test_mutual_knn_matrix_is_mutual_knn_of_every_pair(metric):
+    from geolens.metrics import mutual_knn_matrix
+
+    xs = [_cloud(60, 5, s) for s in (1, 2, 3)]
+    ys = [xs[0] @ _rotation(5, 7), _cloud(60, 8, 4)]
+    table = mutual_knn_matrix(xs, ys, k=4, metric=metric)
+    assert table.shape == (3, 2) and table.dtype == torch.float64
+    for i, j in itertools.product(range(3), range(2)):
+        assert float(table[i, j]) == mutual_knn(xs[i], ys[j], k=4, metric=metric)
+        assert float(table[i, j]) == pytest.approx(_np_mutual_knn(xs[i], ys[j], 4, metric), abs=1e-12)
+    assert float(table[0, 0]) == 1.0
+    assert torch.equal(mutual_knn_matrix(xs, k=4, metric=metric), mutual_knn_matrix(xs, list(xs), k=4, metric=metric))
+    with pytest.raises(ValueError, match="k must be <= 59"):
+        mutual_knn_matrix(xs, k=60)
+    with pytest.raises(ValueError, match=r"xs\[1\] has 1 rows of zero norm"):
+        mutual_knn_matrix([xs[0], torch.cat([torch.zeros(1, 5, dtype=torch.float64), xs[1][1:]])], k=3)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        mutual_knn_matrix(xs, metric="l2")

@@ -136,3 +136,17 @@ def test_cli_dir_with_another_family_is_refused(reference_zoo, capsys):
     with pytest.raises(SystemExit):
         main(["zoo", "report", "--dir", str(reference_zoo.root), "--steps", "9"])
     assert "holds a family with other settings" in capsys.readouterr().err
+
+
+def test_the_quick_zoo_budgets_are_the_reports_preset_where_they_share_a_setting():
+    from dataclasses import fields
+
+    from geolens.report import QUICK as REPORT_QUICK
+
+    quick = ZooReportSettings.quick()
+    shared = {f.name for f in fields(ZooReportSettings)} & set(REPORT_QUICK)
+    assert shared >= {"n_texts", "max_length", "n_tokens", "n_null", "ccr"}
+    for name in shared:
+        assert getattr(quick, name) == REPORT_QUICK[name], name
+    assert type(quick.n_tokens) is int  # the zoo's sample sizes are exact: its study cells are keyed by that
+    assert ZooReportSettings.quick(n_tokens=64, ccr=(0,)).n_tokens == 64

@@ -11,6 +11,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from geolens._rng import rng
 from geolens.metrics.distances import condensed_pairs
 
 __all__ = ["PAIR_TILE", "PairSample", "sample_pairs", "shared_pair_sample"]
@@ -25,7 +26,7 @@ def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
     it: i.i.d. draws, deduplicated and topped up until there are enough, then a
     uniform subset of the distinct ones (when more than half of the pairs are
     wanted, the pairs left *out* are drawn that way instead). ``n_pairs >= M``
-    gives all pairs. The generator is NumPy's ``default_rng`` seeded with ``seed``.
+    gives all pairs. The generator is the ``"pairs"`` stream of ``seed`` (:mod:`geolens._rng`).
 
     See docs/methods.md §A.4a.
 
@@ -40,13 +41,13 @@ def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
     if n_pairs >= total:
         i, j = torch.triu_indices(n, n, offset=1)
         return _in_tile_order(n, i, j, total)
-    rng = np.random.default_rng([0x9A17, int(seed)])
+    generator = rng(seed, "pairs")
     if 2 * n_pairs > total:
         keep = np.ones(total, dtype=bool)  # total < 2 n_pairs bytes: below the int64 sample itself
-        keep[_distinct_positions(total, total - n_pairs, rng)] = False
+        keep[_distinct_positions(total, total - n_pairs, generator)] = False
         positions = np.flatnonzero(keep)
     else:
-        positions = _distinct_positions(total, n_pairs, rng)
+        positions = _distinct_positions(total, n_pairs, generator)
     i, j = condensed_pairs(torch.from_numpy(positions.astype(np.int64)), n)
     return _in_tile_order(n, i, j, total)
 
@@ -75,14 +76,14 @@ def shared_pair_sample(n: int, n_pairs: int, seed: int) -> "PairSample":
     return sample_pairs(n, n_pairs, seed=seed)
 
 
-def _distinct_positions(total: int, size: int, rng: np.random.Generator) -> np.ndarray:
+def _distinct_positions(total: int, size: int, generator: np.random.Generator) -> np.ndarray:
     """``size`` distinct integers of ``[0, total)``, uniformly, sorted (``size <= total / 2``)."""
-    chosen = _sorted_distinct(rng.integers(0, total, size=size + size // 4 + 16))
+    chosen = _sorted_distinct(generator.integers(0, total, size=size + size // 4 + 16))
     while chosen.size < size:
-        more = rng.integers(0, total, size=2 * (size - chosen.size) + 16)
+        more = generator.integers(0, total, size=2 * (size - chosen.size) + 16)
         chosen = _sorted_distinct(np.concatenate([chosen, more]))
     if chosen.size > size:  # a uniform subset of a uniform set of distinct positions is uniform
-        chosen = np.sort(rng.choice(chosen, size=size, replace=False))
+        chosen = np.sort(generator.choice(chosen, size=size, replace=False))
     return chosen
 
 
