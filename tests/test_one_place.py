@@ -43,10 +43,6 @@ RULES = {
 # Sites not moved yet (their files are being rewritten elsewhere): (file, rule) -> how many lines at most.
 # Remove an entry once its site draws through geolens._rng.
 PENDING = {
-    ("analyses/pga.py", "seeded generator"): 1,     # the text resamples: rng(seed, "text resamples")
-    ("metrics/resampling.py", "seeded generator"): 1,  # the same, where the PGA bootstrap's math is moving
-    ("analyses/pga.py", "seed arithmetic"): 1,      # each resample's pairs: rng(seed, "resample pairs", part=b + 1)
-    ("metrics/pga.py", "seeded generator"): 1,      # the jackknife blocks: rng(seed, "pair blocks")
     ("lens/fit.py", "seeded generator"): 1,         # the tuned lens's batches: rng(seed, "lens batches")
     ("report/__init__.py", "seeded generator"): 2,  # the report's text order: rng(seed, "report texts")
 }

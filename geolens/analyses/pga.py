@@ -433,7 +433,7 @@ def _bootstrap(
     resamples = text_resamples(states.batch_index, n_resamples, seed=base_seed)
 
     def pairs_of(b: int) -> PairSample:
-        return resample_pairs(resamples[b], n_pairs, seed=base_seed * 1_000_003 + b + 1)
+        return resample_pairs(resamples[b], n_pairs, seed=base_seed, resample=b)
 
     # The pair sets are made once and kept when they fit in _PAIR_CACHE pairs, else remade per layer.
     n = states.n_tokens

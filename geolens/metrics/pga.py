@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 from jaxtyping import Float
 
+from geolens._rng import rng
 from geolens._validation import DegenerateError, check_int, working_dtype
 from geolens.metrics._ranking.pairs import PairSample, sample_pairs, shared_pair_sample
 from geolens.metrics._ranking.ranks import FullRanks
@@ -627,7 +628,7 @@ def _jackknife_blocks(n_pairs: int, n_blocks: int, *, seed: int = 0) -> tuple[to
         >>> sizes.tolist(), sorted(blocks.tolist()) == sorted([g % 4 for g in range(10)])
         ([3.0, 3.0, 2.0, 2.0], True)
     """
-    perm = torch.randperm(n_pairs, generator=torch.Generator().manual_seed(int(seed) + 0x5EED))
+    perm = torch.randperm(n_pairs, generator=rng(seed, "pair blocks"))
     blocks = torch.empty(n_pairs, dtype=torch.int64)
     blocks[perm] = torch.arange(n_pairs) % n_blocks
     return blocks, torch.bincount(blocks, minlength=n_blocks).to(torch.float64)

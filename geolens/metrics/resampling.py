@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from geolens._rng import rng
 from geolens._validation import DegenerateError, check_int, working_dtype
 from geolens.metrics._ranking.cpu import one_thread
 from geolens.metrics._ranking.pool import n_workers
@@ -53,7 +54,8 @@ def text_resamples(batch_index: torch.Tensor, n_resamples: int, *, seed: int = 0
     are (with replacement) and takes every row of each drawn text, so a text's positions stay together.
 
     ``batch_index`` is ``States.batch_index`` (the text of each row); only texts with rows are drawn.
-    Seeded by ``seed`` (NumPy ``default_rng``), so :func:`geolens.pga` and a caller get the same resamples.
+    Seeded by ``seed`` (the ``"text resamples"`` stream of :mod:`geolens._rng`), so :func:`geolens.pga` and a
+    caller get the same resamples.
 
     Example:
         >>> rows = text_resamples(torch.tensor([0, 0, 1, 2, 2, 2]), 2, seed=0)
@@ -66,11 +68,12 @@ def text_resamples(batch_index: torch.Tensor, n_resamples: int, *, seed: int = 0
     order = torch.argsort(inverse, stable=True)
     counts = torch.bincount(inverse)
     members = list(torch.split(order, counts.tolist()))
-    draws = np.random.default_rng([0xB007, int(seed)]).integers(0, len(members), size=(n_resamples, len(members)))
+    draws = rng(seed, "text resamples").integers(0, len(members), size=(n_resamples, len(members)))
     return [torch.cat([members[t] for t in draw.tolist()]) for draw in draws]
 
 
-def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: int = 0) -> PairSample:
+def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: int = 0, resample: int | None = None
+                   ) -> PairSample:
     """The pairs a resample is ranked on: every pair ``a < b`` of its rows (or a seeded uniform sample of
     ``n_pairs`` of them) except those whose two rows are copies of one captured row.
 
@@ -79,7 +82,9 @@ def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: in
     distance is 0 in every space, and kept they would add concordant ties at the bottom of
     every ranking. Copies of two different rows keep their pair, as many times as the two were
     drawn (the resample's weight). ``total`` counts the pairs there are to rank (self-copies
-    left out), so ``exact`` says whether every one of them is ranked.
+    left out), so ``exact`` says whether every one of them is ranked. The sample is seeded by ``seed``: with
+    ``resample`` ``b``, the ``"resample pairs"`` stream's part ``b + 1`` (each resample of :func:`geolens.pga`
+    its own); without, the ``"pairs"`` stream (a resample without copies then has the point estimate's pairs).
 
     Example:
         >>> p = resample_pairs(torch.tensor([7, 7, 9]))        # rows 0 and 1 copy row 7
@@ -91,7 +96,8 @@ def resample_pairs(source: torch.Tensor, n_pairs: int | None = None, *, seed: in
     copies = torch.unique(source, return_counts=True)[1]
     available = n * (n - 1) // 2 - int((copies * (copies - 1) // 2).sum())
     if n_pairs is not None and n_pairs < available:  # sampled among all pairs, then self-copies dropped
-        base = sample_pairs(n, n_pairs, seed=seed)
+        base = sample_pairs(n, n_pairs, seed=seed,
+                            generator=None if resample is None else rng(seed, "resample pairs", part=resample + 1))
     else:
         base = sample_pairs(n, n * (n - 1) // 2, seed=seed)
     keep = source[base.i] != source[base.j]

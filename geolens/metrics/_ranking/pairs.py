@@ -17,7 +17,7 @@ from geolens.metrics.distances import condensed_pairs
 __all__ = ["PAIR_TILE", "PairSample", "sample_pairs", "shared_pair_sample"]
 
 
-def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
+def sample_pairs(n: int, n_pairs: int, *, seed: int = 0, generator: np.random.Generator | None = None) -> "PairSample":
     """A seeded uniform sample of ``n_pairs`` distinct pairs ``i < j`` of ``n`` points, in tile order
     (:class:`PairSample`).
 
@@ -26,7 +26,8 @@ def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
     it: i.i.d. draws, deduplicated and topped up until there are enough, then a
     uniform subset of the distinct ones (when more than half of the pairs are
     wanted, the pairs left *out* are drawn that way instead). ``n_pairs >= M``
-    gives all pairs. The generator is the ``"pairs"`` stream of ``seed`` (:mod:`geolens._rng`).
+    gives all pairs. The generator is the ``"pairs"`` stream of ``seed`` (:mod:`geolens._rng`), or
+    ``generator`` when given (another stream's).
 
     See docs/methods.md §A.4a.
 
@@ -41,7 +42,7 @@ def sample_pairs(n: int, n_pairs: int, *, seed: int = 0) -> "PairSample":
     if n_pairs >= total:
         i, j = torch.triu_indices(n, n, offset=1)
         return _in_tile_order(n, i, j, total)
-    generator = rng(seed, "pairs")
+    generator = rng(seed, "pairs") if generator is None else generator
     if 2 * n_pairs > total:
         keep = np.ones(total, dtype=bool)  # total < 2 n_pairs bytes: below the int64 sample itself
         keep[_distinct_positions(total, total - n_pairs, generator)] = False
