@@ -1024,46 +1024,63 @@ def metric_key(row: pd.Series) -> str:
     return row["metric"] if pd.isna(row["ccr"]) else f"{row['metric']} (ccr={int(row['ccr'])})"
 
 
-def lens_history_figure(history: pd.DataFrame, *, title: str = "", halves: Sequence[pd.DataFrame] = ()) -> go.Figure:
-    """KL to the final distribution over training: mean over layers (thick) and each layer (thin), held-out solid;
-    ``halves``: the histories of lenses fitted on each half of the text, their held-out means dashed.
+# The lens and the lenses fitted on each half of its text, in the lens history figure.
+_LENS_PARTS = {"lens": "#0072B2", "half 0": "#009E73", "half 1": "#E69F00"}
 
-    The history holds the steps at which KL was measured (the closed form at step 0, then the refinement's
-    evaluations); every measured step is a tick, so a short refinement shows as few points, not as a curve.
+
+def lens_history_figure(history: pd.DataFrame, *, title: str = "", halves: Sequence[pd.DataFrame] = (),
+                        train_per_step: bool | None = True) -> go.Figure:
+    """KL to the final distribution by refinement step, for a tuned lens and the lenses fitted on each half of
+    its text: the mean over layers of the training KL of every step (dotted) and of the held-out KL at each
+    evaluation (solid, with markers); the lens's held-out KL of each layer thin.
+
+    ``history``: the rows of :class:`geolens.lens.LensHistory` (with a ``part`` column: ``"lens"``, ``"half 0"``,
+    ``"half 1"``), or one lens's ``lens.history`` with ``halves`` the histories of its halves.
+    ``train_per_step``: ``False`` for histories that hold the training KL only at evaluations (the mean since
+    the last one; lenses fitted by geolens 0.3.0 and earlier), so the legend says so.
     """
     fig = go.Figure()
     model = title or None
+    if "part" not in history:
+        history = pd.concat([history.assign(part="lens")] + [h.assign(part=f"half {i}") for i, h in enumerate(halves)],
+                            ignore_index=True)
     if history.empty:
         _style(fig, _heading("Tuned-lens training", model), "no training history recorded", legend=False)
         fig.update_xaxes(title_text="refinement step (0 = closed form)")
         fig.update_yaxes(title_text="KL(p<sub>final</sub> ‖ p<sub>l</sub>) (nats)")
         return fig
+    train_name = "training KL (every step)" if train_per_step is not False else "training KL (mean since last evaluation)"
+    parts = [p for p in _LENS_PARTS if p in set(history["part"])] + sorted(set(history["part"]) - set(_LENS_PARTS))
+    for part in parts:
+        rows = history[history["part"] == part]
+        colour = _LENS_PARTS.get(part) or series_colour(part)
+        main = part == "lens"
+        held = rows[rows["split"] == "held_out"]
+        if main:  # each layer's held-out KL, thin, under the means
+            for layer, line in held.groupby("layer"):
+                fig.add_trace(go.Scatter(x=line["step"], y=line["kl"], mode="lines", name=f"lens: held-out, layer {layer}",
+                                         legendgroup=part, line={"width": 1, "color": colour}, opacity=0.25,
+                                         showlegend=False,
+                                         hovertemplate=f"lens, held-out, layer {layer}<br>step %{{x}}<br>%{{y:.3f}} nats"
+                                                       "<extra></extra>"))
+        for split, name, style in (("train", train_name, {"dash": "dot"}), ("held_out", "held-out KL", {})):
+            mean = rows[rows["split"] == split].groupby("step")["kl"].mean()
+            if mean.empty:
+                continue
+            marker = split == "held_out" or len(mean) <= 3
+            fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="lines+markers" if marker else "lines",
+                                     name=f"{part}: {name}", legendgroup=part,
+                                     line={"width": 3 if main else 2, "color": colour, **style},
+                                     marker={"color": colour, "size": 8 if main else 6},
+                                     hovertemplate=f"{part}, {name}<br>step %{{x}}<br>%{{y:.3f}} nats<extra></extra>"))
     steps = sorted(set(history["step"]))
-    for split, dash in (("held_out", "solid"), ("train", "dot")):
-        part = history[history["split"] == split]
-        if part.empty:
-            continue
-        colour, name = series_colour(split), split.replace("_", "-")
-        mean = part.groupby("step")["kl"].mean()
-        fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="lines+markers", name=f"{name}, mean over layers",
-                                 legendgroup=split, line={"width": 4, "dash": dash, "color": colour},
-                                 marker={"color": colour, "size": 8}))
-        for layer, line in part.groupby("layer"):
-            fig.add_trace(go.Scatter(x=line["step"], y=line["kl"], mode="lines", name=f"{name}, layer {layer}",
-                                     legendgroup=split, line={"width": 1, "dash": dash, "color": colour},
-                                     opacity=0.35, showlegend=False,
-                                     hovertemplate=f"{name}, layer {layer}<br>step %{{x}}<br>%{{y:.3f}} nats"
-                                                   "<extra></extra>"))
-    for part_index, half in enumerate(halves):
-        held = half[half["split"] == "held_out"] if len(half) else half
-        if len(held):
-            mean = held.groupby("step")["kl"].mean()
-            fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="lines+markers",
-                                     name=f"half {part_index} of the text, held-out mean", legendgroup="halves",
-                                     line={"width": 2, "dash": "dash", "color": series_colour(f"half-{part_index}")}))
-    measured = f"KL measured at {len(steps)} step{'s' if len(steps) != 1 else ''}: " + ", ".join(map(str, steps[:8])) \
-        + (" …" if len(steps) > 8 else "")
-    _style(fig, _heading("Tuned-lens training", model), f"{measured}; thin lines: each layer", legend_title="split")
+    held_steps = sorted(set(history.loc[history["split"] == "held_out", "step"]))
+    measured = (f"{len(steps)} step{'s' if len(steps) != 1 else ''} recorded (0 = the closed form); held-out KL at "
+                + ", ".join(map(str, held_steps[:8])) + (" …" if len(held_steps) > 8 else ""))
+    halves_note = "; halves: lenses fitted on the even and on the odd texts" if len(parts) > 1 else ""
+    _style(fig, _heading("Tuned-lens training", model),
+           f"mean KL over layers; {measured}{halves_note}; thin lines: the lens's held-out KL per layer",
+           legend_title="lens")
     fig.update_xaxes(title_text="refinement step (0 = closed form)",
                      **({"tickmode": "array", "tickvals": steps} if len(steps) <= 8 else {}))
     fig.update_yaxes(title_text="KL(p<sub>final</sub> ‖ p<sub>l</sub>) (nats)")

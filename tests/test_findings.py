@@ -14,6 +14,39 @@ def test_phase_findings_say_what_was_found_and_how_stable():
     assert none == ["No stable phases found: k = 29: ..."]  # the reason's own "no stable phases" is not repeated
 
 
+def test_phase_findings_say_which_k_found_which_phases_and_which_part_of_the_rule_fails():
+    """The default model's situation: (4, 28) everywhere the lenses find phases, the halves agreeing at k = 86 only."""
+    per_k = [
+        {"k": 29, "b1": [4, None], "b2": [28, None], "why_none": ["", "Kneedle found no knee on the falling side"],
+         "pearson": 0.96, "agree": False, "why": "lens A finds (4, 28), lens B none", "lens": [4, 28]},
+        {"k": 58, "b1": [4, 3], "b2": [28, 25], "why_none": ["", ""], "pearson": 0.95, "agree": False,
+         "why": "breakpoints (4, 28) vs (3, 25), more than 1 layer apart", "lens": [4, 28]},
+        {"k": 86, "b1": [4, 4], "b2": [28, 28], "why_none": ["", ""], "pearson": 0.97, "agree": True, "why": "",
+         "lens": [4, 28]},
+        {"k": 115, "b1": [4, 4], "b2": [28, 28], "why_none": ["", ""], "pearson": 0.85, "agree": False,
+         "why": "RSS Pearson 0.85 < 0.9", "lens": [4, 28]},
+    ]
+    stability = {"stable": False, "stable_k": [86], "per_k": per_k, "max_shift": 1, "min_pearson": 0.9}
+    params = {"found": False, "k": 29, "unstable_breakpoints": [4, 28], "stability": stability,
+              "reason": "no stable phases: lenses on the two halves of the text disagree (...)"}
+    first, second = phases_findings(Result(rows=[], params=params))
+    assert first == ("No stable phases: the lens finds breakpoints (4, 28) at k = 29 (the chosen resolution), but the "
+                     "stability rule asks lenses fitted on each half of the text to find the same phases (within 1 "
+                     "layer, RSS Pearson ≥ 0.9) at every k of 29, 58, 86 and 115, and they do at k = 86 only.")
+    assert second == ("Per k: at k = 29 half 0 (even texts) finds (4, 28), half 1 (odd texts) none (Kneedle found no "
+                      "knee on the falling side); at k = 58 half 0 (even texts) finds (4, 28), half 1 (odd texts) "
+                      "(3, 25) (RSS Pearson 0.95); at k = 86 both halves find (4, 28) (RSS Pearson 0.97); at k = 115 "
+                      "both halves find (4, 28) (RSS Pearson 0.85) — below the rule's minimum correlation.")
+    # No k agrees: said so; the lens itself without phases at the chosen k: its reason, then the halves per k.
+    nowhere = {**params, "stability": {**stability, "per_k": [per_k[0]]}}
+    assert phases_findings(Result(rows=[], params=nowhere))[0].endswith("at every k of 29, and they do at none of them.")
+    lens_none = {"found": False, "k": 29, "unstable_breakpoints": None, "stability": stability,
+                 "reason": "Kneedle found no knee on the rising side"}
+    lines = phases_findings(Result(rows=[], params=lens_none))
+    assert lines[0] == "No stable phases found: Kneedle found no knee on the rising side."
+    assert lines[1] == second
+
+
 def test_lens_findings_give_the_mean_kl_and_what_doubling_the_text_gained():
     rows = [{"lens": lens, "layer": layer, "kl": kl} for lens, kls in (("tuned", [9.0, 2.0, 1.0, 0.0]),
                                                                        ("logit", [9.0, 8.0, 6.0, 0.0]))

@@ -442,12 +442,25 @@ def test_convergence_figure_steps_bars_and_curves():
     assert list(fig.data[1].error_y.array) == [0.02, 0.01]
 
 
-def test_lens_history_figure_draws_each_half_of_the_texts_held_out_mean():
+def test_lens_history_figure_draws_the_lens_and_each_half_of_the_texts():
     full, half = history(), history()
     half = half.assign(kl=half.kl * 1.5)
     fig = plotting.lens_history_figure(full, title=MODEL, halves=[half, half.assign(kl=half.kl * 2)])
-    dashed = [t for t in fig.data if t.line.dash == "dash"]
-    assert [t.name for t in dashed] == ["half 0 of the text, held-out mean", "half 1 of the text, held-out mean"]
+    legend = {t.name: t for t in fig.data if t.showlegend is not False}
+    assert set(legend) == {f"{part}: {split}" for part in ("lens", "half 0", "half 1")
+                           for split in ("training KL (every step)", "held-out KL")}
+    # Each line is the mean over layers of its part and split, at the steps recorded.
     held = half[half.split == "held_out"].groupby("step").kl.mean()
-    np.testing.assert_allclose(dashed[0].y, held.values)
-    assert len(plotting.lens_history_figure(full, title=MODEL).data) == len(fig.data) - 2
+    np.testing.assert_allclose(legend["half 0: held-out KL"].y, held.values)
+    np.testing.assert_allclose(legend["half 1: held-out KL"].y, 2 * held.values)
+    train = full[full.split == "train"].groupby("step").kl.mean()
+    np.testing.assert_allclose(legend["lens: training KL (every step)"].x, train.index)
+    np.testing.assert_allclose(legend["lens: training KL (every step)"].y, train.values)
+    assert legend["lens: training KL (every step)"].line.dash == "dot" and legend["lens: held-out KL"].line.dash is None
+    # Without halves: the lens's two lines and its layers' held-out lines; the same figure from a LensHistory table.
+    alone = plotting.lens_history_figure(full, title=MODEL)
+    assert len(alone.data) == len(fig.data) - 4
+    table = pd.concat([full.assign(part="lens"), half.assign(part="half 0")])
+    assert len(plotting.lens_history_figure(table, title=MODEL).data) == len(fig.data) - 2
+
+

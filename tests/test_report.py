@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from geolens.cli import main
+from geolens.lens import TunedLens
 from geolens.cli.args import model_arg as _model_arg
 from geolens.report.pages import versions
 from geolens.report import DEFAULT_SECTIONS, QUICK, REPORT_LENS_BUDGET, ReportSettings, report
@@ -300,6 +301,17 @@ def test_lens_and_phases_sections_train_once_and_cache(neox_bridge, tmp_path, te
         assert 0 < section["params"]["n_lens_texts"] <= REPORT_LENS_BUDGET["n_train_texts"]
     assert phases["params"]["n_lens_texts"] == written["lens"]["params"]["n_lens_texts"]
     assert "NaN" in [row["rss"] for row in phases["rows"]]
+    # The stability check per k is on the page, unfolded, and in its own CSV; the lens's training figure draws
+    # every step of the lens and of both halves.
+    n_k = len(phases["params"]["stability"]["per_k"])
+    assert f"<details open><summary>Full table: stability ({n_k} rows)</summary>" in paths["report.html"].read_text()
+    assert (tmp_path / "r" / "phases_stability.csv").read_text().startswith("k,fraction,lens,half_0,half_1,pearson,")
+    history = TunedLens.load(folder, neox_bridge).training_history()
+    assert history.params["parts"] == ["lens", "half 0", "half 1"] and history.params["train_per_step"] is True
+    steps = history.to_pandas().query("split == 'train'").groupby("part").step.nunique()
+    assert steps.to_dict() == {part: history.params["steps"][part] for part in history.params["parts"]}
+    assert {f"{part}: training KL (every step)" for part in history.params["parts"]} <= {
+        trace.name for trace in history.plot().data}
 
 
 def test_quick_lens_budget_is_small_and_cached_apart(neox_bridge, tmp_path, texts, monkeypatch):

@@ -38,10 +38,48 @@ class PhasesResult(Result):
     columns hold the whole resolution sweep, ``params["sweep"]`` its energy and visibility."""
 
     title: ClassVar[str] = "PhasesResult"
+    # Shown unfolded on the report's page: the stability check is why phases are or are not reported.
+    open_tables: ClassVar[tuple[str, ...]] = ("stability",)
 
     def plot(self):
         """RSS curves by layer, one per k (the chosen k bold), with the three phases as shaded bands."""
         return plotting.phases_figure(self)
+
+    def stability_table(self):
+        """Per ``k`` of the stability check (docs/methods.md §C.9a): the phases the lens finds (``lens``), those
+        of the lenses fitted on each half of its text (``half_0``: even texts, ``half_1``: odd), as
+        ``"(b1, b2)"`` or ``"none"``, the halves' RSS Pearson correlation, whether the rule holds at this ``k``
+        (``stable``) and why not (``why``). Empty where stability was not measured (a lens was given).
+
+        Example:
+            >>> per_k = [{"fraction": 0.05, "k": 29, "b1": [4, None], "b2": [28, None], "pearson": 0.95,
+            ...           "agree": False, "why": "lens A finds (4, 28), lens B none", "lens": [4, 28]}]
+            >>> table = PhasesResult(rows=[], params={"stability": {"per_k": per_k}}).stability_table()
+            >>> table[["k", "lens", "half_0", "half_1", "stable"]].values.tolist()
+            [[29, '(4, 28)', '(4, 28)', 'none', 'no']]
+        """
+        import pandas as pd
+
+        rows = (self.params.get("stability") or {}).get("per_k") or []
+        return pd.DataFrame([{"k": row["k"], "fraction": row["fraction"], "lens": _pair(row.get("lens")),
+                              "half_0": _pair([row["b1"][0], row["b2"][0]]),
+                              "half_1": _pair([row["b1"][1], row["b2"][1]]), "pearson": row["pearson"],
+                              "stable": "yes" if row["agree"] else "no", "why": row.get("why", "")} for row in rows],
+                            columns=["k", "fraction", "lens", "half_0", "half_1", "pearson", "stable", "why"])
+
+    def tables(self):
+        """``{"layers": the per-layer table, "stability": :meth:`stability_table`}``; just ``{"": layers}`` where
+        stability was not measured."""
+        stability = self.stability_table()
+        return {"layers": self.to_pandas(), "stability": stability} if len(stability) else {"": self.to_pandas()}
+
+
+def _pair(breakpoints) -> str:
+    """``[b1, b2]`` as ``"(b1, b2)"``; ``"none"`` without phases, ``""`` where not recorded."""
+    if breakpoints is None:
+        return ""
+    b1, b2 = breakpoints
+    return "none" if b1 is None or b2 is None else f"({b1}, {b2})"
 
 
 STABILITY_FRACTIONS = (0.05, 0.10, 0.15)
@@ -70,7 +108,14 @@ def phase_stability(
     At each ``k = fraction * d``: both RSS curves, their Pearson correlation, and both
     breakpoint pairs. Stable when, at every ``k``, both lenses find phases, the breakpoints
     differ by at most ``max_shift`` layers and the curves correlate at ``min_pearson`` or more.
-    See docs/methods.md §C.9.
+    See docs/methods.md §C.9a.
+
+    Returns:
+        ``stable`` (the rule above), ``stable_k`` (the ``k`` at which the two agree), ``reason`` (why not
+        stable, per ``k``), ``max_shift``, ``min_pearson`` and ``per_k``: per ``k``, ``fraction``, ``k``,
+        ``b1`` and ``b2`` (``[lens A's, lens B's]``, ``None`` where a lens finds no phases), ``why_none``
+        (each lens's reason for finding none, else ``""``), ``pearson``, ``agree`` (the rule at this ``k``) and
+        ``why`` (why not, else ``""``).
 
     Example:
         >>> lens = TunedLens(model)
@@ -88,19 +133,42 @@ def phase_stability(
         split_a, split_b = (_split(s["rss"], smoothing, sensitivity) for s in (a, b))
         ra, rb = a["rss"].double(), b["rss"].double()
         pearson = float(torch.corrcoef(torch.stack([ra, rb]))[0, 1]) if ra.numel() > 1 else float("nan")
-        agree = (split_a.found and split_b.found and abs(split_a.b1 - split_b.b1) <= max_shift
-                 and abs(split_a.b2 - split_b.b2) <= max_shift)
-        ok = bool(agree and pearson >= min_pearson)
-        if not ok:
-            reasons.append(f"k = {a['k']}: " + (
-                f"breakpoints {split_a.b1, split_a.b2} vs {split_b.b1, split_b.b2}" if split_a.found and split_b.found
-                else "no phases in " + " and ".join(n for n, s in (("lens A", split_a), ("lens B", split_b))
-                                                    if not s.found))
-                + f", RSS Pearson {pearson:.2f}")
+        why = _disagreement(split_a, split_b, pearson, max_shift, min_pearson)
+        if why:
+            reasons.append(f"k = {a['k']}: {why}")
         rows.append({"fraction": a["fraction"], "k": a["k"], "b1": [split_a.b1, split_b.b1],
-                     "b2": [split_a.b2, split_b.b2], "pearson": pearson, "agree": ok})
-    return {"stable": not reasons, "per_k": rows, "reason": "; ".join(reasons),
-            "max_shift": max_shift, "min_pearson": min_pearson}
+                     "b2": [split_a.b2, split_b.b2], "why_none": [split_a.reason, split_b.reason],
+                     "pearson": pearson, "agree": not why, "why": why})
+    return {"stable": not reasons, "stable_k": [row["k"] for row in rows if row["agree"]], "per_k": rows,
+            "reason": "; ".join(reasons), "max_shift": max_shift, "min_pearson": min_pearson}
+
+
+def _disagreement(split_a: PhaseSplit, split_b: PhaseSplit, pearson: float, max_shift: int, min_pearson: float) -> str:
+    """Why two lenses' phases at one ``k`` fail the stability rule, in words; ``""`` where they pass it.
+
+    Example:
+        >>> found, none = PhaseSplit(True, 4, 28, 10, [], []), PhaseSplit(False, None, None, 10, [], [], "no knee")
+        >>> _disagreement(found, found, 0.97, 1, 0.9)
+        ''
+        >>> _disagreement(found, none, 0.97, 1, 0.9)
+        'lens A finds (4, 28), lens B none (no knee)'
+        >>> _disagreement(found, PhaseSplit(True, 3, 25, 10, [], []), 0.95, 1, 0.9)
+        'breakpoints (4, 28) vs (3, 25), more than 1 layer apart'
+        >>> _disagreement(found, found, 0.88, 1, 0.9)
+        'RSS Pearson 0.88 < 0.9'
+    """
+    if not (split_a.found and split_b.found):
+        if not (split_a.found or split_b.found):
+            return "neither lens finds phases"
+        found, missing = (("A", split_a), ("B", split_b)) if split_a.found else (("B", split_b), ("A", split_a))
+        return (f"lens {found[0]} finds ({found[1].b1}, {found[1].b2}), lens {missing[0]} none"
+                + (f" ({missing[1].reason})" if missing[1].reason else ""))
+    if abs(split_a.b1 - split_b.b1) > max_shift or abs(split_a.b2 - split_b.b2) > max_shift:
+        return (f"breakpoints ({split_a.b1}, {split_a.b2}) vs ({split_b.b1}, {split_b.b2}), more than {max_shift} "
+                f"layer{'s' if max_shift != 1 else ''} apart")
+    if not pearson >= min_pearson:
+        return f"RSS Pearson {pearson:.2f} < {min_pearson:g}"
+    return ""
 
 
 def phases(
@@ -174,6 +242,8 @@ def phases(
             stability=stability, seed=seed, progress=progress, smoothing=smoothing, sensitivity=sensitivity)
     _check_lens(lens, adapter)
     sweep, chosen = _resolution(lens, fractions, k_fraction)
+    if stability_report is not None:
+        _add_lens_phases(stability_report, lens, smoothing, sensitivity)
     split, unstable = _stable_split(chosen["rss"], smoothing, sensitivity, stability_report)
     common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
                   attention_mask=attention_mask, progress=progress)
@@ -256,6 +326,16 @@ def _resolution(lens: TunedLens, fractions: Sequence[float], k_fraction: float |
     if k_fraction is None:
         return sweep, choose_resolution(sweep)
     return sweep, next(row for row in sweep if row["fraction"] == float(k_fraction))
+
+
+def _add_lens_phases(stability_report: dict, lens: TunedLens, smoothing: float, sensitivity: float) -> None:
+    """Each ``per_k`` row of ``stability_report`` gets the breakpoints the lens itself finds at its ``k``
+    (``"lens": [b1, b2]``, ``[None, None]`` without phases), beside those of its halves."""
+    maps = torch.stack([lens.linear_map(layer) for layer in range(lens.n_layers)])
+    entries = resolution_sweep(maps, [row["fraction"] for row in stability_report["per_k"]])
+    for row, entry in zip(stability_report["per_k"], entries):
+        split = _split(entry["rss"], smoothing, sensitivity)
+        row["lens"] = [split.b1, split.b2]
 
 
 def _stable_split(rss: torch.Tensor, smoothing: float, sensitivity: float,

@@ -168,7 +168,8 @@ _BUILTIN = (
         "Logit lens and a fast tuned lens: KL, cross-entropy, Hit@1/Hit@5 (fitted once, cached)",
         caption="How close each layer's prediction is to the model's own: KL to the final distribution (lower is "
                 "closer) and Hit@k (the final top-1 token among the lens's top k), for the logit lens and a small "
-                "tuned lens."),
+                "tuned lens; then that lens's training, step by step, with the lenses fitted on each half of its "
+                "text (the phases' stability check)."),
     Analysis(
         "probes", probes, ("tokens",), "Linear probes (BBC News topic) next to PGA z",
         caption="Held-out accuracy of a linear probe for the BBC topic at each layer (chance is the dashed line), "
@@ -184,7 +185,9 @@ _BUILTIN = (
         "phases", phases, ("tokens", "lens"),
         "Three phases: readout-subspace similarity of the tuned lens, resolution sweep, Kneedle breakpoints",
         caption="Similarity of consecutive layers' readout subspaces (from the tuned lens), one curve per subspace "
-                "size; the shaded bands are the three phases found by a two-stage Kneedle on the chosen curve.",
+                "size; the shaded bands are the three phases found by a two-stage Kneedle on the chosen curve, where "
+                "lenses fitted on each half of the text reproduce them (the stability table: what each half finds "
+                "at each k).",
         study=True, zoo=True),
 )
 

@@ -25,13 +25,14 @@ from geolens.lens.evaluate import LensResult, evaluate, hit_at_k
 from geolens.lens.fit import FAST_BUDGET, fit_tuned_lens
 from geolens.lens.logit_lens import LogitLens, layer_logits, residual_stream, unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, DEFAULT_STEPS, DEFAULT_TOKENS_PER_STEP, fast_matmul_dtype, kl_rows, train_tuned_lens
-from geolens.lens.tuned_lens import TunedLens
+from geolens.lens.tuned_lens import LensHistory, TunedLens
 
 __all__ = [
     "DEFAULT_SEQ_LEN",
     "DEFAULT_STEPS",
     "DEFAULT_TOKENS_PER_STEP",
     "FAST_BUDGET",
+    "LensHistory",
     "LensResult",
     "LogitLens",
     "SMALL_BUDGET",

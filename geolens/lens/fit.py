@@ -22,8 +22,9 @@ docs/benchmarks.md). This module separates the two costs:
 3. **KL refinement.** Adam on the exact full-vocabulary ``KL(p_final || p_l)``
    of the captured training rows (no model in the loop), every layer in one
    step; its vocabulary products run in bf16 where the device has it natively
-   (``matmul_dtype="auto"``), its held-out KL always in float32. The held-out KL per layer is recorded every ``eval_every`` steps
-   (``lens.history``); training stops on a plateau (the held-out mean improves
+   (``matmul_dtype="auto"``), its held-out KL always in float32. Every step's training KL per layer
+   (its minibatch, before its update) and the held-out KL every ``eval_every`` steps are recorded
+   (``lens.history``, the closed form at step 0); training stops on a plateau (the held-out mean improves
    by less than ``tol`` relative over ``patience`` evaluations), or on the step
    or time budget, and keeps the best evaluated translators. A layer counts as
    converged when its own held-out KL moved by less than ``tol`` over the last
@@ -190,8 +191,11 @@ class _Settings:
 class _Refinement:
     """What the refinement carries from step to step: the held-out evaluations, the best translators, the clock.
 
-    ``started`` is the fit's start (the closed form included: the time budget counts it);
-    ``train_kl`` the running sum of each layer's training KL since the evaluation at ``last_eval``.
+    ``started`` is the fit's start (the closed form included: the time budget counts it).
+    ``history`` holds one row per layer for every measurement: ``held_out`` at step 0 (the closed form)
+    and at every evaluation, ``train`` for every step ``s`` at step ``s - 1`` — the KL of step ``s``'s
+    minibatch is measured before its update, on the translators after ``s - 1`` updates (so the
+    closed form's training KL is step 0's, and both splits share one x axis).
     """
 
     lens: TunedLens
@@ -205,7 +209,9 @@ class _Refinement:
     best: tuple[float, dict[str, Tensor], Tensor] | None = None  # mean held-out KL, translators, KL per layer
     eval_seconds: float = 0.0  # how long the last held-out evaluation took
     last_eval: int = 0
-    train_kl: Tensor | None = None
+    # Each step's training KL per layer, kept where the states are until the next evaluation reads them
+    # back: reading every step back would make an accelerator wait for its kernels before the next step.
+    pending: list[tuple[int, float, Tensor]] = field(default_factory=list)
 
     def record(self, step: int, split: str, kl: Tensor) -> None:
         seconds = round(time.perf_counter() - self.started, 2)
@@ -224,10 +230,16 @@ class _Refinement:
             self.best = (mean, {k: v.clone() for k, v in self.lens.translators.state_dict().items()}, kl)
         return mean
 
+    def step_done(self, step: int, kl: Tensor) -> None:
+        """Keep step ``step``'s training KL per layer (measured before its update), recorded at the next evaluation."""
+        self.pending.append((step, round(time.perf_counter() - self.started, 2), kl.detach()))
+
     def evaluate_steps(self, step: int) -> float:
-        """Record the mean train KL of the steps since the last evaluation, then evaluate (in eval mode)."""
-        self.record(step, "train", (self.train_kl / (step - self.last_eval)).cpu())
-        self.train_kl.zero_()
+        """Record the training KL of each step since the last evaluation, then evaluate (in eval mode)."""
+        for taken, seconds, kl in self.pending:
+            self.history.extend({"step": taken - 1, "seconds": seconds, "split": "train", "layer": layer,
+                                 "kl": float(value)} for layer, value in enumerate(kl.cpu().double()))
+        self.pending.clear()
         self.last_eval = step
         self.lens.eval()
         mean = self.evaluate(step)
@@ -289,17 +301,14 @@ def _refine(state: _Refinement, train: Tensor, settings: _Settings, *, progress:
     generator = torch.Generator().manual_seed(settings.seed)
     w_train = state.w_u if settings.matmul_dtype is None else state.w_u.to(settings.matmul_dtype)  # converted once
     n_train = train.shape[1]
-    # The running train KL stays where the states are: reading it back every layer would make an
-    # accelerator wait for each layer's kernels before the next are queued (MPS has no float64).
-    kl_dtype = torch.float32 if train.device.type == "mps" else torch.float64
-    state.train_kl = torch.zeros(lens.n_layers, dtype=kl_dtype, device=train.device)
     bar = tqdm(total=settings.max_steps, desc=desc, disable=not progress, leave=False)
     stopped = "steps"
     lens.train()
     refining = time.perf_counter()
     for step in range(1, settings.max_steps + 1):
         rows = torch.randint(0, n_train, (min(settings.batch_tokens, n_train),), generator=generator).to(train.device)
-        state.train_kl += _refine_step(lens, train[:, rows], opt, state.w_u, w_train, state.b_u, settings.matmul_dtype)
+        state.step_done(step, _refine_step(lens, train[:, rows], opt, state.w_u, w_train, state.b_u,
+                                           settings.matmul_dtype))
         bar.update()
         if step % settings.eval_every == 0 or step == settings.max_steps:
             bar.set_postfix(held_out_kl=f"{state.evaluate_steps(step):.3f}")
@@ -342,6 +351,7 @@ def _fit_rows(lens: TunedLens, train: Tensor, held_out: Tensor, w_u: Tensor, b_u
     lens.eval()
     return {"n_train": int(train.shape[1]), "steps": steps, "stopped": stopped,
             "held_out_kl": [float(v) for v in best_kl], "best_held_out_kl_mean": best_mean,
+            "closed_form_held_out_kl_mean": float(state.evals[0].mean()),
             "converged": _converged(state.evals, settings.patience, settings.tol, lens.n_layers,
                                     stopped == "closed form only"),
             "history": state.history, "seconds": round(time.perf_counter() - started, 2)}
@@ -450,10 +460,12 @@ def fit_tuned_lens(
         progress: tqdm bar with the held-out KL.
 
     Returns:
-        the :class:`TunedLens`; ``lens.history`` (a DataFrame of ``step, seconds, split, layer, kl``),
+        the :class:`TunedLens`; ``lens.history`` (a DataFrame of ``step, seconds, split, layer, kl``: every
+        step's training KL, the held-out KL at step 0 and every evaluation; see :attr:`TunedLens.history`),
         ``lens.training_info["converged"]`` (per layer), ``["stopped"]`` (``plateau``, ``steps``, ``time``,
         ``closed form only``), ``["held_out_kl"]`` (per layer, of the returned translators: the best
-        held-out evaluation, which may be the closed form's). With ``halves=True``, ``["data_gain"]``: per layer, the relative drop in
+        held-out evaluation, which may be the closed form's), ``["best_held_out_kl_mean"]`` and
+        ``["closed_form_held_out_kl_mean"]`` (its mean over layers, and the closed form's). With ``halves=True``, ``["data_gain"]``: per layer, the relative drop in
         held-out KL from a half-text lens (mean of the two) to this lens, which sees twice the data —
         near 0 where more text would not change the lens; ``["halves_held_out_kl"]``: the halves' KL.
     """

@@ -34,6 +34,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -44,12 +47,13 @@ from geolens._validation import DamagedFileError
 from geolens.lens import tuned_lens_format as tl_format
 from geolens.lens.logit_lens import LogitLens
 from geolens.model import Model, as_adapter
+from geolens.results import Result
 from geolens.sites import RESIDUAL_SITE, check_layer
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TunedLens", "CONFIG_FILE", "WEIGHTS_FILE"]
+__all__ = ["TunedLens", "LensHistory", "CONFIG_FILE", "WEIGHTS_FILE"]
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "translators.safetensors"
@@ -114,19 +118,33 @@ class TunedLens(LogitLens):
     def history(self) -> "pd.DataFrame":
         """Train and held-out KL per layer over training (``step, seconds, split, layer, kl``); empty if not recorded.
 
-        Recorded by :func:`geolens.lens.fit_tuned_lens` at every evaluation.
+        Recorded by :func:`geolens.lens.fit_tuned_lens`: ``held_out`` at step 0 (the closed form) and at every
+        evaluation; ``train`` every step, the KL of the step's minibatch before its update, at the number of
+        updates made before it (so step 0 is the closed form's). Lenses fitted by geolens 0.3.0 and earlier recorded
+        ``train`` only at evaluations, as the mean over the steps since the last one (:class:`LensHistory`
+        says which: ``params["train_per_step"]``).
         """
         import pandas as pd
 
         return pd.DataFrame(self.training_info.get("history", []), columns=["step", "seconds", "split", "layer", "kl"])
 
-    def plot_history(self):
-        """Held-out (solid) and train (dotted) KL by step, one line per layer band (plotly); with :attr:`halves`,
-        each half's held-out mean too (dashed), so the two fits behind the phases' stability show their training."""
-        from geolens import plotting
+    def training_history(self) -> "LensHistory":
+        """The training history of this lens and of its :attr:`halves` as one table (``part``: ``"lens"``,
+        ``"half 0"``, ``"half 1"``), with ``.to_pandas()`` and ``.plot()``."""
+        parts = [("lens", self)] + [(f"half {i}", half) for i, half in enumerate(self.halves or ())]
+        rows = [{"part": part, **row} for part, member in parts for row in member.history.to_dict("records")]
+        per_step = [_train_per_step(member.history) for _, member in parts]
+        return LensHistory(rows=rows, params={
+            "model": self.model_name, "parts": [part for part, _ in parts],
+            "steps": {part: member.training_info.get("steps") for part, member in parts},
+            "stopped": {part: member.training_info.get("stopped") for part, member in parts},
+            "train_per_step": None if all(p is None for p in per_step) else all(p is not False for p in per_step)})
 
-        halves = [half.history for half in self.halves or ()]
-        return plotting.lens_history_figure(self.history, title=self.model_name, halves=halves)
+    def plot_history(self):
+        """KL by refinement step of this lens and of each of its :attr:`halves` (the two fits behind the phases'
+        stability): the training KL of every step and the held-out KL at each evaluation (plotly); see
+        :meth:`training_history`."""
+        return self.training_history().plot()
 
     def linear_map(self, layer: int) -> Float[Tensor, "d d"]:
         """The full linear part ``I + A_l`` of the translator of ``layer`` (detached; ``I`` at layer ``L``).
@@ -346,3 +364,59 @@ def _read_weights(path: Path, device: str, remedy: str) -> tuple[dict[str, Tenso
             return {name: handle.get_tensor(name) for name in handle.keys()}, metadata
     except Exception as err:  # safetensors raises its own error types for damaged files
         raise DamagedFileError(f"{path} is not a readable safetensors file ({err}); {remedy}") from None
+
+
+def _train_per_step(history: "pd.DataFrame") -> bool | None:
+    """Whether ``history`` records the training KL of every step (from step 0), not the mean since each
+    evaluation (lenses fitted before per-step histories); ``None`` where it records no training KL.
+
+    Example:
+        >>> import pandas as pd
+        >>> rows = lambda steps: pd.DataFrame({"split": ["train"] * len(steps), "step": steps})
+        >>> _train_per_step(rows([0, 1, 2])), _train_per_step(rows([20, 40])), _train_per_step(rows([]))
+        (True, False, None)
+    """
+    train = history[history["split"] == "train"]
+    if train.empty:
+        return None
+    return bool(train["step"].min() == 0)
+
+
+@dataclass(repr=False)
+class LensHistory(Result):
+    """The training history of a tuned lens and of the lenses fitted on each half of its text.
+
+    One row per measurement: ``part`` (``"lens"``, ``"half 0"``, ``"half 1"``), ``step``, ``seconds``,
+    ``split`` (``train``: the KL of each step's minibatch before its update, at the number of updates made
+    before it, so step 0 is the closed form's; ``held_out``: at step 0 and every evaluation), ``layer``,
+    ``kl`` (nats). ``params``: ``parts``, each part's ``steps`` and ``stopped``, ``train_per_step``.
+
+    Example:
+        >>> rows = [{"part": part, "step": step, "seconds": 0.0, "split": "train", "layer": layer, "kl": 1 / (1 + step)}
+        ...         for part in ("lens", "half 0") for step in range(3) for layer in range(2)]
+        >>> history = LensHistory(rows=rows, params={"model": "m", "train_per_step": True})
+        >>> history.means().query("part == 'lens'").kl.round(2).tolist()
+        [1.0, 0.5, 0.33]
+        >>> sorted({trace.name for trace in history.plot().data if trace.showlegend is not False})
+        ['half 0: training KL (every step)', 'lens: training KL (every step)']
+    """
+
+    title: ClassVar[str] = "LensHistory"
+
+    def to_pandas(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=["part", "step", "seconds", "split", "layer", "kl"])
+
+    def means(self) -> "pd.DataFrame":
+        """Mean KL over layers per ``part``, ``split`` and ``step`` (the lines of :meth:`plot`)."""
+        table = self.to_pandas()
+        return table.groupby(["part", "split", "step"], as_index=False, sort=True)["kl"].mean()
+
+    def plot(self):
+        """Mean KL over layers by step for the lens and each half: training KL every step (dotted), held-out KL at
+        each evaluation (solid, markers); the lens's held-out KL of each layer thin."""
+        from geolens import plotting
+
+        return plotting.lens_history_figure(self.to_pandas(), title=self.params.get("model") or "",
+                                            train_per_step=self.params.get("train_per_step"))

@@ -78,6 +78,7 @@ CROSS_FAMILY_MODEL = "gemma-3-270m"
 # positions, a short KL refinement), with its two halves (the phases' stability) from the same
 # capture, on 200 default texts the report does not score. The refinement is cut short (20 steps of
 # the default 200) to keep the report's run time short; lens.training_info says where it stopped.
+# bench/report_lens.py compares it with the same lens refined 4x longer (docs/benchmarks.md).
 REPORT_LENS_BUDGET: dict[str, Any] = {"method": "fast", "n_tokens": 8192, "max_steps": 20, "max_seconds": 30.0,
                                       "n_train_texts": 200}
 

@@ -271,7 +271,10 @@ def lens_findings(result: Any) -> list[str]:
     gain = training.get("data_gain")
     if isinstance(gain, list) and len(gain) > 1:
         inner_gain = sum(gain[1:]) / (len(gain) - 1)
-        lines.append(f"{refinement_phrase(training.get('stopped'), training.get('steps'))}; its held-out KL is "
+        start, kept = training.get("closed_form_held_out_kl_mean"), training.get("best_held_out_kl_mean")
+        moved = (f" (held-out KL, mean over layers 0..L−1: {start:.2f} nats in closed form, {kept:.2f} kept)"
+                 if isinstance(start, float) and isinstance(kept, float) and training.get("steps") else "")
+        lines.append(f"{refinement_phrase(training.get('stopped'), training.get('steps'))}{moved}; its held-out KL is "
                      f"{100 * inner_gain:.0f} % below that of lenses fitted on half its text (mean over layers "
                      "1..L−1): what doubling the text gained.")
     return lines
@@ -310,21 +313,84 @@ def refinement_phrase(stopped: str | None, steps: int | None) -> str:
 
 
 def phases_findings(result: Any) -> list[str]:
+    """The phases at the chosen ``k`` and whether lenses fitted on the two halves of the text reproduce them,
+    ``k`` by ``k`` (docs/methods.md §C.9a): which ``k`` found which phases, and which part of the rule fails.
+
+    Example:
+        >>> from geolens.results import Result
+        >>> per_k = [{"k": 29, "b1": [4, None], "b2": [28, None], "why_none": ["", "Kneedle found no knee on the "
+        ...           "falling side"], "pearson": 0.96, "agree": False, "lens": [4, 28]},
+        ...          {"k": 86, "b1": [4, 4], "b2": [28, 28], "why_none": ["", ""], "pearson": 0.97, "agree": True,
+        ...           "lens": [4, 28]}]
+        >>> params = {"found": False, "k": 29, "unstable_breakpoints": [4, 28], "reason": "no stable phases: ...",
+        ...           "stability": {"stable": False, "per_k": per_k, "max_shift": 1, "min_pearson": 0.9}}
+        >>> for line in phases_findings(Result(rows=[], params=params)):
+        ...     print(line)
+        No stable phases: the lens finds breakpoints (4, 28) at k = 29 (the chosen resolution), but the stability rule asks lenses fitted on each half of the text to find the same phases (within 1 layer, RSS Pearson ≥ 0.9) at every k of 29 and 86, and they do at k = 86 only.
+        Per k: at k = 29 half 0 (even texts) finds (4, 28), half 1 (odd texts) none (Kneedle found no knee on the falling side); at k = 86 both halves find (4, 28) (RSS Pearson 0.97).
+    """
     p = result.params
+    stability = p.get("stability") if isinstance(p.get("stability"), dict) else None
+    rows = (stability or {}).get("per_k") or []
     if not p.get("found"):
+        unstable = p.get("unstable_breakpoints")
+        if unstable and rows:
+            agreed = [r["k"] for r in rows if r.get("agree")]
+            where = ("at none of them" if not agreed else "at every one" if len(agreed) == len(rows)
+                     else f"at k = {_and([str(k) for k in agreed])} only")
+            rule = (f"within {stability.get('max_shift', 1)} layer{'s' if stability.get('max_shift', 1) != 1 else ''}"
+                    f", RSS Pearson ≥ {stability.get('min_pearson', 0.9):g}")
+            return [f"No stable phases: the lens finds breakpoints ({unstable[0]}, {unstable[1]}) at k = {p.get('k')} "
+                    f"(the chosen resolution), but the stability rule asks lenses fitted on each half of the text to "
+                    f"find the same phases ({rule}) at every k of {_and([str(r['k']) for r in rows])}, and they do "
+                    f"{where}.", "Per k: " + "; ".join(_halves_at_k(r) for r in rows) + "."]
         reason = str(p.get("reason") or "the RSS curve has no rise-plateau-fall").removeprefix("no stable phases: ")
-        return [f"No stable phases found: {reason}" + ("" if reason.endswith(".") else ".")]
+        lines = [f"No stable phases found: {reason}" + ("" if reason.endswith(".") else ".")]
+        if rows:  # the lens finds none at the chosen k; what its halves find at each k of the check
+            lines.append("Per k: " + "; ".join(_halves_at_k(r) for r in rows) + ".")
+        return lines
     line = (f"Phases at k = {p.get('k')}: I = layers 0–{p['b1'] - 1}, II = {p['b1']}–{p['b2'] - 1}, "
             f"III = {p['b2']} onward.")
-    stability = p.get("stability")
-    if isinstance(stability, dict) and stability.get("per_k"):
-        rows = stability["per_k"]
+    if rows:
         line += (f" Lenses fitted on the two halves of the text agree (breakpoints within "
                  f"{stability.get('max_shift', 1)} layer, RSS Pearson ≥ {min(r['pearson'] for r in rows):.2f} "
                  f"at k = {', '.join(str(r['k']) for r in rows)}).")
     else:
         line += " Their stability was not measured (a lens was given)."
     return [line]
+
+
+def _phase_pair(row: dict, i: int) -> str | None:
+    b1, b2 = row["b1"][i], row["b2"][i]
+    return None if b1 is None or b2 is None else f"({b1}, {b2})"
+
+
+def _halves_at_k(row: dict) -> str:
+    """What the two halves find at one ``k`` of the stability check, in words.
+
+    Example:
+        >>> _halves_at_k({"k": 58, "b1": [4, 3], "b2": [28, 25], "pearson": 0.95, "agree": False})
+        'at k = 58 half 0 (even texts) finds (4, 28), half 1 (odd texts) (3, 25) (RSS Pearson 0.95)'
+        >>> _halves_at_k({"k": 29, "b1": [None, None], "b2": [None, None], "pearson": 0.9, "agree": False})
+        'at k = 29 neither half finds phases (RSS Pearson 0.90)'
+    """
+    a, b = _phase_pair(row, 0), _phase_pair(row, 1)
+    why = [str(w) for w in row.get("why_none") or ["", ""]]
+    pearson = f"RSS Pearson {row['pearson']:.2f}"
+    if a is None and b is None:
+        return f"at k = {row['k']} neither half finds phases ({pearson})"
+    if a is None or b is None:
+        text = (f"at k = {row['k']} half 0 (even texts) finds {a}, half 1 (odd texts) none" if b is None
+                else f"at k = {row['k']} half 0 (even texts) finds none, half 1 (odd texts) {b}")
+        reason = why[1] if b is None else why[0]
+        return text + (f" ({reason})" if reason else f" ({pearson})")
+    if a == b:
+        text = f"at k = {row['k']} both halves find {a} ({pearson})"
+    else:
+        text = f"at k = {row['k']} half 0 (even texts) finds {a}, half 1 (odd texts) {b} ({pearson})"
+    if not row.get("agree") and "Pearson" in str(row.get("why", "")):
+        text += " — below the rule's minimum correlation"
+    return text
 
 
 def probes_findings(result: Any) -> list[str]:

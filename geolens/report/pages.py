@@ -137,9 +137,12 @@ def write_html(
             parts.append("<div class='figure'>" + figure_html(figure, include_plotlyjs=False) + "</div>")
         parts.append("<details><summary>Parameters</summary>" + _dict_table(section.result.params) + "</details>")
         tables = result_tables(section.result)
+        # A result names the small tables its reader needs beside the figure (open_tables): shown unfolded.
+        shown = getattr(section.result, "open_tables", ())
         for label, table in tables.items():
             named = f": {label.replace('_', '-')}" if len(tables) > 1 else ""
-            parts.append(f"<details><summary>Full table{html.escape(named)} ({len(table)} rows)</summary>"
+            parts.append(f"<details{' open' if label in shown else ''}><summary>Full table{html.escape(named)} "
+                         f"({len(table)} rows)</summary>"
                          + table.to_html(index=False, float_format=lambda x: f"{x:.4g}") + "</details>")
         if section.note:
             parts.append(f"<p class='caption note'>{html.escape(section.note)}</p>")

@@ -20,8 +20,8 @@ def deep_bridge(tiny_tokenizer):
     return make_native_bridge(tiny_tokenizer, n_layers=len(ANGLES) + 1)
 
 
-def _planted_lens(model):
-    """Translators whose maps I + A_l have top-K right singular subspace Q_l, rotating by ANGLES."""
+def _planted_lens(model, angles=ANGLES):
+    """Translators whose maps I + A_l have top-K right singular subspace Q_l, rotating by ``angles``."""
     lens = TunedLens(model)
     d = lens.d_model
     eye = torch.eye(d)
@@ -31,8 +31,8 @@ def _planted_lens(model):
             projector = current @ current.T
             linear_map = 10.0 * projector + 0.1 * (eye - projector)
             lens.translators[layer].weight.copy_(linear_map - eye)
-            if layer < len(ANGLES):
-                theta = ANGLES[layer]
+            if layer < len(angles):
+                theta = angles[layer]
                 current = math.cos(theta) * current + math.sin(theta) * eye[:, fresh : fresh + K]
                 fresh += K
     return lens
@@ -114,6 +114,60 @@ def test_unstable_phases_are_reported_as_such(deep_bridge, texts, monkeypatch):
     assert not res.params["found"] and res.params["reason"].startswith("no stable phases")
     assert res.params["unstable_breakpoints"][0] == 2 and res.params["stability"]["stable"] is False
     assert res.to_pandas().phase.isna().all()
+
+
+def _kneedle_phases(curve):
+    """The breakpoints of an unsmoothed RSS curve straight from kneed: the top plateau's middle splits it, the
+    rising side's knee is b1, the falling side's b2 (docs/methods.md §C.9) — the reference of the per-k table."""
+    import numpy as np
+    from kneed import KneeLocator
+
+    y = np.asarray(curve, dtype=np.float64)
+    x = np.arange(y.size, dtype=np.float64)
+    top = np.flatnonzero(y >= y.max() - 0.05 * (y.max() - y.min()))
+    peak = int((top[0] + top[-1]) // 2)
+    b1 = KneeLocator(x[: peak + 1], y[: peak + 1], S=1.0, curve="concave", direction="increasing").knee
+    b2 = KneeLocator(x[peak:], y[peak:], S=1.0, curve="concave", direction="decreasing").knee
+    return int(b1), int(b2)
+
+
+def test_stability_table_per_k_against_kneedle_on_planted_halves(deep_bridge, texts, monkeypatch):
+    """Half 0 is the planted three-phase lens, half 1 a lens whose readout subspaces turn ever faster (RSS only falls):
+    at k = K the table gives half 0 the breakpoints kneed finds on the planted curve, half 1 none, and the
+    rule fails there and only for that reason; the findings name the k and the halves."""
+    import geolens.analyses.phases as ph
+    from geolens.report.findings import phases_findings
+
+    lens = _planted_lens(deep_bridge)
+    settling = tuple(0.1 * (i + 1) for i in range(len(ANGLES)))  # RSS falls from the first layer: no rise
+    monkeypatch.setattr(ph, "cached_tuned_lens", lambda model, train_texts, *, halves=False, **kw: (
+        setattr(lens, "halves", (_planted_lens(deep_bridge), _planted_lens(deep_bridge, settling))) or lens))
+    res = geolens.phases(deep_bridge, list(texts), lens_texts=list(texts) * 2, fractions=(K / 32, 0.5),
+                         k_fraction=K / 32, smoothing=0.0, n_tokens=None, progress=False)
+    expected = _kneedle_phases([math.cos(a) for a in ANGLES])
+    assert expected[0] == 2  # the planted rise ends where the angles reach the plateau's
+    table = res.stability_table()
+    assert table.k.tolist() == [round(f * 32) for f in ph.STABILITY_FRACTIONS] and table.k.iloc[0] == K
+    at_k = table.iloc[0]
+    assert at_k.lens == at_k.half_0 == f"({expected[0]}, {expected[1]})" and at_k.half_1 == "none"
+    assert at_k.stable == "no" and at_k.why.startswith(f"lens A finds ({expected[0]}, {expected[1]}), lens B none")
+    assert "no rising side" in at_k.why and not math.isnan(at_k.pearson)
+    # The lens's phases at the chosen k are those of kneed too, set aside because the rule fails.
+    assert not res.params["found"] and tuple(res.params["unstable_breakpoints"]) == expected
+    assert res.params["stability"]["stable_k"] == table.k[table.stable == "yes"].tolist()
+    assert set(res.tables()) == {"layers", "stability"} and res.tables()["stability"].equals(table)
+    first, per_k = phases_findings(res)
+    assert first.startswith(f"No stable phases: the lens finds breakpoints ({expected[0]}, {expected[1]}) at k = {K}")
+    assert f"at k = {K} half 0 (even texts) finds ({expected[0]}, {expected[1]}), half 1 (odd texts) none" in per_k
+    # Two identical halves agree at every k where they find phases; where neither does, the rule still fails.
+    monkeypatch.setattr(ph, "cached_tuned_lens", lambda model, train_texts, *, halves=False, **kw: (
+        setattr(lens, "halves", (lens, lens)) or lens))
+    same = geolens.phases(deep_bridge, list(texts), lens_texts=list(texts) * 2, fractions=(K / 32, 0.5),
+                          k_fraction=K / 32, smoothing=0.0, n_tokens=None, progress=False).stability_table()
+    assert same.iloc[0].half_0 == same.iloc[0].half_1 == f"({expected[0]}, {expected[1]})"
+    assert same.pearson.tolist() == pytest.approx([1.0] * len(same)) and (same.half_0 == same.half_1).all()
+    assert ((same.stable == "yes") == (same.half_0 != "none")).all()
+    assert (same.why[same.half_0 == "none"] == "neither lens finds phases").all()
 
 
 def test_stability_lenses_come_from_the_halves_or_from_each_half_of_the_texts(deep_bridge, texts, monkeypatch):

@@ -2,6 +2,7 @@
 stops and history, the halves, the cache; the model is never changed."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -120,7 +121,9 @@ def test_fit_lowers_kl_records_history_and_leaves_model_unchanged(native_bridge,
     history = lens.history
     held = history[history.split == "held_out"]
     assert sorted(held.step.unique()) == [0, 2, 4, 6]
-    assert sorted(history[history.split == "train"].step.unique()) == [2, 4, 6]
+    # Every step's training KL, at the step count of the translators it was measured on (0: the closed form).
+    train = history[history.split == "train"]
+    assert sorted(train.step.unique()) == [0, 1, 2, 3, 4, 5] and (train.groupby("step").layer.nunique() == lens.n_layers).all()
     assert set(held.layer) == set(range(lens.n_layers)) and (history.kl >= 0).all()
     # The best evaluated translators are kept: never worse than the closed form alone.
     by_step = held.groupby("step").kl.mean()
@@ -168,6 +171,59 @@ def test_halves_fit_disjoint_texts_and_survive_save_and_load(native_bridge, tmp_
     for mine, theirs in zip(lens.halves, loaded.halves):
         assert torch.equal(mine.linear_map(2), theirs.linear_map(2))
     assert TunedLens.load(tmp_path / "lens" / "half-0", native_bridge).halves is None
+
+
+def test_history_holds_every_step_of_the_lens_and_both_halves_and_survives_save_and_load(native_bridge, tmp_path):
+    texts = [f"{a} {b}" for a in ("the cat sat on the mat", "a dog ran in the park", "my friend reads a book")
+             for b in ("every night", "under the bridge", "a song", "in the park")]
+    lens = fit_tuned_lens(native_bridge, texts, n_tokens=120, max_steps=5, eval_every=2, patience=10, tol=0.0,
+                          seq_len=16, halves=True, progress=False)
+    history = lens.training_history()
+    table = history.to_pandas()
+    assert history.params["parts"] == ["lens", "half 0", "half 1"] and history.params["train_per_step"] is True
+    for part, member in zip(history.params["parts"], (lens, *lens.halves)):
+        rows = table[table.part == part]
+        steps = member.training_info["steps"]
+        assert steps == history.params["steps"][part] == 5 and member.training_info["stopped"] == "steps"
+        # One training KL per step taken (at the updates made before it: 0 .. steps - 1), for every layer;
+        # the held-out KL at the closed form, every evaluation and the last step.
+        train, held = rows[rows.split == "train"], rows[rows.split == "held_out"]
+        assert sorted(train.step.unique()) == list(range(steps))
+        assert sorted(held.step.unique()) == [0, 2, 4, 5]
+        assert (rows.groupby(["split", "step"]).layer.nunique() == lens.n_layers).all() and (rows.kl >= 0).all()
+        assert rows.seconds.is_monotonic_increasing  # recorded in the order measured
+        # The closed form's held-out KL is recorded as such, and the kept lens is never worse.
+        start = held[held.step == 0].kl.mean()
+        assert member.training_info["closed_form_held_out_kl_mean"] == pytest.approx(start)
+        assert member.training_info["best_held_out_kl_mean"] <= start
+    means = history.means()
+    assert set(means.part) == {"lens", "half 0", "half 1"} and len(means) == 3 * (5 + 4)
+    # The figure draws the lens and both halves: a training and a held-out line each (plus the lens's layers).
+    named = {trace.name for trace in history.plot().data if trace.showlegend is not False}
+    assert named == {f"{part}: {split}" for part in ("lens", "half 0", "half 1")
+                     for split in ("training KL (every step)", "held-out KL")}
+    assert {trace.name for trace in lens.plot_history().data} == {trace.name for trace in history.plot().data}
+    lens.save(tmp_path / "lens")
+    loaded = TunedLens.load(tmp_path / "lens", native_bridge).training_history().to_pandas()
+    pd.testing.assert_frame_equal(loaded, table)
+
+
+def test_histories_of_lenses_fitted_before_per_step_records_still_load_and_plot(native_bridge, tmp_path):
+    """A cached lens of geolens 0.3.0 recorded the training KL only at evaluations (the mean since the last):
+    it loads as it is, and its figure says what its training line is."""
+    import json
+
+    lens = fit_tuned_lens(native_bridge, ["the cat sat on the mat every night"] * 12, n_tokens=96, max_steps=0,
+                          seq_len=16, progress=False)
+    lens.save(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    config["training"]["history"] += [{"step": 20, "seconds": 1.0, "split": split, "layer": layer, "kl": 1.0}
+                                      for split in ("train", "held_out") for layer in range(lens.n_layers)]
+    del config["training"]["closed_form_held_out_kl_mean"]
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    old = TunedLens.load(tmp_path / "old", native_bridge).training_history()
+    assert old.params["train_per_step"] is False and old.params["parts"] == ["lens"]
+    assert "lens: training KL (mean since last evaluation)" in {trace.name for trace in old.plot().data}
 
 
 def test_halves_need_two_texts_and_the_fast_method(native_bridge, tmp_path):
