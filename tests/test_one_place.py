@@ -43,8 +43,6 @@ RULES = {
 # Sites not moved yet (their files are being rewritten elsewhere): (file, rule) -> how many lines at most.
 # Remove an entry once its site draws through geolens._rng.
 PENDING = {
-    ("lens/fit.py", "seeded generator"): 1,         # the tuned lens's batches: rng(seed, "lens batches")
-    ("report/__init__.py", "seeded generator"): 2,  # the report's text order: rng(seed, "report texts")
 }
 
 

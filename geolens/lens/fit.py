@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from geolens._rng import rng
 from geolens._validation import UpperBound, check_float, check_int
 from geolens.capture import capture
 from geolens.lens.logit_lens import unembed
@@ -298,7 +299,7 @@ def _refine(state: _Refinement, train: Tensor, settings: _Settings, *, progress:
     ``(why it stopped, steps taken)``. Every step taken is evaluated before it stops."""
     lens = state.lens
     opt = torch.optim.Adam(list(lens.translators.parameters()), lr=settings.lr)
-    generator = torch.Generator().manual_seed(settings.seed)
+    generator = rng(settings.seed, "lens batches")
     w_train = state.w_u if settings.matmul_dtype is None else state.w_u.to(settings.matmul_dtype)  # converted once
     n_train = train.shape[1]
     bar = tqdm(total=settings.max_steps, desc=desc, disable=not progress, leave=False)

@@ -31,7 +31,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import random
 import time
 import traceback
 from dataclasses import dataclass, field, fields
@@ -41,6 +40,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
+from geolens._rng import rng
 from geolens._io import atomic_write_text, check_writable_folder
 from geolens._validation import DEFAULT_N_TOKENS, UpperBound
 from geolens.analyses.compare import compare
@@ -246,7 +246,7 @@ def _lens_texts(texts: list[str], seed: int, n: int) -> list[str]:
     """Default-corpus texts the report does not score, shuffled by the seed: the lens's training text."""
     held_out = set(texts)
     pool = [t for t in default_texts(n=None) if t not in held_out]
-    random.Random(seed).shuffle(pool)
+    rng(seed, "report texts").shuffle(pool)
     return pool[:n]
 
 
