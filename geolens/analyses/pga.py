@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens import plotting
-from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int, working_dtype
+from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int
 from geolens.capture import States, capture
 from geolens.interventions import subspace_basis
 from geolens.metrics.grassmann import random_subspaces

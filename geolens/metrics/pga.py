@@ -516,13 +516,9 @@ def sampled_rank_alignment(
     seed: int = 0,
     n_blocks: int = JACKKNIFE_BLOCKS,
     chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
-    coords: Float[torch.Tensor, "S N k"] | None = None,
     backend: str | Backend = "auto",
 ) -> tuple[Float[torch.Tensor, "S"], Float[torch.Tensor, "S G"]]:
     """:func:`rank_alignment` on a sample of pairs, with its delete-a-group jackknife replicates.
-
-    ``coords`` (optional): ``states @ subspaces``, when the caller has it more cheaply (the
-    bootstrap over texts updates projections made once); it is read, not changed.
 
     Returns ``(rhos [S], deleted [S, G])`` in float64 on the CPU: the Spearman of
     each subspace over the sampled pairs, and the same with each of ``G`` random,
@@ -568,7 +564,7 @@ def sampled_rank_alignment(
     pending = None
     for start in range(0, subspaces.shape[0], chunk):
         # On the CPU, the workers rank this chunk while the next one is built.
-        coordinates = _chunk_coordinates(states, subspaces, coords, start, chunk, unit=compiled)
+        coordinates = _chunk_coordinates(states, subspaces, start, chunk, unit=compiled)
         submitted = ranks.submit_pairs(coordinates, pairs, normalised=compiled)
         if pending is not None:
             collect(pending)
@@ -599,21 +595,17 @@ def _centred_full_ranks(values: torch.Tensor, what: str) -> tuple[FullRanks, tor
 
 
 def _chunk_coordinates(
-    states: torch.Tensor, subspaces: torch.Tensor, coords: torch.Tensor | None, start: int, chunk: int, *, unit: bool
+    states: torch.Tensor, subspaces: torch.Tensor, start: int, chunk: int, *, unit: bool
 ) -> torch.Tensor:
-    """The coordinates ``[C, N, k]`` of the states in subspaces ``start:start + chunk``: read from ``coords``
-    when given (never changed), else one batched product; with ``unit`` (the compiled kernel's input)
-    as unit rows, normalising a fresh product in place.
+    """The coordinates ``[C, N, k]`` of the states in subspaces ``start:start + chunk``, one batched product;
+    with ``unit`` (the compiled kernel's input) as unit rows, normalised in place.
 
     Example:
         >>> h = torch.randn(5, 4, dtype=torch.float64)
-        >>> c = _chunk_coordinates(h, torch.eye(4, dtype=torch.float64)[None, :, :2], None, 0, 8, unit=True)
+        >>> c = _chunk_coordinates(h, torch.eye(4, dtype=torch.float64)[None, :, :2], 0, 8, unit=True)
         >>> torch.allclose(c.norm(dim=-1), torch.ones(1, 5, dtype=torch.float64))
         True
     """
-    if coords is not None:
-        given = coords[start : start + chunk]
-        return unit_rows(given) if unit else given
     product = states @ subspaces[start : start + chunk]
     return unit_rows(product, in_place=True) if unit else product
 

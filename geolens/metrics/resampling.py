@@ -29,7 +29,6 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 
 from geolens._rng import rng
@@ -145,10 +144,9 @@ class LayerResampler:
         self.canonical = first_of[inverse]
         x64 = states.double()
         self.x = x64 - x64.mean(0)
-        n_subspaces, d, k = subspaces.shape
         # [d, S k]: one product gives a vector's (or V's rows') coordinates in every subspace at once.
-        self.flat_subspaces = subspaces.to(dtype=work, device=states.device).permute(1, 0, 2).reshape(d, -1)
-        self.shape = (n_subspaces, k)
+        self.flat_subspaces = subspaces.to(dtype=work, device=states.device).permute(1, 0, 2).reshape(
+            subspaces.shape[1], -1)
         self.projected = self.x.to(work) @ subspaces.to(dtype=work, device=states.device)  # [S, N, k], once
         self.projected_sq = self.projected.double().pow(2).sum(-1)  # [S, N]
 
@@ -156,11 +154,6 @@ class LayerResampler:
         """PGA z of the resample whose row ``a`` copies captured row ``source[a]``, ranked on ``pairs`` (of
         its rows, :func:`resample_pairs`), at each CCR value of ``ccr``; NaN where undefined (a
         degenerate resample: too few directions left, a zero row, a null without spread)."""
-        return self.submit(source, pairs, ccr)()
-
-    def submit(self, source: torch.Tensor, pairs: PairSample, ccr: Sequence[int]) -> Callable[[], list[float]]:
-        """Start :meth:`z`; returns a function that waits for and returns it (the last chunk of subspaces is
-        still being ranked in the rank pool when this returns)."""
         levels = [int(m) for m in ccr]
         source = torch.as_tensor(source).to(self.x.device)
         rows = self.x[source]
@@ -170,26 +163,21 @@ class LayerResampler:
         try:
             check_spread(self.states[source], centred, dtype=self.input_dtype, what="the resampled states")
         except DegenerateError:
-            return lambda: undefined
+            return undefined
         sv, vh = principal_components(centred, max(max(levels), 1), gram=self.input_dtype != torch.float64)
         good = [m for m in sorted(set(levels)) if self._keeps_spread(centred, sv, vh, m)]
         if not good:
-            return lambda: undefined
+            return undefined
         try:
-            pending = self._alignment(source, pairs, delta, vh, good)
+            rhos, deleted = self._alignment(source, pairs, delta, vh, good)
         except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z
-            return lambda: undefined
+            return undefined
         fpc = None if pairs.exact else max(0.0, 1.0 - pairs.n_pairs / pairs.total)
-
-        def result() -> list[float]:
-            rhos, deleted = pending()
-            out = dict.fromkeys(levels, math.nan)
-            for c, m in enumerate(good):
-                if rhos[c] is not None:
-                    out[m] = resample_score(rhos[c], deleted[c], fpc)
-            return [out[m] for m in levels]
-
-        return result
+        out = dict.fromkeys(levels, math.nan)
+        for c, m in enumerate(good):
+            if rhos[c] is not None:
+                out[m] = resample_score(rhos[c], deleted[c], fpc)
+        return [out[m] for m in levels]
 
     def z_many(self, sources: Sequence[torch.Tensor], pairs: Callable[[int], PairSample], ccr: Sequence[int]
                ) -> Iterator[list[float]]:
@@ -227,8 +215,8 @@ class LayerResampler:
         return True
 
     def _alignment(self, source: torch.Tensor, pairs: PairSample, delta: torch.Tensor, vh: torch.Tensor,
-                   levels: list[int]) -> Callable[[], tuple[list, list]]:
-        """A function giving ``(rhos, deleted)`` at each level (``None`` where that level is degenerate): the
+                   levels: list[int]) -> tuple[list, list]:
+        """``(rhos, deleted)`` at each level (``None`` where that level is degenerate): the
         Spearman of every subspace over the pairs, and its delete-a-group jackknife replicates (as
         :func:`~geolens.metrics.pga.sampled_rank_alignment` makes them)."""
         # Each pair as its two captured rows, equal rows as one (the first of them): pairs of equal states then
@@ -236,8 +224,9 @@ class LayerResampler:
         first, second = self.canonical[source.cpu()[pairs.i]], self.canonical[source.cpu()[pairs.j]]
         first, second = torch.minimum(first, second), torch.maximum(first, second)
         comps = (self.x - delta) @ vh.double().T  # [N, M]
-        full = self._full_values(first, second, delta, comps, levels)
-        rows = self._resampled_rows(delta, vh.double(), comps, levels, torch.unique(torch.cat([first, second])))
+        paired = torch.unique(torch.cat([first, second]))  # the rows whose norms must be above zero
+        full = self._full_values(first, second, delta, comps, levels, paired)
+        rows = self._resampled_rows(delta, vh.double(), comps, levels, paired)
         p = pairs.n_pairs
         n_blocks = min(JACKKNIFE_BLOCKS, p)
         work = self.projected.dtype
@@ -257,8 +246,8 @@ class LayerResampler:
 
     def _ranked(self, rows: ResampledRows, first, second, ranks: list, norms: list, sizes: torch.Tensor):
         """Every subspace's values ranked against each level's full-space ranks, a chunk of subspaces at a
-        time; returns a function that waits for the last chunk and gives ``(rhos, deleted)`` per level
-        (``None`` where a level is degenerate)."""
+        time (the rank pool ranks one chunk while the next is made): ``(rhos, deleted)`` per level (``None``
+        where a level is degenerate)."""
         n_subspaces, p = self.projected.shape[0], int(first.numel())
         chunk = max(1, _VALUES_BYTES // max(1, len(ranks) * p * self.projected.element_size()))
         dots = [[] for _ in ranks]
@@ -277,23 +266,21 @@ class LayerResampler:
             collect()  # the chunk before this one: at most two chunks of values alive
             pending.extend((c, r.submit(values[c])) for c, r in enumerate(ranks) if r is not None)
 
-        def result():
-            collect()
-            rhos, deleted = [], []
-            for c, norm in enumerate(norms):
-                if norm is None or any(d is None for d in dots[c]):
-                    rhos.append(None)
-                    deleted.append(None)
-                    continue
-                rho = torch.cat(dots[c]).cpu() / norm.cpu()
-                rhos.append(rho)
-                deleted.append(_deleted_rhos(rho, torch.cat(phis[c]).cpu(), sizes))
-            return rhos, deleted
+        collect()
+        rhos, deleted = [], []
+        for c, norm in enumerate(norms):
+            if norm is None or any(d is None for d in dots[c]):
+                rhos.append(None)
+                deleted.append(None)
+                continue
+            rho = torch.cat(dots[c]).cpu() / norm.cpu()
+            rhos.append(rho)
+            deleted.append(_deleted_rhos(rho, torch.cat(phis[c]).cpu(), sizes))
+        return rhos, deleted
 
-        return result
-
-    def _full_values(self, first, second, delta, comps, levels) -> list[torch.Tensor]:
-        """Each level's full-space negated cosines ``[P]`` (float64) of the resample's processed rows."""
+    def _full_values(self, first, second, delta, comps, levels, paired) -> list[torch.Tensor]:
+        """Each level's full-space negated cosines ``[P]`` (float64) of the resample's processed rows
+        (``paired``: the rows the pairs use)."""
         dots = row_pair_dots(self.x, first, second).to(self.x.device)
         first, second = first.to(self.x.device), second.to(self.x.device)
         x_delta = self.x @ delta
@@ -305,16 +292,15 @@ class LayerResampler:
         for m in levels:
             inner = dots - removed[:, m - 1] if m else dots
             sq_m = sq - removed_sq[:, m - 1] if m else sq
-            self._check_norms(sq_m[first], sq[first])
-            self._check_norms(sq_m[second], sq[second])
+            self._check_norms(sq_m[paired], sq[paired])
             out.append(torch.where(first == second, -1.0, -inner / (sq_m[first] * sq_m[second]).sqrt()))
         return out
 
-    def _resampled_rows(self, delta, vh, comps, levels, paired=None) -> ResampledRows:
+    def _resampled_rows(self, delta, vh, comps, levels, paired) -> ResampledRows:
         """The per-row terms of :class:`~geolens.metrics._ranking.products.ResampledRows` for this resample
-        (``paired``: the captured rows its pairs use, the only ones whose norms must be above zero; default all)."""
+        (``paired``: the captured rows its pairs use, the only ones whose norms must be above zero)."""
         work = self.projected.dtype
-        n_subspaces, k = self.shape
+        n_subspaces, _, k = self.projected.shape
         # V's rows and delta in every subspace at once ([M + 1, S k], one product), then the rows' coordinates
         # along them (one batched product): cross before its delta term, and the shift.
         along = (torch.cat([vh, delta.unsqueeze(0)]).to(work) @ self.flat_subspaces).reshape(-1, n_subspaces, k)
@@ -330,7 +316,7 @@ class LayerResampler:
         for m in levels:
             part = torch.matmul(comps[:, :m], gram[:, :m, :m])  # [S, N, m]
             sq = base_sq - 2 * removed[..., m - 1] + (part * comps[:, :m]).sum(-1) if m else base_sq
-            self._check_norms(sq if paired is None else sq[:, paired], base_sq if paired is None else base_sq[:, paired])
+            self._check_norms(sq[:, paired], base_sq[:, paired])
             inner.append(part)
             norms.append(sq.clamp_min(0.0).sqrt())
         widths = torch.tensor([0, *levels[:-1]], dtype=torch.int64).cumsum(0)

@@ -84,7 +84,7 @@ def test_the_compiled_loop_and_the_torch_gathers_give_the_same_values(dtype):
     delta = x.mean(0)
     vh = torch.linalg.svd(x - delta, full_matrices=False)[2][:4]
     comps = (layer.x - delta) @ vh.T
-    terms = layer._resampled_rows(delta, vh, comps, [0, 1, 4])
+    terms = layer._resampled_rows(delta, vh, comps, [0, 1, 4], torch.arange(rows.shape[0]))
     first, second = source[pairs.i], source[pairs.j]
     host = resampled_negated_cosines(terms, first, second, 0, subspaces.shape[0], host=True)
     gathers = resampled_negated_cosines(terms, first, second, 0, subspaces.shape[0], host=False)
@@ -107,7 +107,7 @@ def test_pairs_of_identical_rows_get_identical_values():
     source = torch.arange(rows.shape[0])
     x = layer.x
     vh = torch.linalg.svd(x - x.mean(0), full_matrices=False)[2][:2]
-    terms = layer._resampled_rows(x.mean(0), vh, (x - x.mean(0)) @ vh.T, [0, 2])
+    terms = layer._resampled_rows(x.mean(0), vh, (x - x.mean(0)) @ vh.T, [0, 2], torch.arange(rows.shape[0]))
     others = torch.tensor([1, 12, 50, 60])
     values = resampled_negated_cosines(terms, torch.cat([torch.full((4,), 7), others]),
                                        torch.cat([others, torch.full((4,), 30)]), 0, subspaces.shape[0])
