@@ -243,7 +243,7 @@ def phases(
     _check_lens(lens, adapter)
     sweep, chosen = _resolution(lens, fractions, k_fraction)
     if stability_report is not None:
-        _add_lens_phases(stability_report, lens, smoothing, sensitivity)
+        _add_lens_phases(stability_report, lens, sweep, smoothing, sensitivity)
     split, unstable = _stable_split(chosen["rss"], smoothing, sensitivity, stability_report)
     common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
                   attention_mask=attention_mask, progress=progress)
@@ -328,12 +328,18 @@ def _resolution(lens: TunedLens, fractions: Sequence[float], k_fraction: float |
     return sweep, next(row for row in sweep if row["fraction"] == float(k_fraction))
 
 
-def _add_lens_phases(stability_report: dict, lens: TunedLens, smoothing: float, sensitivity: float) -> None:
+def _add_lens_phases(stability_report: dict, lens: TunedLens, sweep: list[dict], smoothing: float,
+                     sensitivity: float) -> None:
     """Each ``per_k`` row of ``stability_report`` gets the breakpoints the lens itself finds at its ``k``
-    (``"lens": [b1, b2]``, ``[None, None]`` without phases), beside those of its halves."""
-    maps = torch.stack([lens.linear_map(layer) for layer in range(lens.n_layers)])
-    entries = resolution_sweep(maps, [row["fraction"] for row in stability_report["per_k"]])
-    for row, entry in zip(stability_report["per_k"], entries):
+    (``"lens": [b1, b2]``, ``[None, None]`` without phases), beside those of its halves. The lens's own
+    resolution ``sweep`` serves the fractions it holds; the others are swept here."""
+    swept = {row["fraction"]: row for row in sweep}
+    missing = [row["fraction"] for row in stability_report["per_k"] if row["fraction"] not in swept]
+    if missing:
+        maps = torch.stack([lens.linear_map(layer) for layer in range(lens.n_layers)])
+        swept.update({row["fraction"]: row for row in resolution_sweep(maps, missing)})
+    for row in stability_report["per_k"]:
+        entry = swept[row["fraction"]]
         split = _split(entry["rss"], smoothing, sensitivity)
         row["lens"] = [split.b1, split.b2]
 

@@ -31,11 +31,9 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
 from dataclasses import dataclass
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
