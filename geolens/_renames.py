@@ -1,0 +1,73 @@
+"""Names retired in a release: calling with one raises an error that names its replacement.
+
+A rename keeps its old name answering for one minor version, so that code written for the last
+release fails at once with the fix in the message instead of running with a default it did not
+ask for. Keywords go through :func:`renamed_keywords` (a ``TypeError``, as Python raises for any
+unknown keyword); module attributes (classes, functions) through :func:`renamed_attributes`,
+a module-level ``__getattr__`` (an ``AttributeError``, which ``from ... import`` turns into an
+``ImportError``).
+
+Example:
+    >>> @renamed_keywords(n_positions="n_tokens")
+    ... def sample(tokens, *, n_tokens=8):
+    ...     return n_tokens
+    >>> sample("abc", n_tokens=4)
+    4
+    >>> sample("abc", n_positions=4)
+    Traceback (most recent call last):
+    ...
+    TypeError: sample() got the keyword 'n_positions', renamed to 'n_tokens' in geolens 0.4.0
+    >>> __getattr__ = renamed_attributes(__name__, {"OldResult": "NewResult"})
+    >>> __getattr__("OldResult")
+    Traceback (most recent call last):
+    ...
+    AttributeError: geolens._renames.OldResult was renamed to NewResult in geolens 0.4.0
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Mapping, TypeVar
+
+__all__ = ["RENAMED_IN", "renamed_attributes", "renamed_keywords"]
+
+RENAMED_IN = "0.4.0"  # the release whose renames still answer with their replacement
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
+    """Make ``function`` raise a ``TypeError`` naming the new keyword when called with an old one.
+
+    The wrapped function keeps its signature (``inspect.signature`` follows ``__wrapped__``) and
+    records the renames in ``__renamed_keywords__`` for the API tests and the docs.
+    """
+    def decorate(function: F) -> F:
+        parameters = inspect.signature(function).parameters
+        for old, new in old_to_new.items():
+            if new not in parameters:
+                raise ValueError(f"{function.__qualname__} has no parameter {new!r} to rename {old!r} to")
+            if old in parameters:
+                raise ValueError(f"{function.__qualname__} still has the old parameter {old!r}")
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old in old_to_new.keys() & kwargs.keys():
+                raise TypeError(f"{function.__name__}() got the keyword {old!r}, renamed to "
+                                f"{old_to_new[old]!r} in geolens {RENAMED_IN}")
+            return function(*args, **kwargs)
+
+        wrapper.__renamed_keywords__ = dict(old_to_new)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+    return decorate
+
+
+def renamed_attributes(module: str, old_to_new: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that answers each old name with an error naming the new one."""
+    def module_getattr(name: str) -> Any:
+        if name in old_to_new:
+            raise AttributeError(f"{module}.{name} was renamed to {old_to_new[name]} in geolens {RENAMED_IN}")
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    module_getattr.renamed = dict(old_to_new)  # type: ignore[attr-defined]
+    return module_getattr
