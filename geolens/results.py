@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from geolens import plotting
 from geolens._io import atomic_write_text
 from geolens._json import jsonable, parse_json, restore_non_finite
 
@@ -217,11 +216,15 @@ def figure_bundle(figure: Any) -> dict[str, Any]:
         >>> sorted(bundle), sorted(bundle[PLOTLY_MIME])
         (['application/vnd.plotly.v1+json'], ['data', 'layout'])
     """
-    try:  # as plotly.io.show builds it: a renderer such as "notebook" loads plotly.js once, not per figure
-        from plotly.io._renderers import renderers
+    import plotly.io as pio
 
-        bundle = dict(renderers._build_mime_bundle(figure.to_dict()) or {})
-    except (ImportError, AttributeError):  # a plotly without that machinery: the figure's own bundle
+    # plotly has no public call that returns this bundle: plotly.io.show displays it, and the figure's own
+    # _repr_mimebundle_ activates the renderers anew on every call (the "notebook" renderer would put a copy
+    # of plotly.js beside each figure). The renderers' own builder, as plotly.io.show calls it, activates
+    # them once.
+    try:
+        bundle = dict(pio.renderers._build_mime_bundle(figure.to_dict()) or {})
+    except AttributeError:  # a plotly without that builder: the figure's own bundle
         bundle = dict(figure._repr_mimebundle_() or {})
     if not bundle:
         bundle = {PLOTLY_MIME: json.loads(figure.to_json())}

@@ -756,7 +756,7 @@ def _fake_kaleido(monkeypatch):
     """Figures "written" without Chromium: each file gets a small SVG text."""
     import plotly.io as pio
 
-    import geolens.plotting
+    import geolens.plotting.export
     import geolens.report
 
     def write_images(figures, files, **kwargs):
@@ -764,7 +764,7 @@ def _fake_kaleido(monkeypatch):
             Path(file).write_text("<svg/>")
 
     monkeypatch.setattr(pio, "write_images", write_images)
-    monkeypatch.setattr(geolens.plotting, "browser_path", lambda: "/usr/bin/chromium")
+    monkeypatch.setattr(geolens.plotting.export, "browser_path", lambda: "/usr/bin/chromium")
     monkeypatch.setattr(geolens.report, "browser_path", lambda: "/usr/bin/chromium")
 
 

@@ -27,6 +27,7 @@ from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult
 from geolens.analyses.updates import UpdatesResult
 from geolens.lens.evaluate import LensResult
 from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
+from geolens.study import figures as study_figures
 from geolens.zoo.width_study import ZooResult
 
 L = 6  # blocks of the synthetic model: layers 0 (embeddings) .. L
@@ -180,10 +181,10 @@ def every_figure():
         "lens": lens_result().plot(),
         "lens history": plotting.lens_history_figure(history(), title=MODEL),
         "lens history empty": plotting.lens_history_figure(history().iloc[:0], title=MODEL),
-        "convergence grid": convergence_grid().plot("spearman_full"),
-        "convergence grid readout": convergence_grid().plot("spearman_readout"),
-        "convergence depth": convergence_depth().plot("spearman_full"),
-        "convergence pair": ConvergenceResult(rows=convergence_depth().rows[:1], params={}).plot("spearman_full"),
+        "convergence grid": convergence_grid().plot(kind="spearman_full"),
+        "convergence grid readout": convergence_grid().plot(kind="spearman_readout"),
+        "convergence depth": convergence_depth().plot(kind="spearman_full"),
+        "convergence pair": ConvergenceResult(rows=convergence_depth().rows[:1], params={}).plot(kind="spearman_full"),
         "compare": compare_result().plot(),
         "ablation": ablation_result().plot(),
         "patching": patch_result().plot(),
@@ -192,11 +193,12 @@ def every_figure():
         "checkpoints": checkpoint_result().plot(),
         "zoo depth": zoo_result().plot(),
         "zoo training": zoo_result().plot_training(),
-        "study depth": plotting.study_depth_figure(depth, metric="pga.z"),
-        "study training": plotting.study_training_figure(training, metric="spectrum.log_isotropy"),
-        "study correlation": plotting.study_correlation_figure(values, stats, metrics=["spectrum.log_isotropy", "pga.z"],
-                                                               against=["n_params"]),
-        "phase widths": plotting.phase_width_figure(widths, slopes),
+        "study depth": study_figures.study_depth_figure(depth, metric="pga.z"),
+        "study training": study_figures.study_training_figure(training, metric="spectrum.log_isotropy"),
+        "study correlation": study_figures.study_correlation_figure(values, stats,
+                                                                    metrics=["spectrum.log_isotropy", "pga.z"],
+                                                                    against=["n_params"]),
+        "phase widths": study_figures.phase_width_figure(widths, slopes),
     }
 
 
@@ -307,8 +309,8 @@ def test_series_colours_are_fixed_by_name():
     assert list(weights.data[0].marker.color) == [plotting.series_colour(m) for m in ("W_U raw", "W_U folded", "W_E")]
     # models: the same model keeps its colour when the other models change, and no two share one in a figure
     depth = study_tables()[0]
-    full = _line_colours(plotting.study_depth_figure(depth))
-    part = _line_colours(plotting.study_depth_figure(depth[depth["model"] != "pythia-70m"]))
+    full = _line_colours(study_figures.study_depth_figure(depth))
+    part = _line_colours(study_figures.study_depth_figure(depth[depth["model"] != "pythia-70m"]))
     assert len(set(full.values())) == len(full)
     assert part["gpt2"] == full["gpt2"] or len(set(part.values())) == len(part)
 
@@ -406,7 +408,7 @@ def test_extreme_log_isotropy_is_explained_in_the_printed_figure():
 def test_pga_figure_steps_one_line_with_its_bands_and_finals_side_by_side():
     import plotly.graph_objects as go
 
-    from geolens.plotting import _add_pga_finals, _add_pga_line, _pga_note
+    from geolens.plotting.pga import _add_pga_finals, _add_pga_line, _pga_note
 
     part = pd.DataFrame({"layer": [0, 1, 2], "z": [0.5, 2.0, 3.0], "z_low": [0.0, 1.0, None],
                          "z_high": [1.0, 3.0, None], "rho_readout": [0.1, 0.2, 0.3], "null_mean": [0.0] * 3,
@@ -428,7 +430,7 @@ def test_pga_figure_steps_one_line_with_its_bands_and_finals_side_by_side():
 
 
 def test_convergence_figure_steps_bars_and_curves():
-    from geolens.plotting import _convergence_bars, _convergence_curves
+    from geolens.plotting.convergence import _convergence_bars, _convergence_curves
 
     row = pd.Series({"layer_a": 1, "layer_b": 2, "cka_full": 0.9, "cka_readout": 0.7, "cka_random_mean": 0.3,
                      "cka_random_std": 0.05})
@@ -464,3 +466,64 @@ def test_lens_history_figure_draws_the_lens_and_each_half_of_the_texts():
     assert len(plotting.lens_history_figure(table, title=MODEL).data) == len(fig.data) - 2
 
 
+
+
+# ----------------------------------------------------------------------------- the package's surface
+
+
+def test_importing_geolens_does_not_import_plotly():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", "import geolens, sys; assert 'plotly' not in sys.modules"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def _names_used_in_docs():
+    """Every ``from geolens.plotting import a, b`` and ``plotting.a`` in the docs, examples and their scripts."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [*root.glob("docs/**/*.md"), *root.glob("docs/*.py"), *root.glob("examples/**/*.py"),
+             *root.glob("examples/*.ipynb"), root / "README.md"]
+    names = set()
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for imported in re.findall(r"from geolens\.plotting import ([\w, ]+)", text):
+            names.update(n.strip() for n in imported.split(",") if n.strip())
+        names.update(re.findall(r"\bplotting\.([A-Za-z]\w*)", text))
+    return names
+
+
+def test_every_plotting_name_the_docs_use_is_there():
+    used = _names_used_in_docs()
+    assert "figure_html" in used and "CONFIG" in used  # the scan finds the docs' imports
+    assert not [n for n in used if not hasattr(plotting, n)]
+    assert set(plotting.__all__) <= set(dir(plotting))
+
+
+@pytest.mark.parametrize("name, home", [("study_depth_figure", "geolens.study.figures"),
+                                        ("zoo_training_figure", "geolens.zoo.figures")])
+def test_figures_of_higher_layers_moved_up_with_a_message(name, home):
+    with pytest.raises(AttributeError, match=f"renamed to {home}.{name}"):
+        getattr(plotting, name)
+
+
+# Each result's plot: what it draws is chosen by the keyword-only `kind`; the old keyword names it.
+PLOTS = [(pga_result, "plot", None), (spectrum_result, "plot", "metrics"), (weights_result, "plot", "metrics"),
+         (convergence_grid, "plot", "value"), (checkpoint_result, "plot", "metrics"), (zoo_result, "plot", "metric"),
+         (zoo_result, "plot_training", "metric")]
+
+
+@pytest.mark.parametrize("make, method, old", PLOTS)
+def test_plot_chooses_what_it_draws_with_kind(make, method, old):
+    import inspect
+
+    plot = getattr(make(), method)
+    assert inspect.signature(plot).parameters["kind"].kind is inspect.Parameter.KEYWORD_ONLY
+    if old is not None:
+        with pytest.raises(TypeError, match=f"'{old}', renamed to 'kind'"):
+            plot(**{old: None})
+    with pytest.raises(TypeError):
+        plot("anything")  # kind is keyword-only

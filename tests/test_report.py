@@ -370,7 +370,7 @@ def test_convergence_section_compares_with_a_second_model_by_relative_depth(neox
     assert page.count("Convergence by relative depth") == 3 and "cross-family" in page
     from geolens.analyses.convergence import ConvergenceResult
 
-    assert len(ConvergenceResult.load(paths["convergence.json"]).plot("cka_full").data) == 1  # the self grid
+    assert len(ConvergenceResult.load(paths["convergence.json"]).plot(kind="cka_full").data) == 1  # the self grid
 
 
 def test_convergence_section_says_why_the_cross_family_part_is_absent(neox_bridge, tmp_path, texts, monkeypatch):

@@ -33,6 +33,7 @@ from geolens.analyses import registry
 from geolens.analyses.grid import free_memory, resolve_jobs, route_options, run_jobs
 from geolens.model import boot_bridge
 from geolens import plotting
+from geolens._renames import renamed_keywords
 from geolens.results import Result
 
 __all__ = ["CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
@@ -63,9 +64,11 @@ class CheckpointResult(Result):
         wide.columns.name = None
         return wide
 
-    def plot(self, metrics: Sequence[str] | None = None):
-        """Plotly figure of each metric against the checkpoint, one line per layer; a dropdown picks the metric."""
-        return plotting.checkpoint_figure(self.to_pandas(), metrics=metrics, title=self._summary())
+    @renamed_keywords(metrics="kind")
+    def plot(self, *, kind: str | Sequence[str] | None = None):
+        """Plotly figure of each metric ``kind`` (default: all) against the checkpoint, one line per layer; a dropdown
+        picks the metric."""
+        return plotting.checkpoint_figure(self.to_pandas(), kind=kind, title=self._summary())
 
 
 def _long_rows(label: Any, order: int, analysis: str, result: Result) -> list[dict[str, Any]]:

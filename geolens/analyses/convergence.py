@@ -51,6 +51,7 @@ from geolens.metrics.similarity import cka_matrix, linear_cka, mutual_knn, mutua
 from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
+from geolens._renames import renamed_keywords
 
 __all__ = ["MEASURES", "RENAMED_COLUMNS", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs",
            "word_end_offsets"]
@@ -204,10 +205,11 @@ class ConvergenceResult(Result):
         result.cross_rows = [_renamed(row) for row in result.cross_rows]
         return result
 
-    def plot(self, value: str = "spearman_full"):
-        """Heatmap of ``value`` over (layer_a, layer_b) for a grid; otherwise full/readout/random of
-        ``value``'s measure (``spearman``, ``cka`` or ``mknn``): bars for one pair, curves by relative depth for several."""
-        return plotting.convergence_figure(self, value=value)
+    @renamed_keywords(value="kind")
+    def plot(self, *, kind: str = "spearman_full"):
+        """Heatmap of column ``kind`` over (layer_a, layer_b) for a grid; otherwise full/readout/random of
+        ``kind``'s measure (``spearman``, ``cka`` or ``mknn``): bars for one pair, curves by relative depth for several."""
+        return plotting.convergence_figure(self, kind=kind)
 
 
 def _renamed(row: dict[str, Any]) -> dict[str, Any]:

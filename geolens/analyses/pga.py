@@ -62,7 +62,7 @@ class PGAResult(Result):
     resampled_z: list[dict[str, Any]] = field(default_factory=list)
     title: ClassVar[str] = "PGAResult"
 
-    def plot(self, kind: str = "z"):
+    def plot(self, *, kind: str = "z"):
         """Plotly figure: ``kind="z"`` (z by layer, null band +-1.96; with ``z_low``/``z_high``, each
         line's bootstrap interval as a shaded band) or ``"rho"`` (rho vs null mean +-2 sd)."""
         return plotting.pga_figure(self.to_pandas(), kind=kind, title=self._summary())

@@ -83,8 +83,9 @@ class ProbeResult(Result):
 
     title: ClassVar[str] = "ProbeResult"
 
-    def plot(self, pga_result=None, ccr: int | None = None):
-        """Accuracy by layer (band = +-1 sd over folds); with a ``PGAResult``, its z on a second axis."""
+    def plot(self, *, pga_result=None, ccr: int | None = None):
+        """Accuracy by layer (band = +-1 sd over folds); with a ``PGAResult``, its z (at ``ccr``, default its
+        first) on a second axis. Nothing to choose between: no ``kind``; ``pga_result`` is a second input."""
         return plotting.probe_figure(self, pga_result=pga_result, ccr=ccr)
 
 

@@ -29,6 +29,7 @@ from geolens.sites import RESIDUAL_SITE
 from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary, spectral_summary_blocks
 from geolens.model import Model, ModelAdapter, as_adapter
 from geolens import plotting
+from geolens._renames import renamed_keywords
 from geolens.results import Result
 
 __all__ = [
@@ -61,9 +62,11 @@ class SpectrumResult(Result):
         keys = ("model", "site", "n_tokens", "centre", "alpha_fit_range", "seed")
         return ", ".join(f"{k}={self.params[k]}" for k in keys if k in self.params)
 
-    def plot(self, metrics: Sequence[str] | None = None):
-        """One subplot per metric (default: the paper's seven), each against the layer."""
-        return plotting.metric_grid(self.to_pandas(), "layer", list(metrics or PLOTTED),
+    @renamed_keywords(metrics="kind")
+    def plot(self, *, kind: str | Sequence[str] | None = None):
+        """One subplot per metric ``kind`` (a column or a list of them; default: the paper's seven), against the layer."""
+        metrics = list(PLOTTED) if kind is None else [kind] if isinstance(kind, str) else list(kind)
+        return plotting.metric_grid(self.to_pandas(), "layer", metrics,
                                     title=f"Spectral geometry by layer — {self._summary()}",
                                     xaxis_title="layer (0 = embeddings)")
 
@@ -78,9 +81,11 @@ class WeightGeometryResult(Result):
         keys = ("model", "centre", "alpha_fit_range")
         return ", ".join(f"{k}={self.params[k]}" for k in keys if k in self.params)
 
-    def plot(self, metrics: Sequence[str] | None = None):
-        """One bar subplot per metric, one bar per matrix (W_U raw, W_U folded, W_E), each in its fixed colour."""
-        return plotting.weight_geometry_figure(self, list(metrics or PLOTTED))
+    @renamed_keywords(metrics="kind")
+    def plot(self, *, kind: str | Sequence[str] | None = None):
+        """One bar subplot per metric ``kind`` (default: the paper's seven), one bar per matrix (W_U raw, W_U folded,
+        W_E), each in its fixed colour."""
+        return plotting.weight_geometry_figure(self, kind=PLOTTED if kind is None else kind)
 
 
 

@@ -299,7 +299,7 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
     own = convergence(adapter, texts, grid=True, **common)
     # Two tables, each with its own columns: the grid has no null, the cross-family pairs have one.
     rows, cross_rows = list(own.rows), []
-    figures = [own.plot("spearman_full"), own.plot("spearman_readout"), own.plot("cka_full"), own.plot("mknn_full")]
+    figures = [own.plot(kind=kind) for kind in ("spearman_full", "spearman_readout", "cka_full", "mknn_full")]
     params = {"comparison": "the model with itself, every layer against every layer; then, by relative depth, "
                             "against a model of another family",
               **own.params}
@@ -312,7 +312,7 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
         cross = convergence(adapter, texts, other, layer_a=layers_a, layer_b=layers_b, n_null=s.convergence_null,
                             **common)
         cross_rows = list(cross.rows)
-        figures += [cross.plot("spearman_full"), cross.plot("cka_full"), cross.plot("mknn_full")]
+        figures += [cross.plot(kind=kind) for kind in ("spearman_full", "cka_full", "mknn_full")]
         params["cross_family"] = {"model_b": cross.params["model_b"], "n_layers_b": cross.params["n_layers_b"],
                                   "pairs": "every layer of the shallower model with the nearest relative depth",
                                   "n_positions": cross.params["n_positions"], "n_null": s.convergence_null,

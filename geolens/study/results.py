@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import pandas as pd
 
-from geolens import plotting
+from geolens._renames import renamed_keywords
 from geolens._json import parse_json
 from geolens._validation import DamagedFileError
 from geolens.metrics.correlation import partial_rank_correlation, rank_correlation
@@ -368,12 +368,15 @@ class StudyResult(Result):
         return meta.merge(grouped, on=["model", "checkpoint"])
 
     # ------------------------------------------------------------------ views
-    def plot(self, metric: str = "pga.z", *, ccr: int | None = None, checkpoint: str = "last",
+    @renamed_keywords(metric="kind")
+    def plot(self, *, kind: str = "pga.z", ccr: int | None = None, checkpoint: str = "last",
              site: str = RESIDUAL_SITE):
-        """``metric`` by relative depth (``layer / n_layers``), one line per model (default PGA z, lowest CCR,
+        """Metric ``kind`` by relative depth (``layer / n_layers``), one line per model (default PGA z, lowest CCR,
         each model's last checkpoint)."""
-        part = self.select(metric, ccr=ccr, site=site, checkpoint=checkpoint)
-        return plotting.study_depth_figure(part, metric=metric, checkpoint=checkpoint)
+        from geolens.study.figures import study_depth_figure  # plotly, imported when a figure is made
+
+        part = self.select(kind, ccr=ccr, site=site, checkpoint=checkpoint)
+        return study_depth_figure(part, metric=kind, checkpoint=checkpoint)
 
     def training(self, metric: str = "pga.z", *, ccr: int | None = None, bands: int = 3,
                  site: str = RESIDUAL_SITE) -> pd.DataFrame:
@@ -396,11 +399,14 @@ class StudyResult(Result):
         curve["band"] = pd.Categorical(curve["band"], categories=[*labels, "all layers"], ordered=True)
         return curve.sort_values(["band", "model"], kind="stable").reset_index(drop=True)
 
-    def plot_training(self, metric: str = "pga.z", *, ccr: int | None = None, bands: int = 3,
+    @renamed_keywords(metric="kind")
+    def plot_training(self, *, kind: str = "pga.z", ccr: int | None = None, bands: int = 3,
                       site: str = RESIDUAL_SITE):
-        """``metric`` against training step, one panel per band of relative depth, one line per model."""
-        curve = self.training(metric, ccr=ccr, bands=bands, site=site)
-        return plotting.study_training_figure(curve, metric=metric)
+        """Metric ``kind`` against training step, one panel per band of relative depth, one line per model."""
+        from geolens.study.figures import study_training_figure  # plotly, imported when a figure is made
+
+        curve = self.training(kind, ccr=ccr, bands=bands, site=site)
+        return study_training_figure(curve, metric=kind)
 
     def _metric_keys(self, metrics: Sequence[str] | None) -> list[tuple[str, int | None]]:
         table = self.to_pandas()
@@ -467,10 +473,15 @@ class StudyResult(Result):
                                  "n": int((x.notna() & y.notna() & z.notna()).sum()), "rho": rho, "p": p})
         return pd.DataFrame(rows, columns=["metric", "against", "control", "n", "rho", "p"])
 
-    def plot_correlations(self, metrics: Sequence[str] | None = None, *, against: Sequence[str] | None = None,
+    @renamed_keywords(metrics="kind")
+    def plot_correlations(self, *, kind: str | Sequence[str] | None = None, against: Sequence[str] | None = None,
                           band: tuple[float, float] | None = None, checkpoint: str = "last"):
-        """A grid: each geometry metric (rows) against each metadata column (columns), one point per model,
-        with Spearman's rho (and the partial rho holding the first other column fixed) in each panel's title."""
+        """A grid: each geometry metric ``kind`` (rows; default: every one) against each metadata column (columns),
+        one point per model, with Spearman's rho (and the partial rho holding the first other column fixed) in each
+        panel's title."""
+        from geolens.study.figures import study_correlation_figure  # plotly, imported when a figure is made
+
+        metrics = [kind] if isinstance(kind, str) else kind
         values = self.model_values(metrics, band=band, checkpoint=checkpoint)
         if values.empty:
             raise ValueError("no geometry metrics to correlate")
@@ -480,7 +491,7 @@ class StudyResult(Result):
         if not columns:
             raise ValueError("no numeric metadata column varies across the models; give metadata such as "
                              "width or held-out loss per model")
-        return plotting.study_correlation_figure(values, stats, metrics=keys, against=columns)
+        return study_correlation_figure(values, stats, metrics=keys, against=columns)
 
     def phase_widths(self, *, checkpoint: str = "last") -> pd.DataFrame:
         """Width in layers of phases I, II, III per model (where phases were found), with its depth ``n_layers``."""
@@ -514,8 +525,10 @@ class StudyResult(Result):
 
     def plot_phases(self, *, checkpoint: str = "last"):
         """Phase widths (layers) against depth across models, one colour per phase, with the fitted lines."""
-        return plotting.phase_width_figure(self.phase_widths(checkpoint=checkpoint),
-                                           self.phase_slopes(checkpoint=checkpoint))
+        from geolens.study.figures import phase_width_figure  # plotly, imported when a figure is made
+
+        return phase_width_figure(self.phase_widths(checkpoint=checkpoint),
+                                  self.phase_slopes(checkpoint=checkpoint))
 
     def summary(self) -> pd.DataFrame:
         """One row per model at its last checkpoint: metadata, mean PGA z over inner layers and z of the final

@@ -47,7 +47,7 @@ def _depth(res: StudyResult) -> Section:
     figures, lines = [], []
     if "pga.z" in metrics:
         ccrs = sorted(int(c) for c in table.loc[table["metric"] == "pga.z", "ccr"].dropna().unique())
-        figures += [res.plot("pga.z", ccr=c) for c in ccrs]
+        figures += [res.plot(kind="pga.z", ccr=c) for c in ccrs]
         values = res.per_model("pga.z", ccr=ccrs[0]).dropna(subset=["value"])
         if len(values) >= 2:
             top, low = values.loc[values["value"].idxmax()], values.loc[values["value"].idxmin()]
@@ -59,7 +59,7 @@ def _depth(res: StudyResult) -> Section:
                          f"{values['value'].iloc[0]:.1f}.")
     for metric in ("spectrum.effective_rank", "spectrum.alpha_req", "phases.rss"):
         if metric in metrics:
-            figures.append(res.plot(metric))
+            figures.append(res.plot(kind=metric))
     if not figures:
         raise ValueError("no per-layer metric to draw (the study has no pga, spectrum or phases results)")
     summary = Result(rows=_records(res.summary()), params={"analyses": res.params.get("analyses", {})})
@@ -77,7 +77,7 @@ def _training(res: StudyResult) -> Section | None:
     figures, lines, curves = [], [], []
     for metric in ("pga.z", "spectrum.effective_rank"):
         if metric in metrics:
-            figures.append(res.plot_training(metric))
+            figures.append(res.plot_training(kind=metric))
             curves.append(res.training(metric).assign(metric=metric))
     if not figures:
         return None

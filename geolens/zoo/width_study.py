@@ -27,8 +27,8 @@ Example:
     ...                      ccr=(0, 1), progress=False)
     ...     sorted(res.params["paths"])
     ['zoo.csv', 'zoo.html', 'zoo.json', 'zoo_meta.json']
-    >>> fig = res.plot(ccr=1)             # z by relative depth, one line per width
-    >>> fig = res.plot_training("pga.z")  # mean z over layers vs training step
+    >>> fig = res.plot(ccr=1)                  # z by relative depth, one line per width
+    >>> fig = res.plot_training(kind="pga.z")  # mean z over layers vs training step
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from geolens.study import Study, load_errors, run_study
 from geolens.study.results import load_provenance
 from geolens.zoo.corpus import zoo_split
 from geolens.zoo.members import zoo_member
-from geolens import plotting
+from geolens._renames import renamed_keywords
 
 __all__ = ["ZooReportSettings", "ZooResult", "zoo_analyses", "zoo_report", "zoo_study"]
 
@@ -145,13 +145,21 @@ class ZooResult(Result):
             raise ValueError(f"step {step} was not analysed; steps are {sorted(set(part['step']))}")
         return part[part["step"] == step]
 
-    def plot(self, metric: str = "pga.z", *, ccr: int | None = None, step: int | None = None):
-        """``metric`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest CCR)."""
-        return plotting.zoo_depth_figure(self, metric=metric, ccr=ccr, step=step)
+    @renamed_keywords(metric="kind")
+    def plot(self, *, kind: str = "pga.z", ccr: int | None = None, step: int | None = None):
+        """Metric ``kind`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest
+        CCR)."""
+        from geolens.zoo.figures import zoo_depth_figure  # plotly, imported when a figure is made
 
-    def plot_training(self, metric: str = "pga.z", *, ccr: int | None = None, site: str = "resid_post"):
-        """``metric`` against training step, one line per width (averaged over layers 1..L-1 for per-layer metrics)."""
-        return plotting.zoo_training_figure(self, metric=metric, ccr=ccr, site=site)
+        return zoo_depth_figure(self, kind=kind, ccr=ccr, step=step)
+
+    @renamed_keywords(metric="kind")
+    def plot_training(self, *, kind: str = "pga.z", ccr: int | None = None, site: str = "resid_post"):
+        """Metric ``kind`` against training step, one line per width (averaged over layers 1..L-1 for per-layer
+        metrics)."""
+        from geolens.zoo.figures import zoo_training_figure  # plotly, imported when a figure is made
+
+        return zoo_training_figure(self, kind=kind, ccr=ccr, site=site)
 
     def summary(self) -> pd.DataFrame:
         """One row per width at its last step: held-out loss, PGA z (mean, min, final state) per CCR, phases."""
@@ -365,15 +373,15 @@ def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     metrics = set(table["metric"])
     figures = []
     if "pga.z" in metrics:
-        figures += [result.plot("pga.z", ccr=int(c)) for c in sorted(table["ccr"].dropna().unique())]
-        figures.append(result.plot_training("pga.z"))
+        figures += [result.plot(kind="pga.z", ccr=int(c)) for c in sorted(table["ccr"].dropna().unique())]
+        figures.append(result.plot_training(kind="pga.z"))
     if "loss.eval" in metrics:
-        figures.append(result.plot_training("loss.eval"))
+        figures.append(result.plot_training(kind="loss.eval"))
     for metric in ("spectrum.effective_rank", "spectrum.alpha_req", "phases.rss"):
         if metric in metrics:
-            figures.append(result.plot(metric))
+            figures.append(result.plot(kind=metric))
     if "spectrum.effective_rank" in metrics:
-        figures.append(result.plot_training("spectrum.effective_rank"))
+        figures.append(result.plot_training(kind="spectrum.effective_rank"))
     summary = Result(rows=result.summary().to_dict("records"),
                      params={k: v for k, v in result.params.items() if k not in ("paths", "phases")})
     meta = {"zoo": result.params["zoo"], "widths": result.params["widths"], "steps": result.params["steps"],

@@ -134,9 +134,9 @@ def test_plot_has_a_dropdown_per_metric(native_bridge, neox_bridge, tokens):
     labels = [b.label for b in fig.layout.updatemenus[0].buttons]
     assert "spectrum.effective_rank" in labels and len(labels) == 10
     assert sum(trace.visible for trace in fig.data) == 3  # one line per layer for the shown metric
-    assert len(res.plot(metrics=["spectrum.rankme"]).data) == 3
+    assert len(res.plot(kind=["spectrum.rankme"]).data) == 3
     with pytest.raises(ValueError, match="unknown metrics"):
-        res.plot(metrics=["nope"])
+        res.plot(kind=["nope"])
     assert "CheckpointResult" in repr(res)
 
 

@@ -157,7 +157,7 @@ def test_grid_of_every_measure_equals_direct_computation(neox_bridge, native_bri
                 assert getattr(row, f"spearman_{space}") == pytest.approx(ref, abs=1e-4)
             assert getattr(row, f"cka_{space}") == pytest.approx(linear_cka(x, y, debiased=debiased), abs=1e-9)
             assert getattr(row, f"mknn_{space}") == pytest.approx(mutual_knn(x, y, k=4), abs=1e-12)
-    assert len(res.plot("cka_full").data) == 1 and len(res.plot("mknn_readout").data) == 1
+    assert len(res.plot(kind="cka_full").data) == 1 and len(res.plot(kind="mknn_readout").data) == 1
 
 
 def test_self_grid_diagonal_is_one_for_every_measure(neox_bridge):
@@ -190,7 +190,7 @@ def test_layer_pairs_and_relative_depth(neox_bridge, native_bridge):
                               knn_k=3, n_positions=None, progress=False)
     table = res.to_pandas()
     assert table[["layer_a", "layer_b"]].values.tolist() == [[0, 1], [1, 1], [2, 1]]
-    assert len(res.plot("mknn_full").data) == 3  # full, readout, random by relative depth
+    assert len(res.plot(kind="mknn_full").data) == 3  # full, readout, random by relative depth
     with pytest.raises(ValueError, match="pairwise"):
         geolens.convergence(neox_bridge, WORDS, layer_a=[0, 1], layer_b=[0, 1, 2], k=4, progress=False)
     with pytest.raises(ValueError, match="layer_a"):

@@ -54,7 +54,7 @@ def test_spectrum_sites_layers_and_plot(native_bridge):
     assert isinstance(fig, go.Figure) and len(fig.data) == 7
     assert "SpectrumResult" in repr(res) and "<b>" in res._repr_html_()
     with pytest.raises(ValueError, match="unknown metrics"):
-        res.plot(metrics=["nope"])
+        res.plot(kind=["nope"])
 
 
 def test_spectrum_same_seed_same_numbers_and_save(native_bridge, tmp_path):
@@ -82,7 +82,7 @@ def test_spectrum_of_states_all_sites(native_bridge):
     res = _spectrum_of_states(states, alpha_fit_range=FIT, progress=False)
     assert [(r["site"], r["layer"]) for r in res.rows] == [("resid_post", 0), ("resid_post", 1), ("resid_post", 2),
                                                          ("attn_out", 1), ("attn_out", 2)]
-    assert len(res.plot(metrics=["effective_rank"]).data) == 2  # one line per site
+    assert len(res.plot(kind=["effective_rank"]).data) == 2  # one line per site
     # the public spelling, geolens.spectrum(model, states, site=...), gives the same rows site by site
     for site in ("resid_post", "attn_out"):
         one = spectrum(native_bridge, states, site=site, alpha_fit_range=FIT, progress=False)

@@ -64,5 +64,5 @@ def test_depth_series_runs_offline_on_local_models_of_three_depths(depths, tmp_p
     widths = result.phase_widths()
     assert widths.groupby("model", sort=False)["n_layers"].first().tolist() == [2, 3, 4]
     assert len(result.phase_slopes()) == 3
-    fig = result.plot("pga.z")
+    fig = result.plot(kind="pga.z")
     assert [t.name for t in fig.data] == labels

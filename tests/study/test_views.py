@@ -32,7 +32,7 @@ def family_study(family, tmp_path_factory):
 
 def test_depth_view_one_line_per_model(family_study):
     _, res = family_study
-    fig = res.plot("pga.z", ccr=1)
+    fig = res.plot(kind="pga.z", ccr=1)
     assert [t.name for t in fig.data] == ["w16", "w24", "w32", "w40"]
     assert all(max(t.x) == 1.0 and min(t.x) == 0.0 for t in fig.data)
     last = res.select("pga.z", ccr=1)
@@ -40,7 +40,7 @@ def test_depth_view_one_line_per_model(family_study):
     with pytest.raises(ValueError, match="ccr=5 was not computed"):
         res.plot(ccr=5)
     with pytest.raises(ValueError, match="unknown metric"):
-        res.plot("pga.zz")
+        res.plot(kind="pga.zz")
 
 
 def test_training_view_per_band(family_study):
@@ -53,7 +53,7 @@ def test_training_view_per_band(family_study):
     late = table[(table.model == "w16") & (table.metric == "spectrum.effective_rank") & (table.checkpoint == "100")
                  & (table.relative_depth >= 2 / 3)]
     assert w16.value.iloc[1] == pytest.approx(late.value.mean())
-    fig = res.plot_training("pga.z")
+    fig = res.plot_training(kind="pga.z")
     # models without training steps (one "main" checkpoint) are left out of the training view
     assert [t.name for t in fig.data] == ["w16"] * 3 and [list(t.x) for t in fig.data][0] == [0, 100, 1000]
 
@@ -77,7 +77,7 @@ def test_correlations_equal_spearman_and_the_residual_partial(family_study):
     direct = np.corrcoef(residual(values["width"], values["batch_size"]),
                          residual(values["spectrum.effective_rank"], values["batch_size"]))[0, 1]
     assert partial.rho == pytest.approx(direct)
-    fig = res.plot_correlations(["spectrum.effective_rank"], against=["width", "loss"])
+    fig = res.plot_correlations(kind=["spectrum.effective_rank"], against=["width", "loss"])
     assert len(fig.data) == 2 and "ρ" in fig.layout.annotations[0].text
 
 

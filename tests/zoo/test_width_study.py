@@ -59,7 +59,7 @@ def test_files_figures_and_summary(pga_report, tmp_path):
     depth = pga_report.plot(ccr=1)
     assert [trace.name for trace in depth.data] == ["d = 16", "d = 32"]
     assert all(max(trace.x) == 1.0 for trace in depth.data)  # the last resid_post layer is at relative depth 1
-    training = pga_report.plot_training("loss.eval")
+    training = pga_report.plot_training(kind="loss.eval")
     assert [list(trace.x) for trace in training.data] == [[0, 384], [0, 384]]
     summary = pga_report.summary()
     assert summary.width.tolist() == [16, 32] and summary.step.tolist() == [6, 6]
@@ -67,7 +67,7 @@ def test_files_figures_and_summary(pga_report, tmp_path):
     with pytest.raises(ValueError, match="ccr=5 was not computed"):
         pga_report.plot(ccr=5)
     with pytest.raises(ValueError, match="unknown metric"):
-        pga_report.plot("pga.zz")
+        pga_report.plot(kind="pga.zz")
 
 
 def test_phases_run_on_each_member_with_a_cached_lens(reference_zoo, tmp_path):

@@ -1,0 +1,42 @@
+"""The phases figure: RSS curves by layer, one per subspace size k, with the three phases shaded."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from geolens.metrics.phases import PHASE_NAMES
+from geolens.plotting.colours import distinct_colours
+from geolens.plotting.style import apply_style, heading
+
+__all__ = ["phases_figure"]
+
+_PHASE_COLOURS = ("rgba(0,114,178,0.10)", "rgba(0,158,115,0.10)", "rgba(213,94,0,0.10)")
+
+
+def phases_figure(result) -> go.Figure:
+    """RSS curves by layer, one per k (the chosen k bold), with the three phases as shaded bands."""
+    table = result.to_pandas()
+    params = result.params
+    fig = go.Figure()
+    b1, b2 = params.get("b1"), params.get("b2")
+    last = int(table.layer.max())
+    if b1 is not None and b2 is not None:
+        for (lo, hi), name, colour in zip(((-0.5, b1 - 0.5), (b1 - 0.5, b2 - 0.5), (b2 - 0.5, last + 0.5)),
+                                          PHASE_NAMES, _PHASE_COLOURS):
+            fig.add_vrect(x0=lo, x1=hi, fillcolor=colour, line_width=0, annotation_text=name,
+                          annotation_position="top left")
+    chosen = params.get("k")
+    columns = [c for c in table.columns if c.startswith("rss@k=")]
+    colours = distinct_colours([f"k = {c.split('=')[1]}" for c in columns])
+    for column in columns:
+        k = int(column.split("=")[1])
+        colour = colours[f"k = {k}"]
+        fig.add_trace(go.Scatter(x=table.layer, y=table[column], mode="lines+markers", name=f"k = {k}",
+                                 line={"width": 4 if k == chosen else 1.5, "color": colour}, marker_color=colour))
+    subtitle = (f"phases found on k = {chosen} (bold)" if params.get("found")
+                else f"no phases found: {params.get('reason')}")
+    apply_style(fig, heading("Readout-subspace similarity and phases", params.get("model")), subtitle,
+                legend_title="subspace size")
+    fig.update_xaxes(title_text="layer l (RSS between l and l + 1)")
+    fig.update_yaxes(title_text="RSS (mean principal cosine)")
+    return fig
