@@ -128,7 +128,7 @@ def study_figures(out: Path = OUT) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         run_study(spec, Path(folder) / "study", executor="local", progress=False)
         study = StudyResult.from_dir(Path(folder) / "study")
-        written = {"study_0": _write(study.plot("pga.z", ccr=1), "study_0", out).name}
+        written = {"study_0": _write(study.plot(kind="pga.z", ccr=1), "study_0", out).name}
     meta = {"zoo": {k: list(v) if isinstance(v, tuple) else v for k, v in STUDY_ZOO.items()}, "settings": opts,
             "date": datetime.now().astimezone().isoformat(timespec="seconds"), "zoo_train_s": trained_s,
             "run_time_s": round(time.perf_counter() - started, 1), "figures": written}

@@ -50,7 +50,8 @@ def main(small: bool = False):
     depth = result.select("pga.z", ccr=min(settings.ccr))
     print(f"\nPGA z by relative depth (CCR-{min(settings.ccr)}), one column per width:")
     print(depth.pivot_table(index="relative_depth", columns="width", values="value").round(2).to_string())
-    # In Jupyter: result.plot(ccr=1), result.plot_training("pga.z"), result.plot_training("loss.eval").
+    # In Jupyter: result.plot(ccr=1), result.plot_training(kind="pga.z"),
+    # result.plot_training(kind="loss.eval").
     print(f"\nwrote {result.params['paths']['zoo.html']}")
     return result
 
