@@ -1,4 +1,13 @@
-"""The checkpoints figure: each metric against the checkpoint, one line per (site, layer), one metric at a time."""
+"""The checkpoints figure: each metric against the checkpoint, one line per (site, layer), one metric at a time.
+
+Example:
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"checkpoint": ["step0", "step1"], "order": [0, 1], "site": "resid_post", "layer": 1,
+    ...                       "metric": "pga.z", "ccr": 1, "value": [0.5, 2.0]})
+    >>> fig = checkpoint_figure(table, kind="pga.z (ccr=1)")
+    >>> fig.layout.yaxis.title.text, fig.data[0].y.tolist()
+    ('PGA z-score, CCR-1', [0.5, 2.0])
+"""
 
 from __future__ import annotations
 

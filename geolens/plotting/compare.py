@@ -1,4 +1,12 @@
-"""The comparison figure: PGA z and the spectral metrics by layer, each standardised across layers."""
+"""The comparison figure: PGA z and the spectral metrics by layer, each standardised across layers.
+
+Example:
+    >>> from geolens.analyses.compare import CompareResult
+    >>> rows = [{"layer": l, "pga_z": z, "pga_z_sd": z - 1.0} for l, z in enumerate([0.0, 1.0, 2.0])]
+    >>> fig = compare_figure(CompareResult(rows=rows, params={"model": "m", "columns": ["pga_z"]}))
+    >>> fig.data[0].name, fig.data[0].y.tolist()
+    ('PGA z-score', [-1.0, 0.0, 1.0])
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""Convergence figures: a heatmap over a grid of layer pairs, bars for one pair, curves by relative depth."""
+"""Convergence figures: a heatmap over a grid of layer pairs, bars for one pair, curves by relative depth.
+
+Example:
+    >>> from geolens.analyses.convergence import ConvergenceResult
+    >>> rows = [{"layer_a": a, "layer_b": b, "cka_full": 1.0 - abs(a - b) / 2} for a in range(2) for b in range(2)]
+    >>> fig = convergence_figure(ConvergenceResult(rows=rows, params={"grid": True, "model_a": "m"}), kind="cka_full")
+    >>> fig.data[0].type, fig.layout.title.text
+    ('heatmap', 'Convergence across layers (CKA) — m')
+"""
 
 from __future__ import annotations
 

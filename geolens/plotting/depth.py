@@ -1,4 +1,14 @@
-"""Lines by relative depth (``layer / n_layers``), one per model or width: figures across models of any depth."""
+"""Lines by relative depth (``layer / n_layers``), one per model or width: figures across models of any depth.
+
+Example:
+    >>> import pandas as pd
+    >>> import plotly.graph_objects as go
+    >>> part = pd.DataFrame({"model": ["a", "a", "b"], "layer": [0, 1, 0], "checkpoint": "main",
+    ...                      "relative_depth": [0.0, 1.0, 0.0], "value": [1.0, 2.0, 3.0]})
+    >>> fig = depth_lines(go.Figure(), part, by="model", name=str, hover=("layer", "checkpoint"))
+    >>> [(trace.name, trace.y.tolist()) for trace in fig.data]
+    [('a', [1.0, 2.0]), ('b', [3.0])]
+"""
 
 from __future__ import annotations
 

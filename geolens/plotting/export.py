@@ -1,4 +1,11 @@
-"""Figures as static files (PNG, SVG, PDF) through kaleido and Chromium."""
+"""Figures as static files (PNG, SVG, PDF) through kaleido and Chromium.
+
+Example:
+    >>> STATIC_FORMATS
+    ('png', 'svg', 'pdf')
+    >>> write_figures([], [])  # nothing to write: no browser needed
+    []
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""Lens figures: Hit@k and KL by layer for the logit and tuned lenses, and a tuned lens's training history."""
+"""Lens figures: Hit@k and KL by layer for the logit and tuned lenses, and a tuned lens's training history.
+
+Example:
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"lens": ["logit", "logit", "tuned", "tuned"], "layer": [0, 1, 0, 1],
+    ...                       "kl": [3.0, 1.0, 1.0, 0.5], "hit@1": [0.1, 0.5, 0.4, 0.8]})
+    >>> [trace.name for trace in lens_figure(table, title="model=m").data]
+    ['logit lens, Hit@1', 'logit lens, KL', 'tuned lens, Hit@1', 'tuned lens, KL']
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,13 @@
-"""The activation-patching figure: the patched metric over (layer, position), one heatmap per site."""
+"""The activation-patching figure: the patched metric over (layer, position), one heatmap per site.
+
+Example:
+    >>> from geolens.analyses.patching import PatchResult
+    >>> rows = [{"site": s, "layer": l, "position": p, "value": float(l - p)}
+    ...         for s in ("resid_pre", "mlp_out") for l in range(2) for p in range(3)]
+    >>> fig = patch_figure(PatchResult(rows=rows, params={"model": "m", "metric": "logit_diff"}))
+    >>> [a.text for a in fig.layout.annotations], fig.layout.title.subtitle.text
+    (['residual stream (block input)', 'MLP output'], 'metric: logit diff')
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""The phases figure: RSS curves by layer, one per subspace size k, with the three phases shaded."""
+"""The phases figure: RSS curves by layer, one per subspace size k, with the three phases shaded.
+
+Example:
+    >>> from geolens.analyses.phases import PhasesResult
+    >>> rows = [{"layer": l, "rss@k=4": 0.5 + l / 10, "rss@k=8": 0.4 + l / 10} for l in range(5)]
+    >>> fig = phases_figure(PhasesResult(rows=rows, params={"b1": 1, "b2": 3, "k": 4, "found": True}))
+    >>> [trace.name for trace in fig.data], len(fig.layout.shapes)
+    (['k = 4', 'k = 8'], 3)
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""Spectral figures: a grid of panels, one per metric column, by layer (any per-layer table) or by weight matrix."""
+"""Spectral figures: a grid of panels, one per metric column, by layer (any per-layer table) or by weight matrix.
+
+Example:
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"layer": [0, 1], "site": "resid_post", "effective_rank": [3.0, 5.0]})
+    >>> fig = metric_grid(table, "layer", ["effective_rank"])
+    >>> fig.layout.yaxis.title.text, fig.data[0].y.tolist()
+    ('dimensions', [3.0, 5.0])
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""The update-geometry figure: one panel per update metric, by layer."""
+"""The update-geometry figure: one panel per update metric, by layer.
+
+Example:
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"layer": [1, 2], "orthogonality": [0.1, 0.2], "update_norm": [1.0, 2.0]})
+    >>> [a.text for a in updates_figure(table, title="model=m").layout.annotations]
+    ['|cos(Δ<sub>l</sub>, h<sub>l−1</sub>)|', '||Δ<sub>l</sub>||']
+"""
 
 from __future__ import annotations
 

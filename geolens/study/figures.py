@@ -2,6 +2,13 @@
 
 They read the study's tables (:class:`geolens.study.results.StudyResult`) and draw in :mod:`geolens.plotting`'s
 style; plotly is imported with this module, which :class:`StudyResult`'s plots import when they draw.
+
+Example:
+    >>> part = pd.DataFrame({"model": ["a", "a", "b"], "checkpoint": "main", "site": "resid_post", "ccr": 1,
+    ...                      "layer": [0, 1, 0], "relative_depth": [0.0, 1.0, 0.0], "value": [1.0, 2.0, 3.0]})
+    >>> fig = study_depth_figure(part, metric="pga.z")
+    >>> fig.layout.title.text, [trace.name for trace in fig.data]
+    ('PGA z-score by relative depth', ['a', 'b'])
 """
 
 from __future__ import annotations

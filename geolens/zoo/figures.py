@@ -2,6 +2,13 @@
 
 They read a :class:`geolens.zoo.width_study.ZooResult` and draw in :mod:`geolens.plotting`'s style; plotly
 is imported with this module, which the result's plots import when they draw.
+
+Example:
+    >>> from geolens.zoo.width_study import ZooResult
+    >>> rows = [{"metric": "pga.z", "ccr": 1, "step": 10, "tokens": 1000, "width": w, "site": "resid_post",
+    ...          "layer": l, "n_layers": 2, "relative_depth": l / 2, "value": float(l)} for w in (32, 64) for l in range(3)]
+    >>> [trace.name for trace in zoo_depth_figure(ZooResult(rows=rows, params={}), kind="pga.z").data]
+    ['d = 32', 'd = 64']
 """
 
 from __future__ import annotations
