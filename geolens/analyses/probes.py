@@ -85,7 +85,7 @@ class ProbeResult(Result):
 
     def plot(self, *, pga_result=None, ccr: int | None = None):
         """Accuracy by layer (band = +-1 sd over folds); with a ``PGAResult``, its z (at ``ccr``, default its
-        first) on a second axis. Nothing to choose between: no ``kind``; ``pga_result`` is a second input."""
+        first) on a second axis. One figure, so no ``kind``: ``pga_result`` is a second input, not a choice."""
         return plotting.probe_figure(self, pga_result=pga_result, ccr=ccr)
 
 
