@@ -182,22 +182,14 @@ class ZooResult(Result):
 def zoo_study(zoo, plan: dict[int, list[int]], texts: Sequence[str], lens_texts: Sequence[str],
               settings: ZooReportSettings, analyses: Sequence[str]) -> Study:
     """The width study as a :class:`~geolens.study.Study`: one model per width (its checkpoints ``plan[width]``),
-    the held-out texts, ``k = round(k_fraction * d)`` per width, a cached tuned lens per member for the phases."""
-    models = {f"d{width}": zoo_member(zoo, width, steps, params={"pga": {"k": settings.k(width)}})
-              for width, steps in plan.items()}
-    options: dict[str, dict[str, Any]] = {}
-    if "pga" in analyses:
-        options["pga"] = {"n_null": settings.n_null, "ccr": list(settings.ccr)}
-    if "spectrum" in analyses:
-        options["spectrum"] = {}
-    if "phases" in analyses:
-        # The reference recipe, as the zoo's numbers were made; no half-text lenses for the stability:
-        # six layers give no phases to compare, and they would triple the report's lens training.
-        options["phases"] = {"lens_texts": list(lens_texts), "stability": False,
-                             "lens_budget": {"method": "reference", "steps": settings.lens_steps,
-                                             "tokens_per_step": settings.lens_tokens_per_step}}
-    return Study(models=models, texts=list(texts), analyses=options, n_tokens=settings.n_tokens, seed=settings.seed,
-                 max_length=settings.max_length, name="zoo")
+    the held-out texts, each analysis with its record's options on that member (``zoo_options``: e.g.
+    ``k = round(k_fraction * d)`` for PGA, a cached tuned lens of ``lens_texts`` for the phases)."""
+    records = [registry.get(name) for name in analyses]
+    models = {f"d{width}": zoo_member(zoo, width, steps, params={
+        record.name: dict(record.zoo_options(settings, width=width, lens_texts=lens_texts))
+        for record in records if record.zoo_options is not None}) for width, steps in plan.items()}
+    return Study(models=models, texts=list(texts), analyses={record.name: {} for record in records},
+                 n_tokens=settings.n_tokens, seed=settings.seed, max_length=settings.max_length, name="zoo")
 
 
 def _zoo_rows(table: pd.DataFrame) -> list[dict[str, Any]]:

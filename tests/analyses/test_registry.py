@@ -83,8 +83,8 @@ def test_the_builtin_records_are_the_analyses_and_their_places():
     assert registry.get("lens").function is geolens.lens.evaluate
     assert not registry.get("weights").takes_tokens and registry.get("updates").takes_tokens
     assert [n for n in registry.names() if registry.get(n).shares_capture] == ["pga", "spectrum"]
-    # the report attaches its runner and findings to every built-in record
-    assert all(registry.get(n).section is not None and registry.get(n).findings is not None
+    # every built-in record holds its report runner and findings
+    assert all(registry.get(n).runner is not None and registry.get(n).findings is not None
                for n in registry.names("report"))
     assert registry.get("pga").notes.startswith("p_value") and all(registry.get(n).caption for n in registry.names())
     table = geolens.available_analyses()
@@ -94,7 +94,7 @@ def test_the_builtin_records_are_the_analyses_and_their_places():
 
 def test_every_place_that_listed_analyses_reads_the_registry():
     import geolens.analyses.checkpoints as checkpoints
-    import geolens.report.findings as findings
+    import geolens.analyses.findings as findings
     import geolens.study.spec as spec
     from geolens.cli.report import _section_names
     from geolens.zoo.width_study import zoo_analyses
@@ -199,8 +199,9 @@ def test_a_report_section_has_its_table_and_a_figure_per_column(register, native
     paths = geolens.report.report(native_bridge, TEXTS, tmp_path, sections=["planted"], progress=False)
     table = pd.read_csv(paths["planted.csv"])
     assert table["scaled"].tolist() == [0.0, 1.0, 2.0] and table["note"].tolist() == ["text"] * 3
-    result, figures = geolens.report.run_section("planted", geolens.as_adapter(native_bridge), TEXTS,
-                                                 geolens.report.ReportSettings(progress=False))
+    run = geolens.report.ReportRun(geolens.as_adapter(native_bridge), TEXTS,
+                                   geolens.report.ReportSettings(progress=False))
+    result, figures = geolens.report.run_section("planted", run)
     assert len(figures) == 1 and [list(trace.y) for trace in figures[0].data] == [[0.0, 1.0, 2.0]]
     html = paths["report.html"].read_text()
     assert "Planted by layer" in html and "scaled runs from 0 (layer 0) to 2 (layer 2) across 3 layers." in html
