@@ -27,7 +27,7 @@ from geolens.results import Result
 from geolens import plotting
 
 __all__ = ["DEFAULT_FRACTIONS", "STABILITY_FRACTIONS", "PhasesResult", "phase_stability", "phases",
-           "report_section", "study_rows", "zoo_options"]
+           "report_section", "study_rows", "zoo_columns", "zoo_options", "zoo_summary"]
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.10, 0.15, 0.25, 0.50)
 
@@ -483,3 +483,18 @@ def zoo_options(settings: Any, *, width: int, lens_texts: Sequence[str]) -> dict
     return {"lens_texts": list(lens_texts), "stability": False,
             "lens_budget": {"method": "reference", "steps": settings.lens_steps,
                             "tokens_per_step": settings.lens_tokens_per_step}}
+
+
+def zoo_summary(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What the zoo keeps of a width's phases at its last step: the split and why there is none.
+
+    Example:
+        >>> zoo_summary({"k": 3, "b1": 1, "b2": 2, "found": True, "rss": [0.1]})
+        {'k': 3, 'b1': 1, 'b2': 2, 'found': True, 'reason': None}
+    """
+    return {key: params.get(key) for key in ("k", "b1", "b2", "found", "reason")}
+
+
+def zoo_columns(kept: Mapping[str, Any]) -> dict[str, Any]:
+    """The zoo summary's columns of a width's phase split (kept by :func:`zoo_summary`)."""
+    return {"phase_b1": kept.get("b1"), "phase_b2": kept.get("b2")}

@@ -66,7 +66,8 @@ from geolens.analyses.guard import guarded
 from geolens.analyses.pga import (capture_sites as pga_sites, pga, report_section as pga_section,
                                   zoo_options as pga_zoo_options)
 from geolens.analyses.phases import (phases, report_section as phases_section, study_rows as phases_study_rows,
-                                     zoo_options as phases_zoo_options)
+                                     zoo_columns as phases_zoo_columns, zoo_options as phases_zoo_options,
+                                     zoo_summary as phases_zoo_summary)
 from geolens.analyses.probes import probes, report_section as probes_section
 from geolens.analyses.spectrum import (capture_sites as spectrum_sites, report_section as spectrum_section, spectrum,
                                        weight_geometry, weights_report_section as weights_section,
@@ -124,6 +125,9 @@ class Analysis:
         study_rows: ``study_rows(result, n_layers) -> [row, ...]``: layer-free rows its study cells add.
         zoo_options: ``zoo_options(settings, *, width, lens_texts) -> options`` on a zoo member of ``width``
             (``settings``: the zoo's budgets; ``lens_texts``: held-out texts for a tuned lens).
+        zoo_summary: ``zoo_summary(params) -> kept``: what the zoo keeps of its reported params at each width's
+            last step (``ZooResult.params[name][width]``).
+        zoo_columns: ``zoo_columns(kept) -> {column: value}``: its columns in the zoo's per-width summary.
     """
 
     name: str
@@ -145,6 +149,8 @@ class Analysis:
     capture_sites: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
     study_rows: Callable[[Any, int], list[dict[str, Any]]] | None = None
     zoo_options: Callable[..., Mapping[str, Any]] | None = None
+    zoo_summary: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    zoo_columns: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
     @property
     def takes_tokens(self) -> bool:
@@ -228,7 +234,8 @@ _BUILTIN = (
                 "at each k).",
         study=True, zoo=True, needs=("lens", "updates"), runner=phases_section,
         report_settings=("lens_budget",),
-        findings=phases_findings, study_rows=phases_study_rows, zoo_options=phases_zoo_options),
+        findings=phases_findings, study_rows=phases_study_rows, zoo_options=phases_zoo_options,
+        zoo_summary=phases_zoo_summary, zoo_columns=phases_zoo_columns),
 )
 
 # name -> record, in the order the report shows its sections; user analyses follow the built-in ones.

@@ -173,8 +173,8 @@ class ZooResult(Result):
             erank = last[(last["metric"] == "spectrum.effective_rank")]["value"]
             if len(erank):
                 row["effective_rank_mean"] = float(erank.mean())
-            breaks = self.params.get("phases", {}).get(str(width), {})
-            row["phase_b1"], row["phase_b2"] = breaks.get("b1"), breaks.get("b2")
+            for record in _summarised():
+                row.update(record.zoo_columns(self.params.get(record.name, {}).get(str(width), {})))
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -272,11 +272,12 @@ def zoo_report(
     texts, lens_texts = _zoo_texts(settings)
     study = zoo_study(zoo, plan, texts, lens_texts, settings, [a for a in zoo_analyses() if a in analyses])
     rows, provenance, study_dir = _run_zoo_study(study, out_dir, settings.progress)
-    splits = _phase_splits(plan, provenance) if "phases" in analyses else {}
+    kept = {record.name: _last_step_summaries(plan, provenance, record) if record.name in analyses else {}
+            for record in _summarised()}
     params = {
         "zoo": str(zoo.root), "family": zoo.config.family(), "widths": list(zoo.config.widths),
         "steps": sorted({s for steps in plan.values() for s in steps}), "analyses": list(analyses),
-        "k": {str(w): settings.k(w) for w in zoo.config.widths}, "phases": splits,
+        "k": {str(w): settings.k(w) for w in zoo.config.widths}, **kept,
         "texts": f"{len(texts)} held-out BBC News texts", "lens_texts": len(lens_texts),
         **{key: (list(value) if isinstance(value, tuple) else value)
            for key, value in vars(settings).items() if key != "progress"},
@@ -333,18 +334,23 @@ def _run_zoo_study(study: Study, out_dir: str | Path | None, progress: bool) -> 
         return _zoo_rows(ran.to_pandas()), load_provenance(study_dir), study_dir
 
 
-def _phase_splits(plan: dict[int, list[int]], provenance: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each width's phase split (``k``, ``b1``, ``b2``, ``found``, ``reason``) at its last reported step.
+def _summarised() -> list[registry.Analysis]:
+    """The zoo's analyses whose reported params its result keeps per width (their records' ``zoo_summary``)."""
+    return [record for record in map(registry.get, zoo_analyses()) if record.zoo_summary is not None]
+
+
+def _last_step_summaries(plan: dict[int, list[int]], provenance: dict[str, Any],
+                         record: registry.Analysis) -> dict[str, dict[str, Any]]:
+    """What ``record`` keeps of its reported params (its ``zoo_summary``) at each width's last step.
 
     Example:
-        >>> _phase_splits({16: [0, 4]}, {"d16/4": {"params": {"phases": {"k": 3, "b1": 1, "b2": 2, "found": True}}}})
+        >>> reported = {"d16/4": {"params": {"phases": {"k": 3, "b1": 1, "b2": 2, "found": True}}}}
+        >>> _last_step_summaries({16: [0, 4]}, reported, registry.get("phases"))
         {'16': {'k': 3, 'b1': 1, 'b2': 2, 'found': True, 'reason': None}}
     """
-    splits: dict[str, dict[str, Any]] = {}
-    for width, steps in plan.items():
-        reported = provenance.get(f"d{width}/{steps[-1]}", {}).get("params", {}).get("phases", {})
-        splits[str(width)] = {key: reported.get(key) for key in ("k", "b1", "b2", "found", "reason")}
-    return splits
+    return {str(width): dict(record.zoo_summary(provenance.get(f"d{width}/{steps[-1]}", {}).get("params", {})
+                                                .get(record.name, {})))
+            for width, steps in plan.items()}
 
 
 def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
@@ -367,7 +373,8 @@ def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     if "spectrum.effective_rank" in metrics:
         figures.append(result.plot_training("spectrum.effective_rank"))
     summary = Result(rows=result.summary().to_dict("records"),
-                     params={k: v for k, v in result.params.items() if k not in ("paths", "phases")})
+                     params={k: v for k, v in result.params.items()
+                             if k != "paths" and k not in {r.name for r in _summarised()}})
     meta = {"zoo": result.params["zoo"], "widths": result.params["widths"], "steps": result.params["steps"],
             "run_time_s": result.params.get("run_time_s"), "versions": versions()}
     lines = [f"{row['d_model'] if 'd_model' in row else row.get('width')}: "

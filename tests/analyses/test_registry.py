@@ -130,7 +130,6 @@ NAMES_AS_DATA = {
     # not moved yet: the pages of studies and the zoo read the phases' rows and params by name
     ("study/views.py", "phases"): "not moved yet: the study page's view of phase widths",
     ("zoo/members.py", "phases"): "not moved yet: a zoo member's tuned lenses are cached in its folder",
-    ("zoo/width_study.py", "phases"): "not moved yet: the zoo page's summary of each width's phase split",
 }
 
 
@@ -158,7 +157,7 @@ def _string_literals(path: Path) -> list[tuple[int, str]]:
 def _own_files(record) -> set[str]:
     """The package files a record points at: its function's module and those of its parts (runner, findings, ...)."""
     parts = [record.function, record.runner, record.findings, record.figures, record.capture_sites,
-             record.study_rows, record.zoo_options]
+             record.study_rows, record.zoo_options, record.zoo_summary, record.zoo_columns]
     modules = {inspect.unwrap(part).__module__ for part in parts if part is not None}
     return {Path(sys.modules[m].__file__).resolve().relative_to(PACKAGE).as_posix() for m in modules}
 
