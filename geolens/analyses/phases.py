@@ -13,6 +13,7 @@ and ``l + 1``) is attributed to layer ``l``; layer ``L`` takes the last point's 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
@@ -27,7 +28,7 @@ from geolens.results import Result
 from geolens import plotting
 
 __all__ = ["DEFAULT_FRACTIONS", "STABILITY_FRACTIONS", "PhasesResult", "phase_stability", "phases",
-           "report_section", "study_rows", "zoo_columns", "zoo_options", "zoo_summary"]
+           "member_options", "report_section", "study_rows", "zoo_columns", "zoo_options", "zoo_summary"]
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.10, 0.15, 0.25, 0.50)
 
@@ -498,3 +499,13 @@ def zoo_summary(params: Mapping[str, Any]) -> dict[str, Any]:
 def zoo_columns(kept: Mapping[str, Any]) -> dict[str, Any]:
     """The zoo summary's columns of a width's phase split (kept by :func:`zoo_summary`)."""
     return {"phase_b1": kept.get("b1"), "phase_b2": kept.get("b2")}
+
+
+def member_options(member_dir: Path) -> dict[str, Any]:
+    """The phases' options on a zoo member in any study: its tuned lenses cached in the member's own folder.
+
+    Example:
+        >>> Path(member_options(Path("zoo") / "d16")["cache_dir"]).as_posix()
+        'zoo/d16/lenses'
+    """
+    return {"cache_dir": str(member_dir / "lenses")}

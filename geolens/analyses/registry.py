@@ -65,7 +65,8 @@ from geolens.analyses.findings import (column_findings, convergence_findings, le
 from geolens.analyses.guard import guarded
 from geolens.analyses.pga import (capture_sites as pga_sites, pga, report_section as pga_section,
                                   zoo_options as pga_zoo_options)
-from geolens.analyses.phases import (phases, report_section as phases_section, study_rows as phases_study_rows,
+from geolens.analyses.phases import (member_options as phases_member_options, phases,
+                                     report_section as phases_section, study_rows as phases_study_rows,
                                      zoo_columns as phases_zoo_columns, zoo_options as phases_zoo_options,
                                      zoo_summary as phases_zoo_summary)
 from geolens.analyses.probes import probes, report_section as probes_section
@@ -125,6 +126,8 @@ class Analysis:
         study_rows: ``study_rows(result, n_layers) -> [row, ...]``: layer-free rows its study cells add.
         zoo_options: ``zoo_options(settings, *, width, lens_texts) -> options`` on a zoo member of ``width``
             (``settings``: the zoo's budgets; ``lens_texts``: held-out texts for a tuned lens).
+        member_options: ``member_options(member_dir) -> options`` on a zoo member in any study (e.g. where its
+            tuned lenses are cached).
         zoo_summary: ``zoo_summary(params) -> kept``: what the zoo keeps of its reported params at each width's
             last step (``ZooResult.params[name][width]``).
         zoo_columns: ``zoo_columns(kept) -> {column: value}``: its columns in the zoo's per-width summary.
@@ -149,6 +152,7 @@ class Analysis:
     capture_sites: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
     study_rows: Callable[[Any, int], list[dict[str, Any]]] | None = None
     zoo_options: Callable[..., Mapping[str, Any]] | None = None
+    member_options: Callable[[Any], Mapping[str, Any]] | None = None
     zoo_summary: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     zoo_columns: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
@@ -235,7 +239,8 @@ _BUILTIN = (
         study=True, zoo=True, needs=("lens", "updates"), runner=phases_section,
         report_settings=("lens_budget",),
         findings=phases_findings, study_rows=phases_study_rows, zoo_options=phases_zoo_options,
-        zoo_summary=phases_zoo_summary, zoo_columns=phases_zoo_columns),
+        member_options=phases_member_options, zoo_summary=phases_zoo_summary,
+        zoo_columns=phases_zoo_columns),
 )
 
 # name -> record, in the order the report shows its sections; user analyses follow the built-in ones.

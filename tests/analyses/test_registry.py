@@ -129,7 +129,6 @@ NAMES_AS_DATA = {
     ("plotting.py", "lens"): "the lens column and the lens part drawn by the lens figures",
     # not moved yet: the pages of studies and the zoo read the phases' rows and params by name
     ("study/views.py", "phases"): "not moved yet: the study page's view of phase widths",
-    ("zoo/members.py", "phases"): "not moved yet: a zoo member's tuned lenses are cached in its folder",
 }
 
 
@@ -157,7 +156,7 @@ def _string_literals(path: Path) -> list[tuple[int, str]]:
 def _own_files(record) -> set[str]:
     """The package files a record points at: its function's module and those of its parts (runner, findings, ...)."""
     parts = [record.function, record.runner, record.findings, record.figures, record.capture_sites,
-             record.study_rows, record.zoo_options, record.zoo_summary, record.zoo_columns]
+             record.study_rows, record.zoo_options, record.member_options, record.zoo_summary, record.zoo_columns]
     modules = {inspect.unwrap(part).__module__ for part in parts if part is not None}
     return {Path(sys.modules[m].__file__).resolve().relative_to(PACKAGE).as_posix() for m in modules}
 
