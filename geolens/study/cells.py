@@ -224,7 +224,8 @@ def compute_cell(cell: Cell) -> dict[str, Any]:
 
     Loads the model (an error there propagates: the cell has nothing to compute), captures once the
     states that the analyses scored on shared states read (pga and spectrum), runs each analysis with its
-    options (progress bars off) on the grid engine :func:`geolens.over_checkpoints` runs on (:func:`geolens.analyses.grid.run_jobs`).
+    options (progress bars off) on the grid engine :func:`geolens.over_checkpoints` runs on
+    (:func:`geolens.analyses.grid.run_jobs`).
     An analysis that raises is caught: its outcome is ``{"ok": False, "error", "error_type",
     "traceback"}`` and the other analyses go on; one that succeeds gives ``{"ok": True, "rows",
     "params", "seconds"}`` (its rows in the long format). The model is freed when this returns
