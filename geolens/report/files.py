@@ -25,7 +25,8 @@ def figure_formats(figures: str | Sequence[str] | None) -> list[str]:
     """``figures=`` as a list of static formats (``ValueError`` naming it for anything else)."""
     if figures is None:
         return []
-    names = [p.strip().lower() for p in figures.split(",")] if isinstance(figures, str) else [str(p).lower() for p in figures]
+    parts = figures.split(",") if isinstance(figures, str) else figures
+    names = [str(part).strip().lower() for part in parts]
     unknown = [n for n in names if n not in STATIC_FORMATS]
     if unknown or not names:
         raise ValueError(f"figures must name formats among {list(STATIC_FORMATS)}, got {figures!r}")
