@@ -41,7 +41,8 @@ from geolens.analyses.phases import DEFAULT_FRACTIONS, STABILITY_FRACTIONS, _spl
 from geolens.lens import evaluate, fit_tuned_lens  # noqa: E402
 from geolens.metrics.subspaces import choose_resolution, resolution_sweep  # noqa: E402
 from geolens.model import as_adapter  # noqa: E402
-from geolens.report import REPORT_LENS_BUDGET, ReportSettings, _lens_texts  # noqa: E402
+from geolens.report import REPORT_LENS_BUDGET, ReportSettings  # noqa: E402
+from geolens.report.run import lens_texts as report_lens_texts  # noqa: E402
 
 SCALE = 4
 
@@ -94,7 +95,7 @@ def main() -> None:
     settings = ReportSettings()
     texts = geolens.default_texts(n=settings.n_texts, seed=settings.seed)
     budget = {k: v for k, v in REPORT_LENS_BUDGET.items() if k not in ("method", "n_train_texts")}
-    lens_texts = _lens_texts(texts, settings.seed, REPORT_LENS_BUDGET["n_train_texts"])
+    lens_texts = report_lens_texts(texts, settings.seed, REPORT_LENS_BUDGET["n_train_texts"])
     if args.smoke:
         budget.update(n_tokens=512, max_steps=2)
         lens_texts = lens_texts[:40]

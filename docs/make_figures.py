@@ -54,7 +54,7 @@ def main(out: Path = OUT, sections: tuple[str, ...] = SECTIONS) -> dict:
     import geolens
     from geolens.model import as_adapter
     from geolens.report.pages import versions
-    from geolens.report import ReportSettings, run_section
+    from geolens.report import ReportRun, ReportSettings, run_section
 
     out.mkdir(parents=True, exist_ok=True)
     # The report's tuned lens (REPORT_LENS_BUDGET), not the quick preset's closed form on 512 positions, so the
@@ -67,11 +67,11 @@ def main(out: Path = OUT, sections: tuple[str, ...] = SECTIONS) -> dict:
     model = geolens.load_default_model(progress=False)
     adapter = as_adapter(model)
     texts = geolens.default_texts(n=settings.n_texts, seed=settings.seed)
+    run = ReportRun(adapter, texts, settings)
     timings, written = {}, {}
     for name in sections:
         start = time.perf_counter()
-        result, figures = run_section(name, adapter, texts, settings)
-        settings.results[name] = result
+        result, figures = run_section(name, run)
         timings[name] = round(time.perf_counter() - start, 1)
         for i, figure in enumerate(figures):
             written[f"{name}_{i}"] = _write(figure, f"{name}_{i}", out).name

@@ -1,6 +1,7 @@
-"""The report's findings read the numbers they summarise (geolens.report.findings)."""
+"""The report's findings read the numbers they summarise (geolens.analyses.findings)."""
 
-from geolens.report.findings import findings, lens_findings, pga_findings, phases_findings, probes_findings
+from geolens.analyses.findings import lens_findings, pga_findings, phases_findings, probes_findings
+from geolens.report.sections import section_findings
 from geolens.results import Result
 
 
@@ -62,7 +63,7 @@ def test_probe_findings_name_the_best_layer_and_a_broken_table_says_so():
     rows = [{"layer": 0, "accuracy_mean": 0.5, "chance": 0.2}, {"layer": 3, "accuracy_mean": 0.9, "chance": 0.2}]
     assert probes_findings(Result(rows=rows)) == ["The best linear probe is at layer 3: 0.90 held-out accuracy "
                                                   "(chance 0.20)."]
-    assert findings("probes", Result(rows=[{"layer": 0, "accuracy_mean": 0.5}]))[0].startswith("(no summary")
+    assert section_findings("probes", Result(rows=[{"layer": 0, "accuracy_mean": 0.5}]))[0].startswith("(no summary")
 
 
 def _interval_result(cells, final=None, params=None):
@@ -120,7 +121,7 @@ def test_pga_interval_findings_verdicts_and_a_few_texts_note():
 
 def test_convergence_findings_read_the_self_grid_and_the_cross_family_pairs():
     from geolens.analyses.convergence import ConvergenceResult
-    from geolens.report.findings import convergence_findings
+    from geolens.analyses.findings import convergence_findings
 
     grid = [{"layer_a": a, "layer_b": b, "spearman_full": 1.0 if a == b else value}
             for a, b, value in ((0, 0, 1), (0, 1, 0.6), (1, 0, 0.6), (1, 1, 1), (1, 2, 0.9), (2, 1, 0.9), (2, 2, 1),
@@ -144,7 +145,7 @@ def test_convergence_findings_read_the_self_grid_and_the_cross_family_pairs():
 
 
 def test_convergence_findings_of_one_layer_pair_name_each_verdict():
-    from geolens.report.findings import convergence_findings
+    from geolens.analyses.findings import convergence_findings
 
     row = {"layer_a": 4, "layer_b": 9, "spearman_full": 0.41, "spearman_readout": 0.52, "spearman_readout_z": 3.04,
            "cka_readout_z": 0.5, "mknn_readout_z": -2.5}
@@ -162,7 +163,7 @@ def test_convergence_findings_of_one_layer_pair_name_each_verdict():
 def test_interval_steps_classify_layers_find_masking_and_judge_the_end():
     import pandas as pd
 
-    from geolens.report.findings import _interval_classes, _interval_masking, _recovery_verdict
+    from geolens.analyses.findings import _interval_classes, _interval_masking, _recovery_verdict
 
     # planted intervals: on the ±1.96 edges a layer counts as at chance (closed), just past them as above/below
     cells = pd.DataFrame({"z": [0.0] * 6, "z_low": [1.97, -3.0, -1.96, -2.5, 0.5, -1.0],

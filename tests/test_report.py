@@ -375,8 +375,9 @@ def test_convergence_section_compares_with_a_second_model_by_relative_depth(neox
 
 def test_convergence_section_says_why_the_cross_family_part_is_absent(neox_bridge, tmp_path, texts, monkeypatch):
     import geolens.report
+    import geolens.report.run
 
-    monkeypatch.setattr(geolens.report, "is_available", lambda name: False)
+    monkeypatch.setattr(geolens.report.run, "is_available", lambda name: False)
     paths, meta, saved = _convergence_report(neox_bridge, tmp_path / "missing", texts,
                                              convergence_model="gemma-3-270m")
     reason = saved["params"]["cross_family"]

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geolens.report.findings import lens_findings, refinement_phrase
+from geolens.analyses.findings import lens_findings, refinement_phrase
 from geolens.report.pages import _cell
 from geolens.report import report
 from geolens.results import Result

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Sequence
 
 import pandas as pd
 
-from geolens.analyses.spectrum import METRICS
+from geolens.metrics.spectral import METRICS
 from geolens.results import Result
 from geolens import plotting
 

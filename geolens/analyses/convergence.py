@@ -30,9 +30,9 @@ Files saved with the column names of geolens < 0.3 (``rho_full``, ``z_readout``,
 
 from __future__ import annotations
 
-
+import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -54,7 +54,7 @@ from geolens import plotting
 from geolens._renames import renamed_keywords
 
 __all__ = ["MEASURES", "RENAMED_COLUMNS", "ConvergenceResult", "aligned_positions", "convergence", "depth_pairs",
-           "word_end_offsets"]
+           "report_section", "word_end_offsets"]
 
 MEASURES = ("spearman", "cka", "mutual_knn")
 # Column prefix of each measure: spearman_full, cka_readout, mknn_readout_z, ... (<measure>_<space>[_<statistic>]).
@@ -609,3 +609,38 @@ def _spearman_grid(clouds_a, clouds_b, same):
 
 def _is_model(value: object) -> bool:
     return isinstance(value, ModelAdapter) or hasattr(value, "cfg") and hasattr(value, "hook_dict")
+
+
+# ---------------------------------------------------------------- how the report runs convergence
+# (its record in geolens.analyses.registry points here)
+
+
+def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ConvergenceResult, list[Any]]:
+    """The model with itself across depths (layer x layer grid), then with the run's second model by relative depth.
+
+    Where two layers' distance structures agree, the representation has not been reorganised between them. The
+    second model (another family; Gemma-3-270M for the default model) is compared at matching relative depth,
+    with the null. Two tables, each with its own columns: the grid has no null, the cross-family pairs have one.
+    """
+    s = run.settings
+    common = dict(k=s.k, ccr=1, n_positions=s.convergence_positions, max_length=s.max_length, seed=s.seed,
+                  progress=s.progress)
+    own = convergence(run.adapter, run.texts, grid=True, **common)
+    figures = [own.plot(kind=kind) for kind in ("spearman_full", "spearman_readout", "cka_full", "mknn_full")]
+    params = {"comparison": "the model with itself, every layer against every layer; then, by relative depth, "
+                            "against a model of another family",
+              **own.params}
+    other, why = run.second_model()
+    if other is None:
+        params["cross_family"] = f"absent: {why}"
+        return ConvergenceResult(rows=list(own.rows), params=params, cross_rows=[]), figures
+    started = time.perf_counter()
+    layers_a, layers_b = depth_pairs(run.adapter.n_layers, other.n_layers)
+    cross = convergence(run.adapter, run.texts, other, layer_a=layers_a, layer_b=layers_b, n_null=s.convergence_null,
+                        **common)
+    figures += [cross.plot(kind=kind) for kind in ("spearman_full", "cka_full", "mknn_full")]
+    params["cross_family"] = {"model_b": cross.params["model_b"], "n_layers_b": cross.params["n_layers_b"],
+                              "pairs": "every layer of the shallower model with the nearest relative depth",
+                              "n_positions": cross.params["n_positions"], "n_null": s.convergence_null,
+                              "time_s": round(time.perf_counter() - started, 1)}
+    return ConvergenceResult(rows=list(own.rows), params=params, cross_rows=list(cross.rows)), figures

@@ -6,7 +6,7 @@ import math
 import numbers
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_site
 
 __all__ = ["pga", "PGAResult", "default_k", "text_resamples", "resample_pairs", "resampled_z",
-           "MIN_BOOTSTRAP_TEXTS", "MIN_RESAMPLES", "MAX_RESAMPLES"]
+           "MIN_BOOTSTRAP_TEXTS", "MIN_RESAMPLES", "MAX_RESAMPLES", "capture_sites", "report_section", "zoo_options"]
 
 DEFAULT_K = 100
 _SCORE_COLUMNS = ("rho_readout", "null_mean", "null_std", "z", "p_value", "pc1_readout_energy", "random_energy")
@@ -463,3 +463,40 @@ def _ccr_list(ccr: int | Sequence[int]) -> list[int]:
     if not values:
         raise ValueError("ccr is an empty list")
     return [check_int(m, "ccr", low=0) for m in values]
+
+
+# ---------------------------------------------------------------- how the report, studies and the zoo run pga
+# (its record in geolens.analyses.registry points here)
+
+
+def capture_sites(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The sites :func:`pga` scores with ``options``: its ``site``, and the final state with ``include_final``
+    (what a study's cell captures once for it).
+
+    Example:
+        >>> capture_sites({}), capture_sites({"include_final": False})
+        (('resid_post', 'final'), ('resid_post',))
+    """
+    site = options.get("site", RESIDUAL_SITE)
+    return (site, FINAL_SITE) if options.get("include_final", True) and site != FINAL_SITE else (site,)
+
+
+def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[PGAResult, list[Any]]:
+    """The report's PGA section: the run's shared states, its CCR sweep and bootstrap over texts."""
+    s = run.settings
+    states = run.states()
+    # A bootstrap over texts needs two texts at least; with one, the point estimates alone, and why.
+    n_texts = int(states.batch_index.unique().numel())
+    resamples = s.pga_resamples if n_texts >= 2 else 0
+    result = pga(run.adapter, states, k=s.k, n_null=s.n_null, ccr=s.ccr if isinstance(s.ccr, int) else list(s.ccr),
+                 seed=s.seed, progress=s.progress, n_resamples=resamples,
+                 bootstrap_pairs=s.pga_bootstrap_pairs if resamples else None)
+    if s.pga_resamples and not resamples:
+        result.params["bootstrap"] = f"not run: the captured positions come from {n_texts} text"
+    return result, [result.plot()]
+
+
+def zoo_options(settings: Any, *, width: int, lens_texts: Sequence[str]) -> dict[str, Any]:
+    """PGA's options on a zoo member of ``width``: the settings' nulls and CCR sweep, ``k`` a fixed fraction of
+    the width (``settings.k(width)``)."""
+    return {"n_null": settings.n_null, "ccr": list(settings.ccr), "k": settings.k(width)}

@@ -13,7 +13,8 @@ and ``l + 1``) is attributed to layer ``l``; layer ``L`` takes the last point's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -26,7 +27,8 @@ from geolens.model import Model, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["DEFAULT_FRACTIONS", "STABILITY_FRACTIONS", "PhasesResult", "phase_stability", "phases"]
+__all__ = ["DEFAULT_FRACTIONS", "STABILITY_FRACTIONS", "PhasesResult", "phase_stability", "phases",
+           "member_options", "report_section", "study_rows", "zoo_columns", "zoo_options", "zoo_summary"]
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.10, 0.15, 0.25, 0.50)
 
@@ -431,3 +433,79 @@ def _phase_share(split: PhaseSplit, n_layers: int) -> dict[str, float]:
     depth = n_layers + 1
     return {PHASE_NAMES[0]: split.b1 / depth, PHASE_NAMES[1]: (split.b2 - split.b1) / depth,
             PHASE_NAMES[2]: (depth - split.b2) / depth}
+
+
+# ---------------------------------------------------------------- how the report, studies and the zoo run phases
+# (its record in geolens.analyses.registry points here)
+
+
+def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[PhasesResult, list[Any]]:
+    """The phases of the run's tuned lens, and their stability: lenses on each half of its texts.
+
+    The lens section's evaluation (the same lens, texts and sample) gives the Hit@k diagnostics, the updates
+    section's result the update diagnostics, when they ran.
+    """
+    s = run.settings
+    result = phases(run.adapter, run.texts, lens_texts=run.lens_texts(), lens_budget=run.lens_budget(),
+                    n_tokens=s.n_tokens, seed=s.seed, progress=s.progress, max_length=s.max_length,
+                    lens_evaluation=needed.get("lens"), update_geometry=needed.get("updates"))
+    # phases() records the lens's fit (params["lens_training"]) and its number of texts; the report adds where it is.
+    result.params["lens_dir"] = run.lens().cache_dir
+    return result, [result.plot()]
+
+
+def study_rows(result: PhasesResult, n_layers: int) -> list[dict[str, Any]]:
+    """The split of a phases result as layer-free study rows: breakpoints, chosen k and each phase's width.
+
+    Example:
+        >>> rows = study_rows(PhasesResult(rows=[], params={"found": True, "b1": 2, "b2": 5, "k": 3}), 8)
+        >>> {row["metric"]: row["value"] for row in rows}["phases.width_III"]
+        4.0
+    """
+    params = result.params
+    params.setdefault("n_layers", n_layers)
+    b1, b2 = params.get("b1"), params.get("b2")
+    depth = params.get("n_layers")
+    found = bool(params.get("found")) and b1 is not None and b2 is not None
+    nan = float("nan")
+    values = {"b1": b1 if found else nan, "b2": b2 if found else nan, "k": params.get("k", nan),
+              "found": float(found)}
+    if depth is not None:
+        values.update({"width_I": b1 if found else nan, "width_II": (b2 - b1) if found else nan,
+                       "width_III": (depth + 1 - b2) if found else nan})
+    return [{"analysis": "phases", "site": None, "layer": None, "ccr": None, "metric": f"phases.{key}",
+             "value": float(value) if value is not None else nan} for key, value in values.items()]
+
+
+def zoo_options(settings: Any, *, width: int, lens_texts: Sequence[str]) -> dict[str, Any]:
+    """The phases' options on a zoo member: a lens of the reference recipe (as the zoo's numbers were made) on
+    ``lens_texts``, with the settings' step budget; no half-text lenses for the stability: six layers give no
+    phases to compare, and they would triple the zoo's lens training."""
+    return {"lens_texts": list(lens_texts), "stability": False,
+            "lens_budget": {"method": "reference", "steps": settings.lens_steps,
+                            "tokens_per_step": settings.lens_tokens_per_step}}
+
+
+def zoo_summary(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What the zoo keeps of a width's phases at its last step: the split and why there is none.
+
+    Example:
+        >>> zoo_summary({"k": 3, "b1": 1, "b2": 2, "found": True, "rss": [0.1]})
+        {'k': 3, 'b1': 1, 'b2': 2, 'found': True, 'reason': None}
+    """
+    return {key: params.get(key) for key in ("k", "b1", "b2", "found", "reason")}
+
+
+def zoo_columns(kept: Mapping[str, Any]) -> dict[str, Any]:
+    """The zoo summary's columns of a width's phase split (kept by :func:`zoo_summary`)."""
+    return {"phase_b1": kept.get("b1"), "phase_b2": kept.get("b2")}
+
+
+def member_options(member_dir: Path) -> dict[str, Any]:
+    """The phases' options on a zoo member in any study: its tuned lenses cached in the member's own folder.
+
+    Example:
+        >>> Path(member_options(Path("zoo") / "d16")["cache_dir"]).as_posix()
+        'zoo/d16/lenses'
+    """
+    return {"cache_dir": str(member_dir / "lenses")}

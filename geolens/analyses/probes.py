@@ -9,7 +9,7 @@ trained and tested on them without the model in the loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -22,7 +22,7 @@ from geolens.model import Model, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["ProbeResult", "ag_news", "pooled_states", "probes"]
+__all__ = ["ProbeResult", "ag_news", "pooled_states", "probes", "report_section"]
 
 POOLINGS = ("mean", "last")
 
@@ -160,3 +160,14 @@ def ag_news(n: int | None = None, split: str = "test", seed: int = 0) -> tuple[l
     if n is not None:
         data = data.shuffle(seed=seed).select(range(n))
     return list(data["text"]), list(data["label"])
+
+
+def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ProbeResult, list[Any]]:
+    """The report's probes of the BBC topic on the run's labelled default texts, drawn next to PGA z when pga ran
+    (its record in geolens.analyses.registry points here)."""
+    s = run.settings
+    texts, labels = run.labelled_texts(s.probe_texts)
+    result = probes(run.adapter, texts, labels, folds=s.probe_folds, seed=s.seed, max_length=s.probe_max_length,
+                    progress=s.progress)
+    result.params["dataset"] = "BBC News topics (default text)"
+    return result, [result.plot(pga_result=needed.get("pga"))]

@@ -1,18 +1,23 @@
 """One registry of analyses: a record per analysis that the report, studies, the zoo and the CLI all read.
 
-Each :class:`Analysis` record says what an analysis is called, which function computes it,
-what it consumes (``"tokens"``, ``"states"``: captured states it can share with another analysis,
-``"lens"``: a tuned lens, ``"weights"``: the weights only), how the report titles and captions it,
-the footnote under its tables, and where it runs (``report``, ``study``, ``zoo``), with its
-default options. :func:`register_analysis` (``geolens.register_analysis``) adds a user's own.
+Each :class:`Analysis` record is the whole truth about one analysis: what it is called, which function
+computes it, what it consumes (``"tokens"``, ``"states"``: captured states it can share with another analysis,
+``"lens"``: a tuned lens, ``"weights"``: the weights only), which other analyses' results it ``needs``, where
+it runs (``report``, ``study``, ``zoo``) and how each place runs it: the report's runner, heading, caption,
+footnote, findings and figures; the sites a study's cell captures once for it and any layer-free rows it
+adds there; its options on a zoo member. Where that knowledge is code, it lives in the analysis's own module
+(``geolens.analyses.pga.report_section``, ``...pga.capture_sites``, ``...phases.study_rows``; the sentences
+in :mod:`geolens.analyses.findings`) and the record points at it: no caller special-cases an analysis by name.
 
-Shape: the records hold plain data and functions of this layer and below. Two parts belong to
-the report, which sits above the analyses: its section runner (how the report calls an analysis,
-e.g. one capture shared by ``pga`` and ``spectrum``, one tuned lens for ``lens`` and ``phases``)
-and its findings (sentences read off the result). The report package attaches them to the
-records when it is imported (:func:`attach`); the list of analyses stays here, once. A record
-without a section runner (a user's analysis) runs through the report's generic one, and without
-a findings function shows none.
+``needs`` orders runs: :func:`run_order` puts each analysis after those it needs among the ones asked for
+(the report's spectrum after pga, its phases after lens and updates) and raises ``ValueError`` for a need
+that is no analysis or a cycle. A needed analysis that is not asked for does not run: the runner gets the
+results that exist (spectrum without pga has no side-by-side figure).
+
+A record without a runner (a user's analysis) runs through the report's generic one, with its figures
+(default :func:`layer_figures`) and findings (default :func:`~geolens.analyses.findings.column_findings`:
+where each column is lowest and highest). A user's analysis takes no ``needs``: it is called as every
+analysis is, with the model and the texts.
 
 A user's analysis is ``function(model, tokens, *, n_tokens, seed, batch_size, max_length, progress,
 **options)`` returning a geolens :class:`~geolens.results.Result` or a pandas DataFrame with a
@@ -47,25 +52,34 @@ import importlib
 import inspect
 import re
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
 from geolens import plotting
-from geolens.analyses.convergence import convergence
+from geolens.analyses.convergence import convergence, report_section as convergence_section
+from geolens.analyses.findings import (column_findings, convergence_findings, lens_findings, pga_findings,
+                                       phases_findings, probes_findings, spectrum_findings, updates_findings,
+                                       weights_findings)
 from geolens.analyses.guard import guarded
-from geolens.analyses.pga import pga
-from geolens.analyses.phases import phases
-from geolens.analyses.probes import probes
-from geolens.analyses.spectrum import spectrum, weight_geometry
-from geolens.analyses.updates import updates
-from geolens.lens import evaluate
+from geolens.analyses.pga import (capture_sites as pga_sites, pga, report_section as pga_section,
+                                  zoo_options as pga_zoo_options)
+from geolens.analyses.phases import (member_options as phases_member_options, phases,
+                                     report_section as phases_section, study_rows as phases_study_rows,
+                                     zoo_columns as phases_zoo_columns, zoo_options as phases_zoo_options,
+                                     zoo_summary as phases_zoo_summary)
+from geolens.analyses.probes import probes, report_section as probes_section
+from geolens.analyses.spectrum import (capture_sites as spectrum_sites, report_section as spectrum_section, spectrum,
+                                       weight_geometry, weights_report_section as weights_section,
+                                       zoo_options as spectrum_zoo_options)
+from geolens.analyses.updates import report_section as updates_section, updates
+from geolens.lens.evaluate import evaluate, report_section as lens_section
 from geolens.results import Result
 
-__all__ = ["CONSUMES", "CONVENTION", "MAX_NAME_LENGTH", "PLACES", "RUN_FILES", "Analysis", "as_result", "attach",
+__all__ = ["CONSUMES", "CONVENTION", "MAX_NAME_LENGTH", "PLACES", "RUN_FILES", "Analysis", "as_result",
            "available_analyses", "check_name", "get", "layer_figures", "names", "register_analysis", "resolve_function",
-           "unregister_analysis", "user_analysis"]
+           "run_order", "unregister_analysis", "user_analysis"]
 
 CONSUMES = ("tokens", "states", "lens", "weights")
 PLACES = ("report", "study", "zoo")
@@ -83,7 +97,7 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 @dataclass(frozen=True)
 class Analysis:
-    """One analysis: what it is, how to call it, where it runs.
+    """One analysis: what it is, what it reads, where it runs and how each place runs it.
 
     Attributes:
         name: its name in the report's sections, a study's ``analyses``, metric names (``name.column``).
@@ -98,10 +112,25 @@ class Analysis:
         zoo: whether the zoo runs it.
         options: default options (a study's own table overrides them).
         builtin: shipped with geolens (``False``: registered by :func:`register_analysis`).
-        section: the report's runner ``section(adapter, texts, settings) -> (result, figures)``; attached by
-            the report package (``None``: the report's generic runner).
-        findings: ``findings(result) -> [sentence, ...]``; attached by the report package.
+        needs: names of analyses whose results it reads when they ran first (:func:`run_order`).
+        report_settings: the report's settings its runner reads besides the shared ones (texts, sampling, seed,
+            progress): its options in the report (``k``, ``n_null``, ...; the QUICK preset's values among them).
+        runner: the report's runner ``runner(run, needed) -> (result, figures)``: ``run`` is the report's run
+            (``run.adapter``, ``run.texts``, ``run.settings`` and what the run shares: ``run.states()``,
+            ``run.lens()``, ...), ``needed`` the results of its ``needs`` that ran (``None``: the report's
+            generic runner calls ``function`` with the report's texts and sampling budgets).
+        findings: ``findings(result) -> [sentence, ...]`` at the top of its report section.
         figures: ``figures(result) -> [figure, ...]`` for the generic runner (default :func:`layer_figures`).
+        capture_sites: ``capture_sites(options) -> sites`` a study's cell captures once for it (with
+            ``"states"`` in ``consumes``; default: its ``site`` option, else the residual stream).
+        study_rows: ``study_rows(result, n_layers) -> [row, ...]``: layer-free rows its study cells add.
+        zoo_options: ``zoo_options(settings, *, width, lens_texts) -> options`` on a zoo member of ``width``
+            (``settings``: the zoo's budgets; ``lens_texts``: held-out texts for a tuned lens).
+        member_options: ``member_options(member_dir) -> options`` on a zoo member in any study (e.g. where its
+            tuned lenses are cached).
+        zoo_summary: ``zoo_summary(params) -> kept``: what the zoo keeps of its reported params at each width's
+            last step (``ZooResult.params[name][width]``).
+        zoo_columns: ``zoo_columns(kept) -> {column: value}``: its columns in the zoo's per-width summary.
     """
 
     name: str
@@ -115,9 +144,17 @@ class Analysis:
     zoo: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
     builtin: bool = True
-    section: Callable[..., Any] | None = None
+    needs: tuple[str, ...] = ()
+    report_settings: tuple[str, ...] = ()
+    runner: Callable[..., Any] | None = None
     findings: Callable[[Any], list[str]] | None = None
     figures: Callable[[Result], list[Any]] | None = None
+    capture_sites: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
+    study_rows: Callable[[Any, int], list[dict[str, Any]]] | None = None
+    zoo_options: Callable[..., Mapping[str, Any]] | None = None
+    member_options: Callable[[Any], Mapping[str, Any]] | None = None
+    zoo_summary: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    zoo_columns: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
     @property
     def takes_tokens(self) -> bool:
@@ -146,41 +183,52 @@ _BUILTIN = (
         notes="p_value is the one-sided empirical p-value of rho_readout against the R = n_null random subspaces: "
               "(1 + #{null rho >= rho_readout}) / (R + 1). It can be no smaller than 1 / (R + 1) (0.048 at R = 20, "
               "0.0099 at R = 100) however large z is; z measures how far beyond the null the readout lies.",
-        study=True, zoo=True),
+        study=True, zoo=True, runner=pga_section,
+        report_settings=("k", "n_null", "ccr", "pga_resamples", "pga_bootstrap_pairs"), findings=pga_findings,
+        capture_sites=pga_sites, zoo_options=pga_zoo_options),
     Analysis(
         "spectrum", spectrum, ("states",),
         "Spectral metrics of the states, and side by side with PGA z (in units of each one's spread)",
         caption="Spectral metrics of the centred states of each layer (first figure), then each metric next to PGA "
                 "z in units of its own spread across layers: curves that move together suggest a shared cause.",
-        study=True, zoo=True),
+        study=True, zoo=True, needs=("pga",), runner=spectrum_section, report_settings=("alpha_fit_range",),
+        findings=spectrum_findings, capture_sites=spectrum_sites,
+        zoo_options=spectrum_zoo_options),
     Analysis(
         "weights", weight_geometry, ("weights",), "Spectral metrics of W_U (raw, folded) and W_E",
         caption="The token vectors of the unembedding (raw, and with the final norm's weight folded in) and of the "
                 "embedding, measured as clouds: effective rank, anisotropy, alpha-ReQ.",
-        study=True),
+        study=True, runner=weights_section, report_settings=("alpha_fit_range",), findings=weights_findings),
     Analysis(
-        "updates", updates, ("tokens",), "Update geometry: orthogonality, norms, FFN/MHA ratio, effective ranks",
+        "updates", updates, ("tokens",),
+        "Update geometry: orthogonality, norms, FFN/MHA ratio, effective ranks",
         caption="What each block adds to the residual stream: how orthogonal the update is to the stream, its "
                 "norm, the MLP/attention norm ratio, and the effective ranks of states and updates.",
-        study=True),
+        study=True, runner=updates_section, findings=updates_findings),
     Analysis(
         "lens", evaluate, ("tokens", "lens"),
         "Logit lens and a fast tuned lens: KL, cross-entropy, Hit@1/Hit@5 (fitted once, cached)",
         caption="How close each layer's prediction is to the model's own: KL to the final distribution (lower is "
                 "closer) and Hit@k (the final top-1 token among the lens's top k), for the logit lens and a small "
                 "tuned lens; then that lens's training, step by step, with the lenses fitted on each half of its "
-                "text (the phases' stability check)."),
+                "text (the phases' stability check).",
+        runner=lens_section, report_settings=("lens_positions", "lens_budget"), findings=lens_findings),
     Analysis(
         "probes", probes, ("tokens",), "Linear probes (BBC News topic) next to PGA z",
         caption="Held-out accuracy of a linear probe for the BBC topic at each layer (chance is the dashed line), "
                 "next to PGA z: where topic information is readable, and whether it lines up with readout "
-                "alignment."),
+                "alignment.",
+        needs=("pga",), runner=probes_section,
+        report_settings=("probe_texts", "probe_max_length", "probe_folds"), findings=probes_findings),
     Analysis(
         "convergence", convergence, ("tokens",),
         "Convergence (Spearman, linear CKA, mutual k-NN): across depth, and across families by relative depth "
         "(full space, readout subspaces, random subspaces)",
         caption="Spearman correlation between the distance structures of two layers (or models) over the same "
-                "positions: 1 means the same geometry; in the readout subspace, the geometry that is read out."),
+                "positions: 1 means the same geometry; in the readout subspace, the geometry that is read out.",
+        runner=convergence_section,
+        report_settings=("k", "convergence_positions", "convergence_model", "convergence_null"),
+        findings=convergence_findings),
     Analysis(
         "phases", phases, ("tokens", "lens"),
         "Three phases: readout-subspace similarity of the tuned lens, resolution sweep, Kneedle breakpoints",
@@ -188,12 +236,49 @@ _BUILTIN = (
                 "size; the shaded bands are the three phases found by a two-stage Kneedle on the chosen curve, where "
                 "lenses fitted on each half of the text reproduce them (the stability table: what each half finds "
                 "at each k).",
-        study=True, zoo=True),
+        study=True, zoo=True, needs=("lens", "updates"), runner=phases_section,
+        report_settings=("lens_budget",),
+        findings=phases_findings, study_rows=phases_study_rows, zoo_options=phases_zoo_options,
+        member_options=phases_member_options, zoo_summary=phases_zoo_summary,
+        zoo_columns=phases_zoo_columns),
 )
 
-# name -> record, in the order the report runs its sections; user analyses follow the built-in ones.
+# name -> record, in the order the report shows its sections; user analyses follow the built-in ones.
 _RECORDS: dict[str, Analysis] = {record.name: record for record in _BUILTIN}
 _LOCK = threading.Lock()
+
+
+def run_order(chosen: Sequence[str]) -> list[str]:
+    """``chosen`` in the order to run them: each after the analyses it ``needs`` among ``chosen``, else as given.
+
+    ``ValueError`` naming an unknown analysis, a need that is no analysis, or a cycle of needs.
+
+    Example:
+        >>> run_order(["phases", "spectrum", "updates", "lens", "pga"])
+        ['lens', 'updates', 'phases', 'pga', 'spectrum']
+    """
+    wanted, order, path = set(chosen), [], []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in path:
+            cycle = " -> ".join([*path[path.index(name):], name])
+            raise ValueError(f"analyses need each other in a cycle: {cycle}")
+        record = get(name)
+        path.append(name)
+        for need in record.needs:
+            if need not in _RECORDS:
+                raise ValueError(f"analysis {name!r} needs {need!r}, which is not an analysis; choose from "
+                                 f"{list(_RECORDS)}")
+            visit(need)
+        path.pop()
+        if name in wanted:
+            order.append(name)
+
+    for name in chosen:
+        visit(name)
+    return order
 
 
 def get(name: str) -> Analysis:
@@ -228,16 +313,6 @@ def jobs_table(place: str) -> dict[str, tuple[Callable[..., Any], bool]]:
         ('weight_geometry', False)
     """
     return {name: (record.function, record.takes_tokens) for name, record in _RECORDS.items() if record.runs_in(place)}
-
-
-def attach(name: str, **parts: Any) -> Analysis:
-    """Set the report's parts of a record (``section=``, ``findings=``, ``figures=``); returns the new record."""
-    unknown = sorted(set(parts) - {"section", "findings", "figures"})
-    if unknown:
-        raise TypeError(f"attach() sets section, findings and figures only, got {unknown}")
-    with _LOCK:
-        _RECORDS[name] = replace(get(name), **parts)
-        return _RECORDS[name]
 
 
 def available_analyses() -> pd.DataFrame:
@@ -391,7 +466,8 @@ def user_analysis(name: str, function: Callable[..., Any], *, title: str | None 
     if not isinstance(caption, str):
         raise TypeError(f"caption must be a string, got {type(caption).__name__}")
     return Analysis(name, _wrap(name, function), ("tokens",), title, caption=caption, report=True, study=True,
-                    zoo=False, builtin=False, figures=functools.partial(layer_figures, title=title))
+                    zoo=False, builtin=False, findings=column_findings,
+                    figures=functools.partial(layer_figures, title=title))
 
 
 def register_analysis(name: str, function: Callable[..., Any], *, title: str, caption: str = "") -> Analysis:

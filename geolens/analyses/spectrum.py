@@ -18,15 +18,17 @@ from __future__ import annotations
 import warnings
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 from geolens._validation import DEFAULT_N_TOKENS
+from geolens.analyses.compare import compare
 from geolens.capture import States, capture
 from geolens.sites import RESIDUAL_SITE
-from geolens.metrics.spectral import ALPHA_FIT_RANGE, RANKME_EPS, spectral_summary, spectral_summary_blocks
+from geolens.metrics.spectral import (ALPHA_FIT_RANGE, METRICS, RANKME_EPS, spectral_summary,
+                                      spectral_summary_blocks)
 from geolens.model import Model, ModelAdapter, as_adapter
 from geolens import plotting
 from geolens._renames import renamed_keywords
@@ -36,15 +38,14 @@ __all__ = [
     "METRICS",
     "SpectrumResult",
     "WeightGeometryResult",
+    "capture_sites",
+    "report_section",
     "spectrum",
     "weight_geometry",
+    "weights_report_section",
+    "zoo_options",
 ]
 
-# The keys of spectral_summary, in display order.
-METRICS: tuple[str, ...] = (
-    "effective_rank", "rankme", "alpha_req", "alpha_req_r2", "isotropy", "log_isotropy",
-    "mean_cosine", "cosine_std", "condition_number", "numerical_rank",
-)
 # Shown by plot() by default: the paper's metrics (R^2, isotropy (which underflows) and rank are diagnostics).
 PLOTTED: tuple[str, ...] = (
     "effective_rank", "rankme", "alpha_req", "log_isotropy", "mean_cosine", "cosine_std", "condition_number",
@@ -289,3 +290,43 @@ def weight_geometry(
     if default:
         params["alpha_fit_clipped"] = [[name, a, b] for name, a, b in cut]
     return WeightGeometryResult(rows=rows, params=params)
+
+
+# ---------------------------------------------------------------- how the report, studies and the zoo run spectrum
+# and weights (their records in geolens.analyses.registry point here)
+
+
+def capture_sites(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The site :func:`spectrum` measures with ``options`` (what a study's cell captures once for it).
+
+    Example:
+        >>> capture_sites({})
+        ('resid_post',)
+    """
+    return (options.get("site", RESIDUAL_SITE),)
+
+
+def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[SpectrumResult, list[Any]]:
+    """The report's spectra of the run's shared states; next to PGA z (at CCR-1 when swept) when pga ran."""
+    s = run.settings
+    # the default range is an upper bound: cut to each layer's eigenvalues and numerical rank
+    result = spectrum(run.adapter, run.states(), site=RESIDUAL_SITE, seed=s.seed, progress=s.progress,
+                      alpha_fit_range=s.alpha_fit_range or ALPHA_FIT_RANGE)
+    figures = [result.plot()]
+    pga_result = needed.get("pga")
+    if pga_result is not None:
+        swept = 1 in pga_result.to_pandas().ccr.values
+        figures.append(compare(pga_result, result, ccr=1 if swept else None).plot())
+    return result, figures
+
+
+def weights_report_section(run: Any, needed: Mapping[str, Result]) -> tuple[WeightGeometryResult, list[Any]]:
+    """The report's spectra of the weights."""
+    s = run.settings
+    result = weight_geometry(run.adapter, progress=s.progress, alpha_fit_range=s.alpha_fit_range or ALPHA_FIT_RANGE)
+    return result, [result.plot()]
+
+
+def zoo_options(settings: Any, *, width: int, lens_texts: Sequence[str]) -> dict[str, Any]:
+    """Spectrum's options on a zoo member: its defaults."""
+    return {}

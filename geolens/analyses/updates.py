@@ -12,7 +12,7 @@ blocks (GPT-NeoX / Pythia) add both, computed from ``h_{l-1}``. In either case
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -23,7 +23,7 @@ from geolens.model import Model, as_adapter
 from geolens import plotting
 from geolens.results import Result
 
-__all__ = ["UpdatesResult", "updates"]
+__all__ = ["UpdatesResult", "report_section", "updates"]
 
 @dataclass(repr=False)
 class UpdatesResult(Result):
@@ -89,3 +89,9 @@ def updates(
     return UpdatesResult(rows=rows, params=params)
 
 
+def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[UpdatesResult, list[Any]]:
+    """The report's update geometry on the run's texts (its record in geolens.analyses.registry points here)."""
+    s = run.settings
+    result = updates(run.adapter, run.texts, n_tokens=s.n_tokens, seed=s.seed, max_length=s.max_length,
+                     progress=s.progress)
+    return result, [result.plot()]

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -36,7 +36,7 @@ from geolens import plotting
 from geolens.results import Result
 from geolens.sites import RESIDUAL_SITE
 
-__all__ = ["LensResult", "evaluate", "hit_at_k"]
+__all__ = ["LensResult", "evaluate", "hit_at_k", "report_section"]
 
 _ROW_CHUNK = 256
 
@@ -250,3 +250,17 @@ def _rows(sums: dict[tuple[str, int], Tensor], n: int, n_valid: int, ks: list[in
             row["hit@5/hit@1"] = row["hit@5"] / row["hit@1"] if row["hit@1"] > 0 else float("nan")
         result_rows.append(row)
     return result_rows
+
+
+def report_section(run: Any, needed: Mapping[str, Any]) -> tuple[LensResult, list[Any]]:
+    """The report's lens section (its record in geolens.analyses.registry points here): the run's tuned lens,
+    evaluated on the run's texts cut to ``max_length`` like every other section, at the positions the other
+    sections captured."""
+    s = run.settings
+    lens = run.lens()
+    result = evaluate(run.adapter, run.texts, lens=lens, n_tokens=min(s.lens_positions, s.n_tokens), seed=s.seed,
+                      progress=s.progress, max_length=s.max_length, states=run.states())
+    # evaluate() records how the lens was fitted, its budget included (params["training"]); the report adds
+    # where the lens is and how many texts it was fitted on, and nothing twice.
+    result.params.update(lens_dir=lens.cache_dir, n_lens_texts=len(run.lens_texts()))
+    return result, [result.plot(), lens.plot_history()]

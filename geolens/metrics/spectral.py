@@ -67,6 +67,7 @@ from geolens.metrics.preprocess import center, check_spread
 
 __all__ = [
     "ALPHA_FIT_RANGE",
+    "METRICS",
     "RANKME_EPS",
     "Spectrum",
     "alpha_req",
@@ -85,6 +86,11 @@ __all__ = [
 
 RANKME_EPS = 1e-7
 ALPHA_FIT_RANGE = (5, 100)
+# The keys of spectral_summary, in display order.
+METRICS: tuple[str, ...] = (
+    "effective_rank", "rankme", "alpha_req", "alpha_req_r2", "isotropy", "log_isotropy",
+    "mean_cosine", "cosine_std", "condition_number", "numerical_rank",
+)
 
 
 @dataclass(frozen=True)

@@ -29,16 +29,17 @@ from typing import Any
 
 from geolens._renames import renamed_attributes
 
-# Each public name and the module (under geolens.plotting) that defines it.
+# Each public name and the module that defines it, relative to this package (a module named after an
+# analysis holds its figures; the name here is a module path, not the analysis).
 _HOMES: dict[str, str] = {
-    **dict.fromkeys(["CONFIG", "HEIGHT", "WIDTH", "figure_html", "print_size"], "style"),
-    **dict.fromkeys(["CCR_COLOURS", "PALETTE", "SERIES_COLOURS", "ccr_colour", "series_colour"], "colours"),
-    **dict.fromkeys(["METRICS", "SITES", "axis_title", "label", "metric_key", "site_label", "unit"], "labels"),
-    **dict.fromkeys(["NO_BROWSER", "STATIC_FORMATS", "browser_path", "write_figures"], "export"),
-    "ablation_figure": "ablation", "checkpoint_figure": "checkpoints", "compare_figure": "compare",
-    "convergence_figure": "convergence", "lens_figure": "lens", "lens_history_figure": "lens",
-    "metric_grid": "spectrum", "patch_figure": "patching", "pga_figure": "pga", "phases_figure": "phases",
-    "probe_figure": "probes", "updates_figure": "updates", "weight_geometry_figure": "spectrum",
+    **dict.fromkeys(["CONFIG", "HEIGHT", "WIDTH", "figure_html", "print_size"], ".style"),
+    **dict.fromkeys(["CCR_COLOURS", "PALETTE", "SERIES_COLOURS", "ccr_colour", "series_colour"], ".colours"),
+    **dict.fromkeys(["METRICS", "SITES", "axis_title", "label", "metric_key", "site_label", "unit"], ".labels"),
+    **dict.fromkeys(["NO_BROWSER", "STATIC_FORMATS", "browser_path", "write_figures"], ".export"),
+    "ablation_figure": ".ablation", "checkpoint_figure": ".checkpoints", "compare_figure": ".compare",
+    "convergence_figure": ".convergence", "lens_figure": ".lens", "lens_history_figure": ".lens",
+    "metric_grid": ".spectrum", "patch_figure": ".patching", "pga_figure": ".pga", "phases_figure": ".phases",
+    "probe_figure": ".probes", "updates_figure": ".updates", "weight_geometry_figure": ".spectrum",
 }
 
 __all__ = sorted(_HOMES)
@@ -58,7 +59,7 @@ def __getattr__(name: str) -> Any:
     """A public name, from its module, imported on first use (and kept here after)."""
     if name not in _HOMES:
         return _moved(name)
-    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    value = getattr(importlib.import_module(_HOMES[name], __name__), name)
     globals()[name] = value
     return value
 

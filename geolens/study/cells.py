@@ -36,7 +36,7 @@ from geolens._validation import UpperBound
 from geolens.analyses.grid import SHARED_OPTIONS, Job, free_memory, run_jobs
 from geolens.capture import capture
 from geolens.model import as_adapter
-from geolens.sites import FINAL_SITE, RESIDUAL_SITE
+from geolens.sites import RESIDUAL_SITE
 from geolens.analyses import registry
 from geolens.study.spec import Cell
 
@@ -134,51 +134,36 @@ def _capture_key(options: dict[str, Any]) -> tuple:
 
 
 def _shared_sites(cell: Cell) -> dict[tuple, list[str]]:
-    """The sites pga and spectrum need, per set of sampling options (one set in the usual case).
+    """The sites the analyses scored on shared states capture (each record's ``capture_sites``), per set of
+    sampling options (one set in the usual case).
 
     An analysis given its own ``layers`` captures for itself.
     """
     wanted: dict[tuple, list[str]] = {}
-    for name in _state_analyses():
-        options = cell.analyses.get(name)
+    for record in _state_analyses():
+        options = cell.analyses.get(record.name)
         if options is None or options.get("layers") is not None:
             continue
-        site = options.get("site", RESIDUAL_SITE)
-        sites = [site] + ([FINAL_SITE] if name == "pga" and options.get("include_final", True)
-                          and site != FINAL_SITE else [])
+        sites = (record.capture_sites(options) if record.capture_sites is not None
+                 else (options.get("site", RESIDUAL_SITE),))
         bucket = wanted.setdefault(_capture_key(options), [])
         bucket.extend(s for s in sites if s not in bucket)
     return wanted
 
 
-def _state_analyses() -> list[str]:
-    """The analyses scored on states captured once per cell (pga and spectrum), from the registry."""
-    return [name for name in registry.names("study") if registry.get(name).shares_capture]
-
-
-def _phase_rows(result) -> list[dict[str, Any]]:
-    """The split of a phases result as layer-free rows: breakpoints, chosen k and each phase's width in layers."""
-    params = result.params
-    b1, b2 = params.get("b1"), params.get("b2")
-    depth = params.get("n_layers")
-    found = bool(params.get("found")) and b1 is not None and b2 is not None
-    nan = float("nan")
-    values = {"b1": b1 if found else nan, "b2": b2 if found else nan, "k": params.get("k", nan),
-              "found": float(found)}
-    if depth is not None:
-        values.update({"width_I": b1 if found else nan, "width_II": (b2 - b1) if found else nan,
-                       "width_III": (depth + 1 - b2) if found else nan})
-    return [{"analysis": "phases", "site": None, "layer": None, "ccr": None, "metric": f"phases.{key}",
-             "value": float(value) if value is not None else nan} for key, value in values.items()]
+def _state_analyses() -> list[registry.Analysis]:
+    """The records of the study's analyses scored on states captured once per cell, from the registry."""
+    return [record for record in map(registry.get, registry.names("study")) if record.shares_capture]
 
 
 def _shared_states(adapter, cell: Cell) -> Callable[[Job, dict[str, Any]], Any]:
-    """What each analysis of the cell reads: pga and spectrum the states captured once for both (on first use),
-    the others the cell's texts. A capture that raises fails the analyses that need it, and only them."""
+    """What each analysis of the cell reads: those scored on shared states the states captured once for them all
+    (on first use), the others the cell's texts. A capture that raises fails the analyses that need it, and only
+    them."""
     sites = _shared_sites(cell)
     states: dict[tuple, Any] = {}
     texts = list(cell.texts)
-    shared = set(_state_analyses())
+    shared = {record.name for record in _state_analyses()}
 
     def inputs(job: Job, options: dict[str, Any]) -> Any:
         key = _capture_key(options)
@@ -198,16 +183,15 @@ def _shared_states(adapter, cell: Cell) -> Callable[[Job, dict[str, Any]], Any]:
     return inputs
 
 
-def _cell_jobs(cell: Cell) -> tuple[list[Job], dict[str, dict[str, Any]]]:
-    """The cell's analyses as jobs, with their options: a user's analysis from a study file carries its function."""
-    jobs, options = [], {}
+def _cell_records(cell: Cell) -> tuple[dict[str, registry.Analysis], dict[str, dict[str, Any]]]:
+    """The cell's analyses' records, with their options: a user's analysis from a study file carries its function."""
+    records, options = {}, {}
     for name, own in cell.analyses.items():
         own = dict(own)
         function = own.pop("function", None)
-        record = registry.get(name) if function is None else registry.user_analysis(name, function)
-        jobs.append(Job(name, record.function, record.takes_tokens))
+        records[name] = registry.get(name) if function is None else registry.user_analysis(name, function)
         options[name] = own
-    return jobs, options
+    return records, options
 
 
 def _failure(err: BaseException, **extra: Any) -> dict[str, Any]:
@@ -215,13 +199,14 @@ def _failure(err: BaseException, **extra: Any) -> dict[str, Any]:
             "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__)), **extra}
 
 
-def _cell_rows(result, name: str, cell: Cell, n_layers: int, d_model: int) -> list[dict[str, Any]]:
-    """One analysis's rows as its cell file stores them; rows the file cannot hold (a ``site`` that is not
-    text) raise here, inside the analysis's own guard, naming the analysis."""
+def _cell_rows(result, record: registry.Analysis, cell: Cell, n_layers: int, d_model: int) -> list[dict[str, Any]]:
+    """One analysis's rows as its cell file stores them (with the layer-free rows of its record's
+    ``study_rows``); rows the file cannot hold (a ``site`` that is not text) raise here, inside the analysis's
+    own guard, naming the analysis."""
+    name = record.name
     rows = result.long_rows(name)
-    if name == "phases":
-        result.params.setdefault("n_layers", n_layers)
-        rows += _phase_rows(result)
+    if record.study_rows is not None:
+        rows += record.study_rows(result, n_layers)
     for row in rows:
         layer = row["layer"]
         row.update(step=cell.step, n_layers=n_layers, d_model=d_model,
@@ -237,9 +222,10 @@ def _cell_rows(result, name: str, cell: Cell, n_layers: int, d_model: int) -> li
 def compute_cell(cell: Cell) -> dict[str, Any]:
     """Every analysis of one cell: ``{"n_layers", "d_model", "analyses": {name: outcome}}``.
 
-    Loads the model (an error there propagates: the cell has nothing to compute), captures the
-    states pga and spectrum share once, runs each analysis with its options (progress bars off)
-    on the grid engine :func:`geolens.over_checkpoints` runs on (:func:`geolens.analyses.grid.run_jobs`).
+    Loads the model (an error there propagates: the cell has nothing to compute), captures once the
+    states that the analyses scored on shared states read (pga and spectrum), runs each analysis with its
+    options (progress bars off) on the grid engine :func:`geolens.over_checkpoints` runs on
+    (:func:`geolens.analyses.grid.run_jobs`).
     An analysis that raises is caught: its outcome is ``{"ok": False, "error", "error_type",
     "traceback"}`` and the other analyses go on; one that succeeds gives ``{"ok": True, "rows",
     "params", "seconds"}`` (its rows in the long format). The model is freed when this returns
@@ -247,7 +233,8 @@ def compute_cell(cell: Cell) -> dict[str, Any]:
     """
     adapter = as_adapter(cell.load())
     n_layers, d_model = adapter.n_layers, adapter.d_model
-    jobs, options = _cell_jobs(cell)
+    records, options = _cell_records(cell)
+    jobs = [Job(name, record.function, record.takes_tokens) for name, record in records.items()]
     outcomes: dict[str, dict[str, Any]] = {}
     for outcome in run_jobs(adapter, list(cell.texts), jobs, options, inputs=_shared_states(adapter, cell),
                             progress=False):
@@ -256,7 +243,7 @@ def compute_cell(cell: Cell) -> dict[str, Any]:
             outcomes[name] = _failure(outcome.error, seconds=round(outcome.seconds, 3))
             continue
         try:
-            rows = _cell_rows(outcome.result, name, cell, n_layers, d_model)
+            rows = _cell_rows(outcome.result, records[name], cell, n_layers, d_model)
         except Exception as err:  # its rows could not be made, or not stored: it fails alone too
             outcomes[name] = _failure(err, seconds=round(outcome.seconds + time.perf_counter() - begun, 3))
             continue

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from geolens.analyses import registry
 from geolens.study.factories import register_model_factory
 from geolens.study.spec import ModelSpec
 from geolens.zoo.train import Zoo
@@ -70,7 +71,9 @@ def zoo_member(zoo: Zoo | str | os.PathLike, width: int, steps: str | Sequence[i
     metadata = {"width": width, "d_head": config.d_head,
                 "train_steps": config.steps, "batch_size": config.batch_size, "lr": config.lr,
                 "weight_decay": config.weight_decay}
-    own = {"phases": {"cache_dir": str(Path(zoo.member_dir(width)) / "lenses")}}
+    member_dir = Path(zoo.member_dir(width))
+    own = {record.name: dict(record.member_options(member_dir)) for record in map(registry.get, registry.names("zoo"))
+           if record.member_options is not None}
     for name, options in (params or {}).items():
         own[name] = {**own.get(name, {}), **options}
     return ModelSpec(loader=functools.partial(load_zoo_checkpoint, str(zoo.root), int(width)),

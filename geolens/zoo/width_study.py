@@ -181,8 +181,8 @@ class ZooResult(Result):
             erank = last[(last["metric"] == "spectrum.effective_rank")]["value"]
             if len(erank):
                 row["effective_rank_mean"] = float(erank.mean())
-            breaks = self.params.get("phases", {}).get(str(width), {})
-            row["phase_b1"], row["phase_b2"] = breaks.get("b1"), breaks.get("b2")
+            for record in _summarised():
+                row.update(record.zoo_columns(self.params.get(record.name, {}).get(str(width), {})))
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -190,22 +190,14 @@ class ZooResult(Result):
 def zoo_study(zoo, plan: dict[int, list[int]], texts: Sequence[str], lens_texts: Sequence[str],
               settings: ZooReportSettings, analyses: Sequence[str]) -> Study:
     """The width study as a :class:`~geolens.study.Study`: one model per width (its checkpoints ``plan[width]``),
-    the held-out texts, ``k = round(k_fraction * d)`` per width, a cached tuned lens per member for the phases."""
-    models = {f"d{width}": zoo_member(zoo, width, steps, params={"pga": {"k": settings.k(width)}})
-              for width, steps in plan.items()}
-    options: dict[str, dict[str, Any]] = {}
-    if "pga" in analyses:
-        options["pga"] = {"n_null": settings.n_null, "ccr": list(settings.ccr)}
-    if "spectrum" in analyses:
-        options["spectrum"] = {}
-    if "phases" in analyses:
-        # The reference recipe, as the zoo's numbers were made; no half-text lenses for the stability:
-        # six layers give no phases to compare, and they would triple the report's lens training.
-        options["phases"] = {"lens_texts": list(lens_texts), "stability": False,
-                             "lens_budget": {"method": "reference", "steps": settings.lens_steps,
-                                             "tokens_per_step": settings.lens_tokens_per_step}}
-    return Study(models=models, texts=list(texts), analyses=options, n_tokens=settings.n_tokens, seed=settings.seed,
-                 max_length=settings.max_length, name="zoo")
+    the held-out texts, each analysis with its record's options on that member (``zoo_options``: e.g.
+    ``k = round(k_fraction * d)`` for PGA, a cached tuned lens of ``lens_texts`` for the phases)."""
+    records = [registry.get(name) for name in analyses]
+    models = {f"d{width}": zoo_member(zoo, width, steps, params={
+        record.name: dict(record.zoo_options(settings, width=width, lens_texts=lens_texts))
+        for record in records if record.zoo_options is not None}) for width, steps in plan.items()}
+    return Study(models=models, texts=list(texts), analyses={record.name: {} for record in records},
+                 n_tokens=settings.n_tokens, seed=settings.seed, max_length=settings.max_length, name="zoo")
 
 
 def _zoo_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
@@ -288,11 +280,12 @@ def zoo_report(
     texts, lens_texts = _zoo_texts(settings)
     study = zoo_study(zoo, plan, texts, lens_texts, settings, [a for a in zoo_analyses() if a in analyses])
     rows, provenance, study_dir = _run_zoo_study(study, out_dir, settings.progress)
-    splits = _phase_splits(plan, provenance) if "phases" in analyses else {}
+    kept = {record.name: _last_step_summaries(plan, provenance, record) if record.name in analyses else {}
+            for record in _summarised()}
     params = {
         "zoo": str(zoo.root), "family": zoo.config.family(), "widths": list(zoo.config.widths),
         "steps": sorted({s for steps in plan.values() for s in steps}), "analyses": list(analyses),
-        "k": {str(w): settings.k(w) for w in zoo.config.widths}, "phases": splits,
+        "k": {str(w): settings.k(w) for w in zoo.config.widths}, **kept,
         "texts": f"{len(texts)} held-out BBC News texts", "lens_texts": len(lens_texts),
         **{key: (list(value) if isinstance(value, tuple) else value)
            for key, value in vars(settings).items() if key != "progress"},
@@ -349,18 +342,23 @@ def _run_zoo_study(study: Study, out_dir: str | Path | None, progress: bool) -> 
         return _zoo_rows(ran.to_pandas()), load_provenance(study_dir), study_dir
 
 
-def _phase_splits(plan: dict[int, list[int]], provenance: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each width's phase split (``k``, ``b1``, ``b2``, ``found``, ``reason``) at its last reported step.
+def _summarised() -> list[registry.Analysis]:
+    """The zoo's analyses whose reported params its result keeps per width (their records' ``zoo_summary``)."""
+    return [record for record in map(registry.get, zoo_analyses()) if record.zoo_summary is not None]
+
+
+def _last_step_summaries(plan: dict[int, list[int]], provenance: dict[str, Any],
+                         record: registry.Analysis) -> dict[str, dict[str, Any]]:
+    """What ``record`` keeps of its reported params (its ``zoo_summary``) at each width's last step.
 
     Example:
-        >>> _phase_splits({16: [0, 4]}, {"d16/4": {"params": {"phases": {"k": 3, "b1": 1, "b2": 2, "found": True}}}})
+        >>> reported = {"d16/4": {"params": {"phases": {"k": 3, "b1": 1, "b2": 2, "found": True}}}}
+        >>> _last_step_summaries({16: [0, 4]}, reported, registry.get("phases"))
         {'16': {'k': 3, 'b1': 1, 'b2': 2, 'found': True, 'reason': None}}
     """
-    splits: dict[str, dict[str, Any]] = {}
-    for width, steps in plan.items():
-        reported = provenance.get(f"d{width}/{steps[-1]}", {}).get("params", {}).get("phases", {})
-        splits[str(width)] = {key: reported.get(key) for key in ("k", "b1", "b2", "found", "reason")}
-    return splits
+    return {str(width): dict(record.zoo_summary(provenance.get(f"d{width}/{steps[-1]}", {}).get("params", {})
+                                                .get(record.name, {})))
+            for width, steps in plan.items()}
 
 
 def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
@@ -383,7 +381,8 @@ def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     if "spectrum.effective_rank" in metrics:
         figures.append(result.plot_training(kind="spectrum.effective_rank"))
     summary = Result(rows=result.summary().to_dict("records"),
-                     params={k: v for k, v in result.params.items() if k not in ("paths", "phases")})
+                     params={k: v for k, v in result.params.items()
+                             if k != "paths" and k not in {r.name for r in _summarised()}})
     meta = {"zoo": result.params["zoo"], "widths": result.params["widths"], "steps": result.params["steps"],
             "run_time_s": result.params.get("run_time_s"), "versions": versions()}
     lines = [f"{row['d_model'] if 'd_model' in row else row.get('width')}: "

@@ -136,7 +136,7 @@ def test_stability_table_per_k_against_kneedle_on_planted_halves(deep_bridge, te
     at k = K the table gives half 0 the breakpoints kneed finds on the planted curve, half 1 none, and the
     rule fails there and only for that reason; the findings name the k and the halves."""
     import geolens.analyses.phases as ph
-    from geolens.report.findings import phases_findings
+    from geolens.analyses.findings import phases_findings
 
     lens = _planted_lens(deep_bridge)
     settling = tuple(0.1 * (i + 1) for i in range(len(ANGLES)))  # RSS falls from the first layer: no rise

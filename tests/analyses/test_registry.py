@@ -3,9 +3,14 @@ own analysis registered with geolens.register_analysis runs in each of them (exa
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import dataclasses
 import inspect
+import io
 import json
+import sys
+import tokenize
 from pathlib import Path
 
 import pandas as pd
@@ -83,8 +88,8 @@ def test_the_builtin_records_are_the_analyses_and_their_places():
     assert registry.get("lens").function is geolens.lens.evaluate
     assert not registry.get("weights").takes_tokens and registry.get("updates").takes_tokens
     assert [n for n in registry.names() if registry.get(n).shares_capture] == ["pga", "spectrum"]
-    # the report attaches its runner and findings to every built-in record
-    assert all(registry.get(n).section is not None and registry.get(n).findings is not None
+    # every built-in record holds its report runner and findings
+    assert all(registry.get(n).runner is not None and registry.get(n).findings is not None
                for n in registry.names("report"))
     assert registry.get("pga").notes.startswith("p_value") and all(registry.get(n).caption for n in registry.names())
     table = geolens.available_analyses()
@@ -94,7 +99,7 @@ def test_the_builtin_records_are_the_analyses_and_their_places():
 
 def test_every_place_that_listed_analyses_reads_the_registry():
     import geolens.analyses.checkpoints as checkpoints
-    import geolens.report.findings as findings
+    import geolens.analyses.findings as findings
     import geolens.study.spec as spec
     from geolens.cli.report import _section_names
     from geolens.zoo.width_study import zoo_analyses
@@ -103,6 +108,125 @@ def test_every_place_that_listed_analyses_reads_the_registry():
                          (geolens.report, "CAPTIONS"), (geolens.report, "NOTES"), (findings, "FINDINGS")):
         assert not hasattr(module, gone), f"{module.__name__}.{gone} still exists"
     assert _section_names() == registry.names("report") and zoo_analyses() == registry.names("zoo")
+
+
+# ---------------------------------------------------------------- a record is the whole truth about its analysis
+
+PACKAGE = ROOT / "geolens"
+
+# Where a registered name may appear as a string literal outside the registry and its record's own modules (the
+# modules of its function and of each part the record points at, and those of the records that need it: phases
+# reads the results of lens and updates): (module, name) -> why. A module is a file without ".py" or a package
+# (every file under it). Data only, or knowledge not moved into the records yet (remove an entry once its place
+# reads the record).
+NAMES_AS_DATA = {
+    # default arguments: the analyses run when none are named
+    ("analyses/checkpoints", "pga"): "over_checkpoints' default analyses",
+    ("analyses/checkpoints", "spectrum"): "over_checkpoints' default analyses",
+    ("study/spec", "pga"): "a Study's default analyses",
+    ("study/spec", "spectrum"): "a Study's default analyses",
+    # "lens" is also a column of lens tables (logit / tuned) and a part of a tuned lens (lens, half 0, half 1)
+    ("lens/tuned_lens", "lens"): "the part of a tuned lens's training history",
+    ("plotting", "lens"): "the lens column and the lens part drawn by the lens figures",
+    # not moved yet: the study page's view of phase widths reads the phases' rows by name
+    ("study/views", "phases"): "not moved yet: the study page's view of phase widths",
+}
+
+
+def _in_module(where: str, module: str) -> bool:
+    """Whether the file ``where`` (relative to the package) is ``module`` or lies under it.
+
+    >>> _in_module("plotting/lens.py", "plotting"), _in_module("study/spec.py", "study/spec")
+    (True, True)
+    """
+    return where.removesuffix(".py") == module or where.startswith(f"{module}/")
+
+
+def _allowed(where: str, name: str) -> bool:
+    return any(_in_module(where, module) for module, allowed in NAMES_AS_DATA if allowed == name)
+
+
+def _string_literals(path: Path) -> list[tuple[int, str]]:
+    """``(line, value)`` of each str literal of ``path``'s code; ``__all__`` lists (names of functions) left out."""
+    found, in_all, at_start = [], False, True
+    for token in tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline):
+        if token.type == tokenize.NEWLINE:
+            in_all, at_start = False, True
+            continue
+        if at_start and token.type == tokenize.NAME:
+            in_all = token.string == "__all__"
+        if token.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            at_start = False
+        if token.type == tokenize.STRING and not in_all:
+            try:
+                value = ast.literal_eval(token.string)
+            except (ValueError, SyntaxError):  # an f-string: its parts are not a name on their own
+                continue
+            if isinstance(value, str):
+                found.append((token.start[0], value))
+    return found
+
+
+def _own_files(record) -> set[str]:
+    """The package files a record points at: its function's module and those of its parts (runner, findings, ...)."""
+    parts = [record.function, record.runner, record.findings, record.figures, record.capture_sites,
+             record.study_rows, record.zoo_options, record.member_options, record.zoo_summary, record.zoo_columns]
+    modules = {inspect.unwrap(part).__module__ for part in parts if part is not None}
+    return {Path(sys.modules[m].__file__).resolve().relative_to(PACKAGE).as_posix() for m in modules}
+
+
+def test_the_scanner_reads_string_literals_of_code():
+    literals = [value for _, value in _string_literals(PACKAGE / "analyses" / "checkpoints.py")]
+    assert "pga" in literals and "over_checkpoints" not in literals  # __all__ is left out
+
+
+def test_no_analysis_name_is_a_special_case_outside_its_record():
+    found = []
+    for name in registry.names():
+        needing = [registry.get(other) for other in registry.names() if name in registry.get(other).needs]
+        own = {"analyses/registry.py"}.union(*map(_own_files, [registry.get(name), *needing]))
+        for path in sorted(PACKAGE.rglob("*.py")):
+            where = path.relative_to(PACKAGE).as_posix()
+            if where in own or _allowed(where, name):
+                continue
+            found += [f"geolens/{where}:{line}: {name!r}" for line, value in _string_literals(path) if value == name]
+    assert found == [], "an analysis's name outside its record (read the record instead):\n" + "\n".join(found)
+
+
+def test_every_allowed_name_is_still_there():
+    files = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))]
+    stale = [(module, name) for module, name in NAMES_AS_DATA
+             if not any(_in_module(where, module) and name in [v for _, v in _string_literals(PACKAGE / where)]
+                        for where in files)]
+    assert stale == [], f"remove these entries of NAMES_AS_DATA: {stale}"
+
+
+def test_needs_order_the_runs_and_a_bad_need_is_refused(monkeypatch):
+    assert registry.run_order(["phases", "probes", "updates", "pga", "lens"]) == [
+        "lens", "updates", "phases", "pga", "probes"]
+    assert registry.run_order(["spectrum", "pga"]) == ["pga", "spectrum"]
+    assert registry.run_order(registry.names("report")) == registry.names("report")  # the page's order runs as is
+    assert registry.run_order(["phases"]) == ["phases"]  # a need not asked for does not run
+    with pytest.raises(ValueError, match="unknown analysis 'nothing'"):
+        registry.run_order(["nothing"])
+    record = registry.get("updates")
+    monkeypatch.setitem(registry._RECORDS, "updates", dataclasses.replace(record, needs=("phases",)))
+    with pytest.raises(ValueError, match="in a cycle: phases -> updates -> phases"):
+        registry.run_order(["phases"])
+    monkeypatch.setitem(registry._RECORDS, "updates", dataclasses.replace(record, needs=("nowhere",)))
+    with pytest.raises(ValueError, match="analysis 'updates' needs 'nowhere', which is not an analysis"):
+        geolens.report.report(None, ["a"], "unused", sections=["updates"])
+
+
+def test_the_report_runs_in_needs_order_and_shows_the_order_asked(native_bridge, tmp_path):
+    paths = geolens.report.report(native_bridge, TEXTS, tmp_path, sections=["spectrum", "pga"], n_tokens=20, k=4,
+                                  n_null=5, ccr=[1], pga_resamples=0, alpha_fit_range=(1, 8), progress=False)
+    meta = json.loads(paths["meta.json"].read_text())
+    assert meta["sections"] == ["spectrum", "pga"] and meta["errors"] == {}
+    page = paths["report.html"].read_text()
+    assert page.index("<section id='spectrum'>") < page.index("<section id='pga'>")
+    spectra = page[page.index("<section id='spectrum'>"):page.index("<section id='pga'>")]
+    assert "sd over layers" in spectra  # pga ran first: the spectra are drawn beside its z
 
 
 # ---------------------------------------------------------------- registering
@@ -199,8 +323,9 @@ def test_a_report_section_has_its_table_and_a_figure_per_column(register, native
     paths = geolens.report.report(native_bridge, TEXTS, tmp_path, sections=["planted"], progress=False)
     table = pd.read_csv(paths["planted.csv"])
     assert table["scaled"].tolist() == [0.0, 1.0, 2.0] and table["note"].tolist() == ["text"] * 3
-    result, figures = geolens.report.run_section("planted", geolens.as_adapter(native_bridge), TEXTS,
-                                                 geolens.report.ReportSettings(progress=False))
+    run = geolens.report.ReportRun(geolens.as_adapter(native_bridge), TEXTS,
+                                   geolens.report.ReportSettings(progress=False))
+    result, figures = geolens.report.run_section("planted", run)
     assert len(figures) == 1 and [list(trace.y) for trace in figures[0].data] == [[0.0, 1.0, 2.0]]
     html = paths["report.html"].read_text()
     assert "Planted by layer" in html and "scaled runs from 0 (layer 0) to 2 (layer 2) across 3 layers." in html

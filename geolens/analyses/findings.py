@@ -3,8 +3,8 @@
 Each function reads one result's table (``result.to_pandas()``) and ``params`` and
 returns a list of plain-text lines; a line is only written where the numbers
 support it (thresholds are the null's two-sided 95 %, |z| > 1.96). Nothing here
-knows models: the functions read tables. The report attaches each to its analysis's record in
-:mod:`geolens.analyses.registry`.
+knows models: the functions read tables. Each analysis's record in :mod:`geolens.analyses.registry`
+points at its own (``findings=``); the report shows them at the top of its section.
 
 Example:
     >>> from geolens.results import Result
@@ -25,10 +25,9 @@ from typing import Any, Sequence
 
 from pandas.api.types import is_bool_dtype, is_numeric_dtype
 
-from geolens.analyses import registry
-
-__all__ = ["Z_CHANCE", "column_findings", "findings", "layer_ranges", "pga_findings", "pga_interval_findings",
-           "refinement_phrase"]
+__all__ = ["Z_CHANCE", "column_findings", "convergence_findings", "layer_ranges", "lens_findings", "pga_findings",
+           "pga_interval_findings", "phases_findings", "probes_findings", "refinement_phrase", "spectrum_findings",
+           "updates_findings", "weights_findings"]
 
 Z_CHANCE = 1.96  # two-sided 95 % of the null
 
@@ -513,24 +512,3 @@ def column_findings(result: Any) -> list[str]:
         lines.append(f"{column} runs from {values[low]:.3g} (layer {int(low)}) to {values[high]:.3g} "
                      f"(layer {int(high)}) across {values.index.nunique()} layers.")
     return lines
-
-
-def findings(name: str, result: Any) -> list[str]:
-    """The findings of one report section: its record's findings function in the registry of analyses (none for
-    an analysis without one, or when reading fails).
-
-    Example:
-        >>> from geolens.results import Result
-        >>> findings("probes", Result(rows=[{"layer": 2, "accuracy_mean": 0.8, "chance": 0.2}]))
-        ['The best linear probe is at layer 2: 0.80 held-out accuracy (chance 0.20).']
-    """
-    record = registry.get(name) if name in registry.names() else None
-    reader = None if record is None else record.findings
-    if reader is None and record is not None and not record.builtin:
-        reader = column_findings  # a registered analysis: where each of its columns peaks
-    if reader is None:
-        return []
-    try:
-        return reader(result)
-    except (KeyError, ValueError, TypeError, IndexError) as err:  # the section's numbers still show below
-        return [f"(no summary for this section: {type(err).__name__}: {err})"]
