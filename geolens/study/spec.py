@@ -73,7 +73,6 @@ def check_label(label: object, what: str) -> str:
     return text
 
 
-
 def _scalar_metadata(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     out = {}
     for key, value in check_table(values, f"{where}: metadata").items():
@@ -199,8 +198,9 @@ def as_model_spec(entry: Any, label: str, base_dir: Path | None = None) -> Model
                     f"a table; got {type(entry).__name__}")
 
 
-
 def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) -> ModelSpec:
+    """A model table (``path =``, ``hub =``, ``loader =``, ``factory =`` or a registered key, with its revisions,
+    ``metadata``, ``params`` and ``resources``) as a :class:`ModelSpec`; ``table`` is consumed."""
     where = f"model {label!r}"
     extra = {key: check_table(table.pop(key), f"{where}: {key}") for key in ("metadata", "params", "resources")
              if key in table}
@@ -226,20 +226,8 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
         checkpoints = table.pop(revisions[0]) if revisions else None
         spec = ModelSpec(loader=functools.partial(fn, **kwargs) if kwargs else fn,
                          checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
-    else:  # a factory returning a ModelSpec: factory = "module:function" with args, or a short name (zoo = ...)
-        if source == "factory":
-            factory = registry.resolve_function(table.pop("factory"), where, key="factory")
-            args = dict(check_table(table.pop("args", {}), f"{where}: args"))
-        else:
-            factory = factories[source]
-            args = {source: local_path(table.pop(source), base_dir)}
-            args.update({key: table.pop(key) for key in list(table)})
-        try:
-            spec = factory(**args)
-        except TypeError as err:
-            raise ValueError(f"{where}: {err}") from None
-        if not isinstance(spec, ModelSpec):
-            raise TypeError(f"{where}: the factory returned {type(spec).__name__}, not a ModelSpec")
+    else:
+        spec = _model_from_factory(table, source, where, base_dir)
     if table:
         raise ValueError(f"{where}: unknown keys {sorted(table)}")
     if extra:
@@ -248,6 +236,24 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
                        resources={**spec.resources, **extra.get("resources", {})})
     return spec
 
+
+def _model_from_factory(table: dict[str, Any], source: str, where: str, base_dir: Path | None) -> ModelSpec:
+    """The ModelSpec a factory returns: ``factory = "module:function"`` with ``args``, or a registered key
+    (``zoo = "folder"``) with the table's other keys as arguments; ``table`` is consumed."""
+    if source == "factory":
+        factory = registry.resolve_function(table.pop("factory"), where, key="factory")
+        args = dict(check_table(table.pop("args", {}), f"{where}: args"))
+    else:
+        factory = model_factories()[source]
+        args = {source: local_path(table.pop(source), base_dir)}
+        args.update({key: table.pop(key) for key in list(table)})
+    try:
+        spec = factory(**args)
+    except TypeError as err:
+        raise ValueError(f"{where}: {err}") from None
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"{where}: the factory returned {type(spec).__name__}, not a ModelSpec")
+    return spec
 
 
 def _study_analyses(analyses: Mapping[str, Any]) -> dict[str, registry.Analysis]:
@@ -267,7 +273,6 @@ def _study_analyses(analyses: Mapping[str, Any]) -> dict[str, registry.Analysis]
         else:
             records[name] = registry.get(name)
     return records
-
 
 
 @dataclass
