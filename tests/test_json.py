@@ -52,7 +52,7 @@ def test_hash_form_tells_defaults_from_explicit_sizes_and_sorts_keys():
 
 def test_hash_of_a_study_option_is_the_one_stored_cells_were_keyed_by():
     """The hash form is the one cells were stored under: the same sha256 as the JSON written out by hand."""
-    from geolens.study.spec import _sha
+    from geolens.study.plan import _sha
 
     value = {"k": 8, "n_tokens": UpperBound(512), "ccr": (0, 1), "rho": float("nan"), "path": Path("/m")}
     by_hand = '{"ccr": [0, 1], "k": 8, "n_tokens": {"at_most": 512}, "path": "/m", "rho": "nan"}'

@@ -38,7 +38,7 @@ from geolens.capture import capture
 from geolens.model import as_adapter
 from geolens.sites import RESIDUAL_SITE
 from geolens.analyses import registry
-from geolens.study.spec import Cell
+from geolens.study.plan import Cell
 
 __all__ = ["CELLS_DIR", "ERROR_FILE", "MANIFEST", "METADATA_FILE", "analysis_error_file", "analysis_file",
            "cell_dir", "cell_provenance", "compute_cell", "finish_cell", "is_finished", "is_valid",

@@ -27,7 +27,8 @@ from geolens._io import atomic_file, atomic_write_text
 from geolens._validation import UpperBound, check_float
 from geolens.study.cells import (CELLS_DIR, MANIFEST, METADATA_FILE, finish_cell, is_finished, remaining, run_cell,
                                  tidy_cell)
-from geolens.study.spec import CELL_FORMAT, STUDY_KIND, Cell, Study
+from geolens.study.plan import CELL_FORMAT, Cell
+from geolens.study.spec import STUDY_KIND, Study
 
 __all__ = ["EXECUTORS", "run_study", "write_manifest"]
 

@@ -1,8 +1,10 @@
 """A study declared as data: models (and their checkpoints), metadata, texts, analyses, per-cell resources.
 
-A :class:`Study` expands into *cells*, one per ``(model, checkpoint)``; each cell
-carries everything a worker needs to compute it (:class:`Cell`) and the hash of
-that spec, so a rerun can tell a finished cell from a changed one.
+The dataclasses of a study and their checks: :class:`Study` and :class:`ModelSpec`. A
+:class:`Study` expands into *cells*, one per ``(model, checkpoint)``
+(:mod:`geolens.study.plan`: each cell carries everything a worker needs to compute it and
+the hashes that tell a finished cell from a changed one); a study file is read by
+:mod:`geolens.study.toml`.
 
 Model entries (``Study.models``, label -> entry):
 
@@ -32,35 +34,31 @@ Example:
     {'width': 32}
 """
 
+
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import numbers
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from geolens._json import callable_id, jsonable
 from geolens._validation import DEFAULT_N_TOKENS, check_float
 from geolens.analyses import registry
-from geolens.analyses.grid import SHARED_OPTIONS, check_shared_options, resolve_jobs, route_options
+from geolens.analyses.grid import SHARED_OPTIONS, check_shared_options
 from geolens.study.factories import model_factories
+from geolens.study.plan import Cell, PlannedModel, plan_cells
+from geolens.study.toml import check_table, local_path, read_study_file, texts_from
 
-__all__ = ["CELL_FORMAT", "RESERVED_COLUMNS", "Cell", "ModelSpec", "Study", "parse_checkpoint_step"]
+__all__ = ["RESERVED_COLUMNS", "ModelSpec", "Study"]
 
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources")  # resources: Ray custom ones, {name: amount}
 # Columns of the long table and of metadata.parquet (``order``); metadata keys may not take these names.
 RESERVED_COLUMNS = ("model", "checkpoint", "step", "n_layers", "d_model", "analysis", "site", "ccr", "layer",
                     "relative_depth", "metric", "value", "order")
-# Bump when a cell's rows change meaning: every cell is then recomputed.
-# 2: one file per (cell, analysis); sample sizes that are upper bounds hash apart from explicit ones.
-CELL_FORMAT = 2
-MAIN = "main"
+MAIN = "main"  # the label of a model's default checkpoint (revision None)
 # study.json says it is a geolens study with this (other tools write files of that name too).
 STUDY_KIND = "geolens.study"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -75,33 +73,9 @@ def check_label(label: object, what: str) -> str:
     return text
 
 
-def parse_checkpoint_step(checkpoint: Any) -> int | None:
-    """The training step a checkpoint names: an int, ``"1000"`` or ``"step1000"``; else ``None``.
-
-    Example:
-        >>> parse_checkpoint_step(16), parse_checkpoint_step("step143000"), parse_checkpoint_step("main")
-        (16, 143000, None)
-    """
-    if isinstance(checkpoint, numbers.Integral) and not isinstance(checkpoint, bool):
-        return int(checkpoint)
-    match = re.fullmatch(r"(?:step)?(\d+)", str(checkpoint))
-    return int(match.group(1)) if match else None
-
-
-def _sha(value: Any, length: int = 16) -> str:
-    return hashlib.sha256(json.dumps(jsonable(value, for_hash=True), sort_keys=True).encode()).hexdigest()[:length]
-
-
-def _table(value: Any, what: str) -> Mapping[Any, Any]:
-    """``value`` if it is a mapping (a TOML table, a dict), else a ``TypeError`` naming ``what``."""
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{what} must be a table (a dict, a TOML table), got {type(value).__name__} {value!r}")
-    return value
-
-
 def _scalar_metadata(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     out = {}
-    for key, value in _table(values, f"{where}: metadata").items():
+    for key, value in check_table(values, f"{where}: metadata").items():
         if not isinstance(key, str) or not key:
             raise TypeError(f"{where}: metadata keys must be non-empty strings (they name columns), got {key!r}")
         if key in RESERVED_COLUMNS:
@@ -187,11 +161,11 @@ class ModelSpec:
         if self.loader is not None and not callable(self.loader):
             raise TypeError(f"loader must be callable, got {type(self.loader).__name__}")
         for name in ("metadata", "checkpoint_metadata", "params", "resources"):
-            _table(getattr(self, name), name)
+            check_table(getattr(self, name), name)
         for checkpoint, values in self.checkpoint_metadata.items():
-            _table(values, f"checkpoint_metadata[{checkpoint!r}]")
+            check_table(values, f"checkpoint_metadata[{checkpoint!r}]")
         for analysis, options in self.params.items():  # the names are checked against the study's analyses
-            _table(options, f"params[{analysis!r}]")
+            check_table(options, f"params[{analysis!r}]")
         checkpoints = self.checkpoints
         if isinstance(checkpoints, (str, numbers.Integral)) or checkpoints is None:
             checkpoints = (checkpoints,)
@@ -224,16 +198,11 @@ def as_model_spec(entry: Any, label: str, base_dir: Path | None = None) -> Model
                     f"a table; got {type(entry).__name__}")
 
 
-def _local_path(value: str, base_dir: Path | None) -> str:
-    path = Path(value).expanduser()
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
-    return str(path)
-
-
 def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) -> ModelSpec:
+    """A model table (``path =``, ``hub =``, ``loader =``, ``factory =`` or a registered key, with its revisions,
+    ``metadata``, ``params`` and ``resources``) as a :class:`ModelSpec`; ``table`` is consumed."""
     where = f"model {label!r}"
-    extra = {key: _table(table.pop(key), f"{where}: {key}") for key in ("metadata", "params", "resources")
+    extra = {key: check_table(table.pop(key), f"{where}: {key}") for key in ("metadata", "params", "resources")
              if key in table}
     factories = model_factories()  # registered by the packages that build models (geolens.zoo: zoo =)
     sources = [key for key in ("path", "hub", "loader", "factory", *factories) if key in table]
@@ -249,28 +218,16 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
         name = table.pop(source)
         if not isinstance(name, str) or not name:
             raise TypeError(f"{where}: {source} must be a non-empty string")
-        spec = ModelSpec(path=_local_path(name, base_dir) if source == "path" else name, local=source == "path",
+        spec = ModelSpec(path=local_path(name, base_dir) if source == "path" else name, local=source == "path",
                          checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
     elif source == "loader":
         fn = registry.resolve_function(table.pop("loader"), where, key="loader")
-        kwargs = _table(table.pop("kwargs", {}), f"{where}: kwargs")
+        kwargs = check_table(table.pop("kwargs", {}), f"{where}: kwargs")
         checkpoints = table.pop(revisions[0]) if revisions else None
         spec = ModelSpec(loader=functools.partial(fn, **kwargs) if kwargs else fn,
                          checkpoints=tuple(checkpoints) if isinstance(checkpoints, list) else (checkpoints,))
-    else:  # a factory returning a ModelSpec: factory = "module:function" with args, or a short name (zoo = ...)
-        if source == "factory":
-            factory = registry.resolve_function(table.pop("factory"), where, key="factory")
-            args = dict(_table(table.pop("args", {}), f"{where}: args"))
-        else:
-            factory = factories[source]
-            args = {source: _local_path(table.pop(source), base_dir)}
-            args.update({key: table.pop(key) for key in list(table)})
-        try:
-            spec = factory(**args)
-        except TypeError as err:
-            raise ValueError(f"{where}: {err}") from None
-        if not isinstance(spec, ModelSpec):
-            raise TypeError(f"{where}: the factory returned {type(spec).__name__}, not a ModelSpec")
+    else:
+        spec = _model_from_factory(table, source, where, base_dir)
     if table:
         raise ValueError(f"{where}: unknown keys {sorted(table)}")
     if extra:
@@ -280,105 +237,23 @@ def _model_from_table(table: dict[str, Any], label: str, base_dir: Path | None) 
     return spec
 
 
-def _read_text(value: Any, base_dir: Path | None, what: str) -> tuple[Path, str]:
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise TypeError(f"{what} must be a file name, got {type(value).__name__} {value!r}")
-    path = Path(_local_path(os.fspath(value), base_dir))
-    if not path.is_file():
-        raise FileNotFoundError(f"{what}: {path} {'is not a file' if path.exists() else 'does not exist'}")
+def _model_from_factory(table: dict[str, Any], source: str, where: str, base_dir: Path | None) -> ModelSpec:
+    """The ModelSpec a factory returns: ``factory = "module:function"`` with ``args``, or a registered key
+    (``zoo = "folder"``) with the table's other keys as arguments; ``table`` is consumed."""
+    if source == "factory":
+        factory = registry.resolve_function(table.pop("factory"), where, key="factory")
+        args = dict(check_table(table.pop("args", {}), f"{where}: args"))
+    else:
+        factory = model_factories()[source]
+        args = {source: local_path(table.pop(source), base_dir)}
+        args.update({key: table.pop(key) for key in list(table)})
     try:
-        return path, path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{what}: cannot read {path} as UTF-8 text ({err})") from None
-
-
-def _texts_from(value: Any, base_dir: Path | None, what: str = "texts") -> list[str]:
-    """Texts from a list, or a TOML table: ``{default = 32}`` (BBC News), ``{files = [...]}`` (one text per file),
-    ``{lines = "file"}`` (one text per non-empty line). Each way must give at least one non-blank text."""
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, Mapping):
-        keys = set(value)
-        if keys == {"default"} or keys == {"default", "seed"}:
-            from geolens.data import default_texts
-
-            n, seed = value["default"], value.get("seed", 0)
-            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-                raise ValueError(f"{what}: {{default = n}} needs a whole number of texts n >= 1, got {n!r}")
-            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-                raise ValueError(f"{what}: {{default = n, seed = s}} needs a whole number seed >= 0, got {seed!r}")
-            return list(default_texts(n=int(n), seed=int(seed)))
-        if keys == {"files"}:
-            files = value["files"]
-            if isinstance(files, (str, os.PathLike)) or not isinstance(files, (list, tuple)) or not files:
-                raise TypeError(f"{what}: {{files = [...]}} needs a non-empty list of file names, got {files!r}")
-            texts = []
-            for name in files:
-                path, text = _read_text(name, base_dir, f"{what}: files")
-                if not text.strip():
-                    raise ValueError(f"{what}: file {path} is empty (every file is one text)")
-                texts.append(text)
-            return texts
-        if keys == {"lines"}:
-            path, text = _read_text(value["lines"], base_dir, f"{what}: lines")
-            texts = [line.strip() for line in text.splitlines() if line.strip()]
-            if not texts:
-                raise ValueError(f"{what}: file {path} has no non-blank line (each line is one text)")
-            return texts
-        raise ValueError(f"{what}: a table must be {{default = n}}, {{files = [...]}} or {{lines = 'file'}}; "
-                         f"got keys {sorted(keys)}")
-    try:
-        texts = list(value)
-    except TypeError:
-        raise TypeError(f"{what} must be a list of strings or a table, got {type(value).__name__}") from None
-    if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
-        raise ValueError(f"{what} must be a non-empty list of non-empty strings")
-    return texts
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One ``(model, checkpoint)`` of a study: how to load it, what to compute, where its rows go.
-
-    ``analyses`` holds each analysis's complete options (the study's, the model's overrides, the
-    shared ``n_tokens``/``seed``/``batch_size``/``max_length``); ``analysis_hashes`` hashes each
-    analysis's options with the model's source, the checkpoint and the texts (an analysis is finished
-    when its file for that hash is on disk), ``spec_hash`` all of them.
-    """
-
-    model: str
-    checkpoint: str
-    checkpoint_value: Any
-    step: int | None
-    path: str | None
-    loader: Callable[..., Any] | None
-    texts: tuple[str, ...]
-    analyses: Mapping[str, Mapping[str, Any]]
-    metadata: Mapping[str, Any]
-    resources: Mapping[str, Any]
-    dtype: str
-    device: str | None
-    spec_hash: str
-    order: int
-    analysis_hashes: Mapping[str, str] = field(default_factory=dict)
-    local: bool = False
-
-    def load(self) -> Any:
-        """Boot this cell's model (a path: :func:`geolens.model.boot_bridge`; else its loader)."""
-        if self.loader is not None:
-            return self.loader() if self.checkpoint_value is None else self.loader(self.checkpoint_value)
-        if self.local and not Path(self.path).is_dir():
-            raise FileNotFoundError(f"model {self.model!r}: path = {self.path!r} is not a folder "
-                                    f"({'not a directory' if Path(self.path).exists() else 'it does not exist'}); "
-                                    "path = names a local folder, hub = a Hugging Face hub name")
-        import torch
-
-        from geolens.data.models import refused_weights_named
-        from geolens.model import boot_bridge
-
-        revision = None if self.checkpoint_value is None else str(self.checkpoint_value)
-        with refused_weights_named(self.path):
-            return boot_bridge(self.path, revision=revision, device=self.device, dtype=getattr(torch, self.dtype))
+        spec = factory(**args)
+    except TypeError as err:
+        raise ValueError(f"{where}: {err}") from None
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"{where}: the factory returned {type(spec).__name__}, not a ModelSpec")
+    return spec
 
 
 def _study_analyses(analyses: Mapping[str, Any]) -> dict[str, registry.Analysis]:
@@ -391,7 +266,7 @@ def _study_analyses(analyses: Mapping[str, Any]) -> dict[str, registry.Analysis]
                          "(geolens.register_analysis) or give its function = 'module:function'")
     records = {}
     for name, options in analyses.items():
-        _table(options, f"analyses[{name!r}] (the options of {name}; {{}} for its defaults)")
+        check_table(options, f"analyses[{name!r}] (the options of {name}; {{}} for its defaults)")
         if "function" in options:
             function = registry.resolve_function(options["function"], f"analyses.{name}")
             records[name] = registry.user_analysis(name, function)
@@ -462,28 +337,7 @@ class Study:
             ({'pga': {'k': 4}}, {'tiny': {'width': 32}}, 'm')
         """
         path = Path(path).expanduser()
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except RecursionError:  # tomllib follows nested arrays and tables by recursion
-            raise ValueError(f"{path} is not readable TOML: nested deeper than Python's parser can follow") from None
-        except ValueError as err:  # TOMLDecodeError, and an integer past Python's digit limit
-            raise ValueError(f"{path} is not valid TOML: {err}") from None
-        known = {f.name for f in fields(cls)} - {"base_dir"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown keys {unknown}; a study file has {sorted(known)}")
-        if "models" not in data:
-            raise ValueError(f"{path}: no [models] table")
-        models = {}
-        metadata = {label: dict(_table(values, f"{path}: metadata.{label}"))
-                    for label, values in _table(data.get("metadata", {}), f"{path}: metadata").items()}
-        for label, entry in _table(data["models"], f"{path}: models").items():
-            if isinstance(entry, dict) and "metadata" in entry:  # inline metadata joins the study's table,
-                entry = dict(entry)                               # so models= overrides keep it
-                metadata[label] = {**_table(entry.pop("metadata"), f"{path}: models.{label}.metadata"),
-                                   **metadata.get(label, {})}
-            models[label] = entry
-        data.update(models=models, metadata=metadata)
+        data = read_study_file(path, {f.name for f in fields(cls)} - {"base_dir"})
         study = cls(**data, base_dir=path.parent)
         return replace(study, **overrides) if overrides else study
 
@@ -499,8 +353,8 @@ class Study:
             raise ValueError("models must be a non-empty mapping label -> model")
         specs = {check_label(label, "model label"): as_model_spec(entry, str(label), self.base_dir)
                  for label, entry in self.models.items()}
-        for label, values in _table(self.metadata, "metadata").items():
-            _table(values, f"metadata[{label!r}] (the columns of model {label!r})")
+        for label, values in check_table(self.metadata, "metadata").items():
+            check_table(values, f"metadata[{label!r}] (the columns of model {label!r})")
         unknown = [label for label in self.metadata if label not in specs]
         if unknown:
             raise ValueError(f"metadata for models {unknown} that the study does not have ({list(specs)})")
@@ -508,53 +362,45 @@ class Study:
 
     def cells(self) -> list[Cell]:
         """The study's cells in order (model by model, checkpoints in the given order); checks the whole spec."""
-        _table(self.analyses, "analyses")
+        check_table(self.analyses, "analyses")
         if not self.analyses:
             raise ValueError("analyses is empty: give at least one, e.g. {'pga': {}, 'spectrum': {}}")
         records = _study_analyses(self.analyses)
-        texts = tuple(_texts_from(self.texts, self.base_dir))
+        texts = tuple(texts_from(self.texts, self.base_dir))
         shared = self._shared_options()
         if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
             raise ValueError(f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}")
         resources = _check_resources(self.resources, "resources")
-        texts_sha = _sha(list(texts), 32)
-        study_options = {name: {**records[name].options, **{k: v for k, v in options.items() if k != "function"}}
-                         for name, options in self.analyses.items()}
-        for name, options in study_options.items():  # lens_texts may be given as texts are ({default = 200})
-            if isinstance(options.get("lens_texts"), Mapping):
-                options["lens_texts"] = _texts_from(options["lens_texts"], self.base_dir,
-                                                    f"analyses[{name!r}].lens_texts")
-        jobs = resolve_jobs(list(self.analyses), {name: (r.function, r.takes_tokens) for name, r in records.items()})
-        cells = []
-        for label, spec in self.model_specs().items():
-            unknown = [name for name in spec.params if name not in records and name not in registry.names("study")]
-            if unknown:  # an analysis of the study file (function = ...) takes per-model params too
-                raise ValueError(f"model {label!r}: params: unknown analysis {unknown[0]!r}; choose from "
-                                 f"{list(dict.fromkeys([*records, *registry.names('study')]))}")
-            metadata = _scalar_metadata({**spec.metadata, **self.metadata.get(label, {})}, f"model {label!r}")
-            own = {name: {**study_options[name], **spec.params.get(name, {})} for name in self.analyses}
-            # the study's sample sizes mean nothing to some analyses (weights): not strict
-            analyses = route_options(jobs, own, shared, strict=False, reserved=("progress",))
-            for name, record in records.items():  # a user's function travels with the cell (to Ray workers too),
-                if not record.builtin:                # as written (a module-level function pickles by reference)
-                    analyses[name]["function"] = getattr(record.function, "__wrapped__", record.function)
-            own_resources = {**resources, **_check_resources(spec.resources, f"model {label!r} resources")}
-            labels = [MAIN if c is None else check_label(c, f"model {label!r} checkpoint") for c in spec.checkpoints]
-            if len(set(labels)) != len(labels):
-                raise ValueError(f"model {label!r}: checkpoints repeat: {labels}")
-            for value, checkpoint in zip(spec.checkpoints, labels):
-                extra = spec.checkpoint_metadata.get(value, spec.checkpoint_metadata.get(checkpoint, {}))
-                source = ({"path": spec.path} if spec.path is not None else {"loader": callable_id(spec.loader)})
-                identity = {"format": CELL_FORMAT, "model": label, "checkpoint": checkpoint, "source": source,
-                            "dtype": self.dtype if spec.path is not None else None, "texts": texts_sha}
-                hashes = {name: _sha({**identity, "analysis": name, "options": options})
-                          for name, options in analyses.items()}
-                cells.append(Cell(
-                    model=label, checkpoint=checkpoint, checkpoint_value=value, step=parse_checkpoint_step(value)
-                    if value is not None else None, path=spec.path, loader=spec.loader, texts=texts,
-                    analyses=analyses, metadata={**metadata, **_scalar_metadata(extra, f"model {label!r} "
-                                                                                        f"checkpoint {checkpoint}")},
-                    resources=own_resources, dtype=self.dtype, device=self.device,
-                    spec_hash=_sha({**identity, "analyses": hashes}), order=len(cells), analysis_hashes=hashes,
-                    local=spec.local))
-        return cells
+        options = self._analysis_options(records)
+        models = [self._planned_model(label, spec, records, resources) for label, spec in self.model_specs().items()]
+        return plan_cells(models, records=records, options=options, shared=shared, texts=texts, dtype=self.dtype,
+                          device=self.device)
+
+    def _analysis_options(self, records: Mapping[str, registry.Analysis]) -> dict[str, dict[str, Any]]:
+        """Each analysis's options at the study level: its record's defaults, the study's over them; lens texts
+        given as texts are (``{default = 200}``) read."""
+        options = {name: {**records[name].options, **{k: v for k, v in given.items() if k != "function"}}
+                   for name, given in self.analyses.items()}
+        for name, own in options.items():
+            if isinstance(own.get("lens_texts"), Mapping):
+                own["lens_texts"] = texts_from(own["lens_texts"], self.base_dir, f"analyses[{name!r}].lens_texts")
+        return options
+
+    def _planned_model(self, label: str, spec: ModelSpec, records: Mapping[str, registry.Analysis],
+                       resources: Mapping[str, Any]) -> PlannedModel:
+        """One model checked for its cells: params of known analyses, scalar metadata, resources, checkpoints."""
+        unknown = [name for name in spec.params if name not in records and name not in registry.names("study")]
+        if unknown:  # an analysis of the study file (function = ...) takes per-model params too
+            raise ValueError(f"model {label!r}: params: unknown analysis {unknown[0]!r}; choose from "
+                             f"{list(dict.fromkeys([*records, *registry.names('study')]))}")
+        metadata = _scalar_metadata({**spec.metadata, **self.metadata.get(label, {})}, f"model {label!r}")
+        own_resources = {**resources, **_check_resources(spec.resources, f"model {label!r} resources")}
+        labels = [MAIN if c is None else check_label(c, f"model {label!r} checkpoint") for c in spec.checkpoints]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"model {label!r}: checkpoints repeat: {labels}")
+        checkpoints = tuple(
+            (value, checkpoint, _scalar_metadata(spec.checkpoint_metadata.get(value, spec.checkpoint_metadata.get(
+                checkpoint, {})), f"model {label!r} checkpoint {checkpoint}"))
+            for value, checkpoint in zip(spec.checkpoints, labels))
+        return PlannedModel(label=label, spec=spec, metadata=metadata, resources=own_resources,
+                            checkpoints=checkpoints)
