@@ -109,7 +109,7 @@ def test_report_on_tiny_model_writes_every_section(neox_bridge, neox_dir, tmp_pa
     assert f"<td>{meta['date']}</td>" in page and f"<th>run_time_s</th><td>{meta['run_time_s']}</td>" in page
     written = check_strict_json_files(tmp_path)
     assert set(written) == set(DEFAULT_SECTIONS) | {"meta"}
-    for name, kind in (("pga", "PGAResult"), ("probes", "ProbeResult"), ("convergence", "ConvergenceResult"),
+    for name, kind in (("pga", "PGAResult"), ("probes", "ProbesResult"), ("convergence", "ConvergenceResult"),
                        ("spectrum", "SpectrumResult"), ("weights", "WeightGeometryResult"),
                        ("updates", "UpdatesResult")):
         assert written[name]["type"] == kind

@@ -20,8 +20,9 @@ Example:
     [[0.0, 1.0], [0.0, 1.0]]
 """
 
+from geolens._renames import renamed_attributes
 from geolens.lens.cache import SMALL_BUDGET, cached_tuned_lens
-from geolens.lens.evaluate import LensResult, evaluate, hit_at_k
+from geolens.lens.evaluate import EvaluateResult, evaluate, hit_at_k
 from geolens.lens.fit import FAST_BUDGET, fit_tuned_lens
 from geolens.lens.logit_lens import LogitLens, layer_logits, residual_stream, unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, DEFAULT_STEPS, DEFAULT_TOKENS_PER_STEP, fast_matmul_dtype, kl_rows, train_tuned_lens
@@ -33,7 +34,7 @@ __all__ = [
     "DEFAULT_TOKENS_PER_STEP",
     "FAST_BUDGET",
     "LensHistory",
-    "LensResult",
+    "EvaluateResult",
     "LogitLens",
     "SMALL_BUDGET",
     "TunedLens",
@@ -48,3 +49,5 @@ __all__ = [
     "train_tuned_lens",
     "unembed",
 ]
+
+__getattr__ = renamed_attributes(__name__, {"LensResult": "EvaluateResult"})  # the 0.3.0 name answers with the new one

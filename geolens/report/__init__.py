@@ -269,7 +269,7 @@ def _phases_section(adapter: ModelAdapter, texts: list[str], s: ReportSettings):
     # The lens section's evaluation (the same lens, texts and sample) gives the Hit@k diagnostics, the
     # updates section's result the update diagnostics.
     evaluation = s.results.get("lens")
-    result = phases(adapter, texts, lens_texts=lens_texts, lens_budget=budget, n_tokens=s.n_tokens, seed=s.seed,
+    result = phases(adapter, texts, lens_tokens=lens_texts, lens_budget=budget, n_tokens=s.n_tokens, seed=s.seed,
                     progress=s.progress, max_length=s.max_length, lens_evaluation=evaluation,
                     update_geometry=s.results.get("updates"))
     # phases() records the lens's fit (params["lens_training"]) and its number of texts; the report adds where it is.
@@ -294,7 +294,7 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
     # The model with itself across depths (layer x layer grid): where two layers' distance structures agree,
     # the representation has not been reorganised between them. Then, with a second offline model of another
     # family (Gemma-3-270M for the default model), the two models at matching relative depth, with the null.
-    common = dict(k=s.k, ccr=1, n_positions=s.convergence_positions, max_length=s.max_length, seed=s.seed,
+    common = dict(k=s.k, ccr=1, n_tokens=s.convergence_positions, max_length=s.max_length, seed=s.seed,
                   progress=s.progress)
     own = convergence(adapter, texts, grid=True, **common)
     # Two tables, each with its own columns: the grid has no null, the cross-family pairs have one.
@@ -309,7 +309,7 @@ def _convergence_section(adapter: ModelAdapter, texts: list[str], s: ReportSetti
     else:
         started = time.perf_counter()
         layers_a, layers_b = depth_pairs(adapter.n_layers, other.n_layers)
-        cross = convergence(adapter, texts, other, layer_a=layers_a, layer_b=layers_b, n_null=s.convergence_null,
+        cross = convergence(adapter, texts, other, layers=layers_a, other_layers=layers_b, n_null=s.convergence_null,
                             **common)
         cross_rows = list(cross.rows)
         figures += [cross.plot("spearman_full"), cross.plot("cka_full"), cross.plot("mknn_full")]

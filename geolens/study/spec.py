@@ -520,10 +520,10 @@ class Study:
         texts_sha = _sha(list(texts), 32)
         study_options = {name: {**records[name].options, **{k: v for k, v in options.items() if k != "function"}}
                          for name, options in self.analyses.items()}
-        for name, options in study_options.items():  # lens_texts may be given as texts are ({default = 200})
-            if isinstance(options.get("lens_texts"), Mapping):
-                options["lens_texts"] = _texts_from(options["lens_texts"], self.base_dir,
-                                                    f"analyses[{name!r}].lens_texts")
+        for name, options in study_options.items():  # lens_tokens may be given as texts are ({default = 200})
+            if isinstance(options.get("lens_tokens"), Mapping):
+                options["lens_tokens"] = _texts_from(options["lens_tokens"], self.base_dir,
+                                                    f"analyses[{name!r}].lens_tokens")
         jobs = resolve_jobs(list(self.analyses), {name: (r.function, r.takes_tokens) for name, r in records.items()})
         cells = []
         for label, spec in self.model_specs().items():

@@ -193,8 +193,8 @@ def zoo_study(zoo, plan: dict[int, list[int]], texts: Sequence[str], lens_texts:
     if "phases" in analyses:
         # The reference recipe, as the zoo's numbers were made; no half-text lenses for the stability:
         # six layers give no phases to compare, and they would triple the report's lens training.
-        options["phases"] = {"lens_texts": list(lens_texts), "stability": False,
-                             "lens_budget": {"method": "reference", "steps": settings.lens_steps,
+        options["phases"] = {"lens_tokens": list(lens_texts), "stability": False,
+                             "lens_budget": {"method": "reference", "max_steps": settings.lens_steps,
                                              "tokens_per_step": settings.lens_tokens_per_step}}
     return Study(models=models, texts=list(texts), analyses=options, n_tokens=settings.n_tokens, seed=settings.seed,
                  max_length=settings.max_length, name="zoo")
