@@ -53,7 +53,7 @@ def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            for old in old_to_new.keys() & kwargs.keys():
+            for old in (old for old in old_to_new if old in kwargs):  # the first in the decorator's order
                 raise TypeError(f"{function.__name__}() got the keyword {old!r}, renamed to "
                                 f"{old_to_new[old]!r} in geolens {RENAMED_IN}")
             return function(*args, **kwargs)

@@ -706,7 +706,7 @@ def test_phases_refuses_a_lens_holding_nan(native_bridge):
 def test_convergence_between_models_of_different_context_lengths(native_bridge, tiny_tokenizer):
     short = make_native_bridge(tiny_tokenizer, n_ctx=16)
     texts = [" ".join(["the cat sat on the mat and a dog ran in the park"] * 2)] * 3  # 24 words
-    common = dict(k=4, n_null=3, knn_k=3, progress=False)
+    common = dict(k=4, n_null=3, n_neighbors=3, progress=False)
     with untouched(native_bridge), untouched(short):
         with pytest.raises(ValueError, match=r"text 0 is \d+ tokens for .* takes at most 16 \(n_ctx\); pass max_length"):
             geolens.convergence(native_bridge, texts, short, **common)

@@ -177,7 +177,7 @@ def test_the_other_analyses_run_and_agree(pair):
     a, b = geolens.phases(half, TEXTS, **kw).to_pandas(), geolens.phases(full, TEXTS, **kw).to_pandas()
     assert list(a.columns) == list(b.columns) and len(a) == len(b)
     np.testing.assert_allclose(a.rss, b.rss, atol=0.05)
-    ckw = dict(measures=("spearman", "cka"), n_null=10, n_positions=60, progress=False)
+    ckw = dict(measures=("spearman", "cka"), n_null=10, n_tokens=60, progress=False)
     a, b = geolens.convergence(half, TEXTS, full, **ckw).to_pandas(), geolens.convergence(full, TEXTS, full, **ckw)
     numeric = b.to_pandas().select_dtypes("number").columns.drop(["z", "z_se"], errors="ignore")
     np.testing.assert_allclose(a[numeric], b.to_pandas()[numeric], atol=0.05)
