@@ -150,7 +150,7 @@ def test_failed_section_is_reported_and_others_run(neox_bridge, tmp_path, texts)
     paths = report(neox_bridge, list(texts) * 4, tmp_path, sections=["pga", "convergence"], n_tokens=30, k=4,
                    n_null=5, ccr=1, convergence_positions=10_000, progress=False)
     meta = json.loads(paths["meta.json"].read_text())
-    assert "convergence" in meta["errors"] and "n_positions" in meta["errors"]["convergence"]
+    assert "convergence" in meta["errors"] and "n_tokens" in meta["errors"]["convergence"]
     assert "pga.csv" in paths and "convergence.csv" not in paths
     assert "This section failed" in paths["report.html"].read_text()
 

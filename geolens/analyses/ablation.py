@@ -4,7 +4,7 @@ See docs/methods.md §D.3.
 
 The PGA paper reads the collapse of PGA z in small models' late layers as
 *masking* by a dominant direction. This analysis tests it causally: ablate the
-top-``m`` principal directions of layer ``l`` during the forward pass (see
+top ``n_components`` principal directions of layer ``l`` during the forward pass (see
 :mod:`geolens.interventions`) and report
 
 * the change in next-token cross-entropy and ``KL(clean || ablated)`` of the
@@ -13,7 +13,8 @@ top-``m`` principal directions of layer ``l`` during the forward pass (see
   the ablation, on the same sampled positions and the same null subspaces.
 
 Example:
-    >>> res = geolens.ablation_effect(model, texts, layer=1, n_components=1, k=8, n_null=5, n_tokens=16, progress=False)
+    >>> res = geolens.ablation_effect(model, texts, layer=1, n_components=1, k=8, n_null=5, n_tokens=16,
+    ...                               progress=False)
     >>> res.to_pandas()[["layer", "site", "z_clean", "z_ablated"]].round(1).values.tolist()
     [[1, 'resid_post', 4.6, 0.3], [2, 'resid_post', -1.4, -1.5], [2, 'final', -0.7, -2.5]]
     >>> fig = res.plot()

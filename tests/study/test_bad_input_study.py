@@ -36,8 +36,8 @@ def _cells(**kwargs):
     ({"texts": {"files": "one.txt"}}, TypeError, r"\{files = \[...\]\} needs a non-empty list of file names"),
     ({"texts": {"files": []}}, TypeError, "non-empty list of file names"),
     ({"texts": {"lines": 3}}, TypeError, "texts: lines must be a file name, got int"),
-    ({"analyses": {"phases": {"lens_texts": {"default": "x"}}}}, ValueError,
-     r"analyses\['phases'\].lens_texts: \{default = n\}"),
+    ({"analyses": {"phases": {"lens_tokens": {"default": "x"}}}}, ValueError,
+     r"analyses\['phases'\].lens_tokens: \{default = n\}"),
 ])
 def test_bad_study_values_name_the_argument(kwargs, error, message):
     with pytest.raises(error, match=message):
