@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from geolens._json import callable_id, jsonable
+from geolens._renames import hashed_options
 from geolens._validation import DEFAULT_N_TOKENS, check_float
 from geolens.analyses import registry
 from geolens.analyses.grid import SHARED_OPTIONS, check_shared_options, resolve_jobs, route_options
@@ -547,7 +548,7 @@ class Study:
                 source = ({"path": spec.path} if spec.path is not None else {"loader": callable_id(spec.loader)})
                 identity = {"format": CELL_FORMAT, "model": label, "checkpoint": checkpoint, "source": source,
                             "dtype": self.dtype if spec.path is not None else None, "texts": texts_sha}
-                hashes = {name: _sha({**identity, "analysis": name, "options": options})
+                hashes = {name: _sha({**identity, "analysis": name, "options": hashed_options(name, options)})
                           for name, options in analyses.items()}
                 cells.append(Cell(
                     model=label, checkpoint=checkpoint, checkpoint_value=value, step=parse_checkpoint_step(value)
