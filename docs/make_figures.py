@@ -88,7 +88,7 @@ def main(out: Path = OUT, sections: tuple[str, ...] = SECTIONS) -> dict:
     print(f"ablation: {timings['ablation']} s", flush=True)
 
     meta = {"model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model,
-            "texts": len(texts), "settings": settings.as_dict(), "ablation": {"layer": 5, "m": 1, "n_tokens": 256},
+            "texts": len(texts), "settings": settings.as_dict(), "ablation": {"layer": 5, "n_components": 1, "n_tokens": 256},
             "date": datetime.now().astimezone().isoformat(timespec="seconds"),
             "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings,
             "figures": written, "versions": versions()}

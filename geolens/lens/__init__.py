@@ -12,7 +12,7 @@ See docs/methods.md §C.2–C.5.
 
 Example:
     >>> from geolens.lens import TunedLens, evaluate, train_tuned_lens
-    >>> lens = train_tuned_lens(model, texts * 4, steps=2, tokens_per_step=16, seq_len=8, progress=False)
+    >>> lens = train_tuned_lens(model, texts * 4, max_steps=2, tokens_per_step=16, seq_len=8, progress=False)
     >>> res = evaluate(model, texts, lens=lens, n_tokens=16, progress=False)
     >>> res.to_pandas().shape   # (tuned, logit) x layers 0..2
     (6, 7)
