@@ -139,7 +139,7 @@ def resolve_k(k: object, d_model: int) -> int | None:
         >>> resolve_k(1.5, 64)
         Traceback (most recent call last):
         ...
-        geolens._validation.InvalidParameterError: k must be an int >= 1 (a dimension) or a float in (0, 1) (a fraction of d_model = 64), got 1.5
+        geolens._validation.InvalidParameterError: k must be an int >= 1 (a dimension) or a float in (0, 1) ..., got 1.5
     """
     if k is None:
         return None

@@ -172,8 +172,8 @@ def ablation_effect(
     basis, ref_states = reference_pcs(adapter, reference_tokens, layer=layer, n_components=n_components, site=site,
                                       n_tokens=n_tokens, seed=seed, attention_mask=reference_mask, progress=False)
     bar.update()
-    hooks = ablation_hooks(adapter, basis, layer=layer, site=site, mode=mode,
-                           reference_tokens=ref_states if mode == "mean" else None, skip_first=skip_first, progress=False)
+    hooks = ablation_hooks(adapter, basis, layer=layer, site=site, mode=mode, skip_first=skip_first, progress=False,
+                           reference_tokens=ref_states if mode == "mean" else None)
     loss = next_token_effect(adapter, batch, hooks, batch_size=batch_size, progress=progress)
     bar.update()
 
@@ -230,4 +230,5 @@ def _effect_rows(clean: list[dict], ablated: list[dict]) -> list[dict]:
     return rows
 
 
-__getattr__ = renamed_attributes(__name__, {"AblationResult": "AblationEffectResult"})  # the 0.3.0 name answers with the new one
+# the 0.3.0 name answers with the new one
+__getattr__ = renamed_attributes(__name__, {"AblationResult": "AblationEffectResult"})

@@ -186,4 +186,5 @@ def pythia_checkpoint_loader(
     return load
 
 
-__getattr__ = renamed_attributes(__name__, {"CheckpointResult": "OverCheckpointsResult"})  # the 0.3.0 name answers with the new one
+# the 0.3.0 name answers with the new one
+__getattr__ = renamed_attributes(__name__, {"CheckpointResult": "OverCheckpointsResult"})

@@ -162,4 +162,4 @@ def ag_news(n: int | None = None, split: str = "test", seed: int = 0) -> tuple[l
     return list(data["text"]), list(data["label"])
 
 
-__getattr__ = renamed_attributes(__name__, {"ProbeResult": "ProbesResult"})  # the 0.3.0 name answers with the new one
+__getattr__ = renamed_attributes(__name__, {"ProbeResult": "ProbesResult"})  # 0.3.0 names answer with the new

@@ -50,4 +50,4 @@ __all__ = [
     "unembed",
 ]
 
-__getattr__ = renamed_attributes(__name__, {"LensResult": "EvaluateResult"})  # the 0.3.0 name answers with the new one
+__getattr__ = renamed_attributes(__name__, {"LensResult": "EvaluateResult"})  # 0.3.0 names answer with the new

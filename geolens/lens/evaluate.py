@@ -257,4 +257,4 @@ def _rows(sums: dict[tuple[str, int], Tensor], n: int, n_valid: int, ks: list[in
     return result_rows
 
 
-__getattr__ = renamed_attributes(__name__, {"LensResult": "EvaluateResult"})  # the 0.3.0 name answers with the new one
+__getattr__ = renamed_attributes(__name__, {"LensResult": "EvaluateResult"})  # 0.3.0 names answer with the new

@@ -201,7 +201,7 @@ def test_a_study_json_too_deep_or_with_a_huge_integer_names_the_file(finished, t
     ("a = " + "[" * 3000 + "]" * 3000, "is not readable TOML: nested deeper than Python's parser can follow"),
     ("n_tokens = " + "9" * 5000, "is not valid TOML: Exceeds the limit"),
     ('[analyses.pga]\nn_resamples = "x"', "analysis 'pga': option n_resamples must be int"),
-    ('[analyses.pga]\nk = "four"', "analysis 'pga': option k must be int | None"),
+    ('[analyses.pga]\nk = "four"', "analysis 'pga': option k must be int | float | None"),
 ])
 def test_a_study_file_is_checked_when_it_is_read_with_exit_2(family, tmp_path, capsys, body, message):
     spec = tmp_path / "s.toml"
