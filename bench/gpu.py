@@ -249,10 +249,10 @@ def check_lens(cfg, device, model, report):
               progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the training text was read N times": random ids, reused
-        one = train_tuned_lens(model, tokens, steps=1, **kw)
+        one = train_tuned_lens(model, tokens, max_steps=1, **kw)
         per_step = one.training_info["seconds"]
         steps = max(1, int(cfg["lens_seconds"] / max(per_step, 1e-3)))
-        lens = train_tuned_lens(model, tokens, steps=steps, **kw)
+        lens = train_tuned_lens(model, tokens, max_steps=steps, **kw)
     info = lens.training_info
     rate = info["tokens_seen"] / info["seconds"]
     losses = info["losses"]

@@ -127,12 +127,12 @@ def compare_methods(model, *, every_budget: bool = True, with_reference: bool = 
 
 def reference_rows(model, train_texts, fast_seconds: float, rows: list, held_out) -> None:
     """The reference recipe at 1/3 and 1x the fast method's wall time; its rate from a two-step run."""
-    probe = train_tuned_lens(model, train_texts, steps=2, tokens_per_step=128, progress=False)
+    probe = train_tuned_lens(model, train_texts, max_steps=2, tokens_per_step=128, progress=False)
     rate = probe.training_info["tokens_seen"] / probe.training_info["seconds"]
     for share in (1 / 3, 1.0):
         steps = max(1, round(share * fast_seconds * rate / 128))
         start = time.perf_counter()
-        lens = train_tuned_lens(model, train_texts, steps=steps, tokens_per_step=128, progress=False)
+        lens = train_tuned_lens(model, train_texts, max_steps=steps, tokens_per_step=128, progress=False)
         rows.append({"method": f"reference ({steps} x 128 tokens)", "seconds": time.perf_counter() - start,
                      "tokens": lens.training_info["tokens_seen"], "kl": held_out(lens)})
 
@@ -164,7 +164,7 @@ def main() -> None:
     budget = args.steps * args.tokens_per_step
     rates = {}
     for label, dtype in (("bf16", torch.bfloat16), ("fp32", None)):
-        lens = train_tuned_lens(model, texts, steps=args.steps, tokens_per_step=args.tokens_per_step,
+        lens = train_tuned_lens(model, texts, max_steps=args.steps, tokens_per_step=args.tokens_per_step,
                                 matmul_dtype=dtype, progress=False)
         info = lens.training_info
         rates[label] = info["tokens_seen"] / info["seconds"]

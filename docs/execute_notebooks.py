@@ -38,7 +38,7 @@ SMALL_SIZES: dict[str, dict[str, Any]] = {
                       "n_null": 20},
     "02_masking_and_pc1_ablation": {"n_texts": 4, "layers": [0, 10, 20, 30], "n_tokens": 128, "max_length": 48,
                                     "n_null": 20, "ablation_tokens": 64},
-    "03_lenses_and_phases": {"n_train_texts": 12, "n_held_out": 4, "lens_tokens": 512, "max_steps": 0,
+    "03_lenses_and_phases": {"n_train_texts": 12, "n_held_out": 4, "lens_n_tokens": 512, "max_steps": 0,
                              "n_tokens": 64, "max_length": 64},
     "04_patching_in_the_readout_subspace": {"layers": [1, 4, 8, 12, 16, 20, 24, 28]},
     "05_small_study": {"zoo": {"widths": [16, 32], "n_layers": 2, "d_head": 8, "vocab_size": 300, "seq_len": 16,

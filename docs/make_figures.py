@@ -81,14 +81,14 @@ def main(out: Path = OUT, sections: tuple[str, ...] = SECTIONS) -> dict:
         return _merge(out, settings, timings, written)
 
     start = time.perf_counter()
-    ablation = geolens.ablation_effect(model, texts, layer=5, m=1, n_null=settings.n_null, n_tokens=256,
+    ablation = geolens.ablation_effect(model, texts, layer=5, n_components=1, n_null=settings.n_null, n_tokens=256,
                                        max_length=settings.max_length, progress=False)
     timings["ablation"] = round(time.perf_counter() - start, 1)
     written["ablation_0"] = _write(ablation.plot(), "ablation_0", out).name
     print(f"ablation: {timings['ablation']} s", flush=True)
 
     meta = {"model": adapter.name, "n_layers": adapter.n_layers, "d_model": adapter.d_model,
-            "texts": len(texts), "settings": settings.as_dict(), "ablation": {"layer": 5, "m": 1, "n_tokens": 256},
+            "texts": len(texts), "settings": settings.as_dict(), "ablation": {"layer": 5, "n_components": 1, "n_tokens": 256},
             "date": datetime.now().astimezone().isoformat(timespec="seconds"),
             "run_time_s": round(time.perf_counter() - started, 1), "section_time_s": timings,
             "figures": written, "versions": versions()}

@@ -30,7 +30,7 @@ def main(small: bool = False):
     model = geolens.load_default_model(progress=False)
     texts = geolens.default_texts(n=4 if small else 64, seed=0)
     result = ablation_effect(
-        model, texts, layer=LAYER, m=1,
+        model, texts, layer=LAYER, n_components=1,
         n_tokens=64 if small else 1024, n_null=20 if small else 100,
         max_length=24 if small else 128, progress=not small,
     )

@@ -10,14 +10,14 @@ Example (on a tiny 2-layer model; ``load_default_model`` gives the real one):
 """
 
 from geolens import lens, metrics
-from geolens.analyses.ablation import AblationResult, ablation_effect
-from geolens.analyses.checkpoints import CheckpointResult, over_checkpoints, pythia_checkpoint_loader
+from geolens.analyses.ablation import AblationEffectResult, ablation_effect
+from geolens.analyses.checkpoints import OverCheckpointsResult, over_checkpoints, pythia_checkpoint_loader
 from geolens.analyses.compare import CompareResult, compare
 from geolens.analyses.convergence import ConvergenceResult, convergence
 from geolens.analyses.patching import PatchResult, kl, logit_diff, patch, prob
 from geolens.analyses.pga import PGAResult, pga
 from geolens.analyses.phases import PhasesResult, phases
-from geolens.analyses.probes import ProbeResult, probes
+from geolens.analyses.probes import ProbesResult, probes
 from geolens.analyses.registry import available_analyses, register_analysis, unregister_analysis
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult, spectrum, weight_geometry
 from geolens.analyses.updates import UpdatesResult, updates
@@ -26,23 +26,26 @@ from geolens.capture import States, capture
 from geolens.sites import SITES
 from geolens.interventions import ablate, ablate_pcs, ablation_hooks
 from geolens.model import ModelAdapter, as_adapter
-from geolens.results import Result
+from geolens.results import RENAMED_RESULTS, Result
 from geolens.data import available_models, default_texts, load_default_model, load_model
+from geolens.lens.evaluate import EvaluateResult
+from geolens._renames import renamed_attributes
 from geolens import zoo  # imported so it registers ``zoo = "folder"`` with the study engine (geolens.study.factories)
 
 from geolens._version import __version__
 
 __all__ = [
-    "AblationResult",
-    "CheckpointResult",
+    "AblationEffectResult",
     "CompareResult",
     "ConvergenceResult",
     "DegenerateError",
+    "EvaluateResult",
     "ModelAdapter",
-    "ProbeResult",
-    "PGAResult",
+    "OverCheckpointsResult",
     "PatchResult",
+    "PGAResult",
     "PhasesResult",
+    "ProbesResult",
     "Result",
     "SITES",
     "SpectrumResult",
@@ -79,3 +82,6 @@ __all__ = [
     "updates",
     "weight_geometry",
 ]
+
+# 0.3.0 names of result classes: an error naming the new one (geolens._renames)
+__getattr__ = renamed_attributes(__name__, RENAMED_RESULTS)

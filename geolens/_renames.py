@@ -30,9 +30,12 @@ import functools
 import inspect
 from typing import Any, Callable, Mapping, TypeVar
 
-__all__ = ["RENAMED_IN", "renamed_attributes", "renamed_keywords"]
+__all__ = ["RENAMED_IN", "RENAMED_STUDY_OPTIONS", "hashed_options", "renamed_attributes", "renamed_keywords"]
 
 RENAMED_IN = "0.4.0"  # the release whose renames still answer with their replacement
+# Study options renamed in 0.4.0 (analysis -> new -> old): a cell hashes them under the old name, so
+# the cells of a study written before the rename are found finished (see :func:`hashed_options`).
+RENAMED_STUDY_OPTIONS: dict[str, dict[str, str]] = {"phases": {"lens_tokens": "lens_texts"}}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,7 +56,7 @@ def renamed_keywords(**old_to_new: str) -> Callable[[F], F]:
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            for old in old_to_new.keys() & kwargs.keys():
+            for old in (old for old in old_to_new if old in kwargs):  # the first in the decorator's order
                 raise TypeError(f"{function.__name__}() got the keyword {old!r}, renamed to "
                                 f"{old_to_new[old]!r} in geolens {RENAMED_IN}")
             return function(*args, **kwargs)
@@ -71,3 +74,23 @@ def renamed_attributes(module: str, old_to_new: Mapping[str, str]) -> Callable[[
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     module_getattr.renamed = dict(old_to_new)  # type: ignore[attr-defined]
     return module_getattr
+
+
+def hashed_options(analysis: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with renamed keys spelt as before the rename, for a cell's hash only.
+
+    A reference-recipe ``lens_budget`` (``method="reference"``, or one with ``tokens_per_step``)
+    spells ``max_steps`` as ``steps`` again, as 0.3.0 wrote it.
+
+    Example:
+        >>> hashed_options("phases", {"lens_tokens": ["a"], "lens_budget": {"max_steps": 2, "tokens_per_step": 8}})
+        {'lens_texts': ['a'], 'lens_budget': {'steps': 2, 'tokens_per_step': 8}}
+        >>> hashed_options("pga", {"k": 8})
+        {'k': 8}
+    """
+    renamed = RENAMED_STUDY_OPTIONS.get(analysis, {})
+    out = {renamed.get(key, key): value for key, value in options.items()}
+    budget = out.get("lens_budget")
+    if isinstance(budget, Mapping) and (budget.get("method") == "reference" or "tokens_per_step" in budget):
+        out["lens_budget"] = {("steps" if key == "max_steps" else key): value for key, value in budget.items()}
+    return out

@@ -1,7 +1,10 @@
-"""The one seeded subset every sample of rows draws: token positions, aligned positions, lens rows;
-and the one rule for a sample size that is a default upper bound (:func:`bounded_subset`).
+"""The sampling options every analysis shares (:data:`SAMPLING_OPTIONS`); the one seeded subset every
+sample of rows draws: token positions, aligned positions, lens rows; and the one rule for a sample size
+that is a default upper bound (:func:`bounded_subset`).
 
 Example:
+    >>> [option.name for option in SAMPLING_OPTIONS]
+    ['n_tokens', 'seed', 'batch_size', 'max_length', 'attention_mask', 'progress']
     >>> seeded_subset(10, 4, seed=0)
     tensor([1, 4, 5, 7])
 """
@@ -9,13 +12,48 @@ Example:
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
 from geolens._rng import rng
-from geolens._validation import UpperBound, check_int
+from geolens._validation import DEFAULT_N_TOKENS, UpperBound, check_int
 
-__all__ = ["seeded_subset", "bounded_subset"]
+__all__ = ["SAMPLING_DEFAULT_EXCEPTIONS", "SAMPLING_OPTIONS", "SamplingOption", "seeded_subset", "bounded_subset"]
+
+
+@dataclass(frozen=True)
+class SamplingOption:
+    """One keyword of the sampling group: its name, its default and what it means."""
+
+    name: str
+    default: object
+    meaning: str
+
+
+# The shared keywords, in the order that ends every signature that takes them (docs/concepts/conventions.md,
+# tests/test_api.py). A keyword set rather than an options object: each is typed and tab-completed where it is
+# used, as in scikit-learn and TransformerLens.
+SAMPLING_OPTIONS: tuple[SamplingOption, ...] = (
+    SamplingOption("n_tokens", DEFAULT_N_TOKENS, "token positions sampled (BOS and padding never); an upper "
+                                                 "bound by default, None = all"),
+    SamplingOption("seed", 0, "seed of every random choice of the call (same seed, same numbers)"),
+    SamplingOption("batch_size", 8, "texts (rows) per forward pass; bounds memory, never changes a number"),
+    SamplingOption("max_length", None, "tokens kept per text (None: whole texts)"),
+    SamplingOption("attention_mask", None, "mask of a [B, T] token-id tensor (texts carry their own)"),
+    SamplingOption("progress", True, "show progress bars"),
+)
+# (call, option) -> (its default there, why it differs from the group's).
+SAMPLING_DEFAULT_EXCEPTIONS: dict[tuple[str, str], tuple[object, str]] = {
+    ("capture", "n_tokens"): (None, "the low-level reader: every eligible position unless asked"),
+    ("ablation_effect", "n_tokens"): (256, "two captures and two PGA runs per call"),
+    ("patch", "batch_size"): (32, "rows are cheap patched copies of one prompt pair, not texts"),
+    ("ablate", "n_tokens"): (None, "the reference mean reads every reference position unless asked"),
+    ("ablation_hooks", "n_tokens"): (None, "as ablate"),
+    ("ablate_pcs", "n_tokens"): (None, "the directions come from every reference position unless asked"),
+    ("cached_tuned_lens", "n_tokens"): (None, "None: the lens method's own budget (FAST_BUDGET)"),
+    ("fit_tuned_lens", "n_tokens"): (32768, "positions the lens trains on (FAST_BUDGET), not a measurement's sample"),
+}
 
 
 def seeded_subset(available: int, n: int, seed: int | None = 0) -> torch.Tensor:

@@ -120,6 +120,37 @@ def check_float(
     return value
 
 
+class InvalidParameterError(ValueError, TypeError):
+    """A value of the wrong kind or range for an option that takes several kinds (as scikit-learn's):
+    ``except ValueError`` and ``except TypeError`` both catch it."""
+
+
+def resolve_k(k: object, d_model: int) -> int | None:
+    """The subspace dimension ``k`` as an int: an int is a dimension, a float in ``(0, 1)`` a fraction
+    of ``d_model`` (``max(1, round(k * d_model))``, as scikit-learn's ``n_components``); ``None`` stays
+    ``None`` (the caller's default). Anything else raises :class:`InvalidParameterError` naming ``k``.
+
+    The one reading of ``k`` for every call that takes it (pga, ablation_effect, convergence, phases);
+    each caller checks the upper bound its own subspaces need.
+
+    Example:
+        >>> resolve_k(8, 64), resolve_k(0.25, 64), resolve_k(None, 64)
+        (8, 16, None)
+        >>> resolve_k(1.5, 64)
+        Traceback (most recent call last):
+        ...
+        geolens._validation.InvalidParameterError: k must be an int >= 1 (a dimension) or a float in (0, 1) ..., got 1.5
+    """
+    if k is None:
+        return None
+    if isinstance(k, numbers.Integral) and not isinstance(k, bool) and int(k) >= 1:
+        return int(k)
+    if isinstance(k, numbers.Real) and not isinstance(k, (bool, numbers.Integral)) and 0 < float(k) < 1:
+        return max(1, round(float(k) * d_model))
+    raise InvalidParameterError(f"k must be an int >= 1 (a dimension) or a float in (0, 1) (a fraction of "
+                                f"d_model = {d_model}), got {k!r}")
+
+
 class DegenerateError(ValueError):
     """The input has no geometry to measure (numerically constant states, a null without spread, ...)."""
 

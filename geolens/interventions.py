@@ -17,7 +17,7 @@ and the hook machinery that applies them during a forward pass:
 * :func:`ablate` — a context manager that adds them for a ``with`` block (through
   the model's own ``hooks`` context manager, so they are removed on exit, also
   when the block raises);
-* :func:`ablate_pcs` — the same for the top-``m`` principal directions of the
+* :func:`ablate_pcs` — the same for the top-``n_components`` principal directions of the
   layer's centred states on reference tokens;
 * :func:`patch_subspace`, :func:`patching_hook`, :func:`record_activations` —
   the edits behind :func:`geolens.patch` (a clean activation copied into a
@@ -32,7 +32,7 @@ unedited (``skip_first=True``): principal directions are estimated without it
 effect of an ablation.
 
 Example:
-    >>> with ablate_pcs(model, layer=1, m=1, reference_tokens=texts):
+    >>> with ablate_pcs(model, texts, layer=1, n_components=1, progress=False):
     ...     logits = model(tokens)
     >>> logits.shape
     torch.Size([1, 6, 200])
@@ -47,10 +47,11 @@ from typing import Any, Callable
 import torch
 from jaxtyping import Float
 
+from geolens._renames import renamed_keywords
 from geolens._validation import check_finite, check_float_matrix, check_int
 from geolens.capture import capture
 from geolens.metrics.grassmann import orthonormal_basis
-from geolens.metrics.preprocess import center, principal_directions
+from geolens.metrics.preprocess import centre, principal_directions
 from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.sites import BLOCK_SITES, RESIDUAL_SITE, check_layer, check_site, hook_name
 
@@ -133,44 +134,53 @@ def edit_hook_name(adapter: ModelAdapter, site: str, layer: int) -> str:
 
 
 def _reference_mean(
-    adapter: ModelAdapter, site: str, layer: int, reference: Any, n_tokens: int | None, seed: int | None,
+    adapter: ModelAdapter, site: str, layer: int, reference_tokens: Any, n_tokens: int | None, seed: int | None,
     progress: bool,
 ) -> torch.Tensor:
     """Mean state ``[d]`` of a reference sample: ``[N, d]`` states, or tokens captured at (site, layer)."""
-    if isinstance(reference, torch.Tensor) and reference.is_floating_point():
-        states = check_float_matrix(reference, "reference", min_rows=1)
+    if isinstance(reference_tokens, torch.Tensor) and reference_tokens.is_floating_point():
+        states = check_float_matrix(reference_tokens, "reference_tokens", min_rows=1)
         if states.shape[1] != adapter.d_model:
-            raise ValueError(f"reference states must be [N, d_model={adapter.d_model}], got {tuple(states.shape)}")
+            raise ValueError(f"reference_tokens as states must be [N, d_model={adapter.d_model}], "
+                             f"got {tuple(states.shape)}")
         return states.mean(dim=0)
-    states = capture(adapter, reference, sites=(site,), layers=[layer], n_tokens=n_tokens, seed=seed,
+    states = capture(adapter, reference_tokens, sites=(site,), layers=[layer], n_tokens=n_tokens, seed=seed,
                      progress=progress).layer(site, layer)
     return states.mean(dim=0)
 
 
+def _check_layer_arg(layer: object) -> None:
+    """``TypeError`` unless ``layer`` is an int: a call in the 0.3.0 order passes a tensor or tokens there."""
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise TypeError(f"layer must be an int (keyword-only since geolens 0.4.0: ablate(model, basis, layer=...), "
+                        f"ablate_pcs(model, tokens, layer=..., n_components=...)), got {type(layer).__name__}")
+
+
+@renamed_keywords(reference="reference_tokens")
 def ablation_hooks(
     model: Model,
-    layer: int,
     basis: Float[torch.Tensor, "d m"],
     *,
+    layer: int,
     site: str = RESIDUAL_SITE,
     mode: str = "project",
-    reference: Any = None,
+    reference_tokens: Any = None,
     skip_first: bool = True,
     n_tokens: int | None = None,
     seed: int | None = 0,
-    progress: bool = False,
+    progress: bool = True,
 ) -> list[tuple[str, HookFn]]:
     """Forward hooks ``[(hook_name, fn)]`` that ablate ``span(basis)`` at ``(site, layer)``.
 
     Args:
         model: ``HookedTransformer``, ``TransformerBridge`` or :class:`~geolens.model.ModelAdapter`.
-        layer: layer index in geolens's convention (module docstring).
         basis: ``[d_model, m]`` directions (orthonormalised here; a ``[d]`` vector is one direction).
+        layer: layer index in geolens's convention (module docstring).
         site: ``resid_post`` (default), ``resid_pre``, ``resid_mid``, ``attn_out`` or ``mlp_out``.
         mode: ``"project"`` removes the component (``h - P h``); ``"mean"`` replaces it
             with the reference mean's (``h - P (h - mu)``).
-        reference: for ``mode="mean"``: ``[N, d]`` float states, or tokens (text, list of
-            texts, ``[B, T]`` ids) whose states at ``(site, layer)`` give ``mu``.
+        reference_tokens: for ``mode="mean"``: tokens (text, list of texts, ``[B, T]`` ids) whose
+            states at ``(site, layer)`` give ``mu``, or those ``[N, d]`` float states themselves.
         skip_first: leave position 0 (BOS / attention sink) unedited.
         n_tokens: reference positions sampled (``mode="mean"``).
         seed: seed of that sample.
@@ -185,7 +195,7 @@ def ablation_hooks(
         >>> seen = {}
         >>> def record(activation, hook):                        # one of your own hooks, after the ablation
         ...     seen["x0"] = activation[0, :, 0].clone()
-        >>> hooks = ablation_hooks(model, 1, direction[:, None]) + [("blocks.0.hook_resid_post", record)]
+        >>> hooks = ablation_hooks(model, direction[:, None], layer=1) + [("blocks.0.hook_resid_post", record)]
         >>> hooks[0][0]                                          # resid_post layer 1 = block 0's output
         'blocks.0.hook_resid_post'
         >>> logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
@@ -193,17 +203,18 @@ def ablation_hooks(
         (0.0, True)
     """
     adapter = as_adapter(model)
+    _check_layer_arg(layer)
     if mode not in ABLATION_MODES:
         raise ValueError(f"mode must be one of {ABLATION_MODES}, got {mode!r}")
     name = edit_hook_name(adapter, site, layer)
     q = subspace_basis(basis, adapter.d_model)
     if mode == "mean":
-        if reference is None:
-            raise ValueError("mode='mean' needs reference= ([N, d] states or reference tokens)")
-        mean = _reference_mean(adapter, site, layer, reference, n_tokens, seed, progress)
+        if reference_tokens is None:
+            raise ValueError("mode='mean' needs reference_tokens= (reference tokens or [N, d] states)")
+        mean = _reference_mean(adapter, site, layer, reference_tokens, n_tokens, seed, progress)
         check_finite(mean, "reference mean")
-    elif reference is not None:
-        raise ValueError("reference= is only used with mode='mean'")
+    elif reference_tokens is not None:
+        raise ValueError("reference_tokens= is only used with mode='mean'")
     else:
         mean = None
     start = 1 if skip_first else 0
@@ -219,19 +230,20 @@ def ablation_hooks(
     return [(name, hook)]
 
 
+@renamed_keywords(reference="reference_tokens")
 @contextmanager
 def ablate(
     model: Model,
-    layer: int,
     basis: Float[torch.Tensor, "d m"],
     *,
+    layer: int,
     site: str = RESIDUAL_SITE,
     mode: str = "project",
-    reference: Any = None,
+    reference_tokens: Any = None,
     skip_first: bool = True,
     n_tokens: int | None = None,
     seed: int | None = 0,
-    progress: bool = False,
+    progress: bool = True,
 ) -> Iterator[list[tuple[str, HookFn]]]:
     """Ablate ``span(basis)`` at ``(site, layer)`` for every forward pass inside a ``with`` block.
 
@@ -242,87 +254,91 @@ def ablate(
 
     Example:
         >>> q = torch.linalg.qr(torch.randn(64, 2, generator=torch.Generator().manual_seed(0)))[0]   # [d, 2]
-        >>> with geolens.ablate(model, layer=1, basis=q, mode="project"):
+        >>> with geolens.ablate(model, q, layer=1, mode="project"):
         ...     states = geolens.capture(model, texts, layers=[1], n_tokens=8, progress=False)
         >>> (states.layer("resid_post", 1) @ q).abs().max().item() < 1e-5   # no component left in span(q)
         True
     """
     adapter = as_adapter(model)
-    hooks = ablation_hooks(adapter, layer, basis, site=site, mode=mode, reference=reference, skip_first=skip_first,
-                           n_tokens=n_tokens, seed=seed, progress=progress)
+    hooks = ablation_hooks(adapter, basis, layer=layer, site=site, mode=mode, reference_tokens=reference_tokens,
+                           skip_first=skip_first, n_tokens=n_tokens, seed=seed, progress=progress)
     with adapter.hooks(hooks):
         yield hooks
 
 
 def reference_pcs(
     model: Model,
-    layer: int,
-    m: int,
-    reference_tokens: Any,
+    tokens: Any,
     *,
+    layer: int,
+    n_components: int,
     site: str = RESIDUAL_SITE,
     n_tokens: int | None = None,
     seed: int | None = 0,
-    progress: bool = False,
     attention_mask: torch.Tensor | None = None,
+    progress: bool = True,
 ) -> tuple[Float[torch.Tensor, "d m"], Float[torch.Tensor, "N d"]]:
-    """Top-``m`` principal directions of the centred states at ``(site, layer)`` on reference tokens.
+    """Top-``n_components`` principal directions of the centred states at ``(site, layer)`` on ``tokens``.
 
-    Returns ``(basis [d, m], states [N, d])`` (the captured reference states, BOS and padding excluded).
+    Returns ``(basis [d, n_components], states [N, d])`` (the captured reference states, BOS and
+    padding excluded).
 
     Example:
-        >>> pcs, states = reference_pcs(model, 1, 2, texts, n_tokens=16)
+        >>> pcs, states = reference_pcs(model, texts, layer=1, n_components=2, n_tokens=16, progress=False)
         >>> pcs.shape, states.shape
         (torch.Size([64, 2]), torch.Size([16, 64]))
         >>> torch.allclose(pcs.T @ pcs, torch.eye(2), atol=1e-5)
         True
     """
     adapter = as_adapter(model)
+    _check_layer_arg(layer)
     edit_hook_name(adapter, site, layer)  # validates site and layer
     layer = check_layer(site, layer, n_layers=adapter.n_layers)  # -1 = the last layer
-    m = check_int(m, "m", low=0, high=adapter.d_model)
-    states = capture(adapter, reference_tokens, sites=(site,), layers=[layer], n_tokens=n_tokens, seed=seed,
+    n_components = check_int(n_components, "n_components", low=0, high=adapter.d_model)
+    states = capture(adapter, tokens, sites=(site,), layers=[layer], n_tokens=n_tokens, seed=seed,
                      progress=progress, attention_mask=attention_mask).layer(site, layer)
     n = states.shape[0]
-    if m >= n:
-        raise ValueError(f"m = {m} principal directions need more than {m} reference states, got {n}")
+    if n_components >= n:
+        raise ValueError(f"n_components = {n_components} principal directions need more than {n_components} "
+                         f"reference states, got {n}")
     check_finite(states, "reference states")
-    return principal_directions(center(states.double()), m).to(states.dtype), states
+    return principal_directions(centre(states.double()), n_components).to(states.dtype), states
 
 
+@renamed_keywords(m="n_components", reference_tokens="tokens")
 @contextmanager
 def ablate_pcs(
     model: Model,
-    layer: int,
-    m: int,
-    reference_tokens: Any,
+    tokens: Any,
     *,
+    layer: int,
+    n_components: int,
     site: str = RESIDUAL_SITE,
     mode: str = "project",
     skip_first: bool = True,
     n_tokens: int | None = None,
     seed: int | None = 0,
-    progress: bool = False,
+    progress: bool = True,
 ) -> Iterator[Float[torch.Tensor, "d m"]]:
-    """Ablate the top-``m`` principal directions of ``(site, layer)`` (from ``reference_tokens``) in a ``with`` block.
+    """Ablate the top-``n_components`` principal directions of ``(site, layer)`` (estimated on ``tokens``)
+    in a ``with`` block.
 
-    The directions are the top-``m`` right singular vectors of the centred
-    reference states (:func:`reference_pcs`). ``mode="project"`` removes the
-    component along them; ``mode="mean"`` replaces it by the reference states'
-    mean component. Yields the ``[d, m]`` basis.
+    The directions are the top right singular vectors of the centred states of ``tokens``
+    (:func:`reference_pcs`). ``mode="project"`` removes the component along them; ``mode="mean"``
+    replaces it by those states' mean component. Yields the ``[d, n_components]`` basis.
 
     Example:
-        >>> with geolens.ablate_pcs(model, layer=1, m=1, reference_tokens=texts) as pcs:
+        >>> with geolens.ablate_pcs(model, texts, layer=1, n_components=1, progress=False) as pcs:
         ...     logits = model(tokens)
         >>> pcs.shape, logits.shape
         (torch.Size([64, 1]), torch.Size([1, 6, 200]))
         >>> bool((logits - model(tokens)).abs().max() > 0)   # the hooks are gone after the block
         True
     """
-    basis, states = reference_pcs(model, layer, m, reference_tokens, site=site, n_tokens=n_tokens, seed=seed,
-                                  progress=progress)
+    basis, states = reference_pcs(model, tokens, layer=layer, n_components=n_components, site=site,
+                                  n_tokens=n_tokens, seed=seed, progress=progress)
     reference = states if mode == "mean" else None
-    with ablate(model, layer, basis, site=site, mode=mode, reference=reference, skip_first=skip_first):
+    with ablate(model, basis, layer=layer, site=site, mode=mode, reference_tokens=reference, skip_first=skip_first):
         yield basis
 
 

@@ -23,7 +23,12 @@ import pandas as pd
 from geolens._io import atomic_write_text
 from geolens._json import jsonable, parse_json, restore_non_finite
 
-__all__ = ["Result", "figure_bundle", "json_text"]
+__all__ = ["RENAMED_RESULTS", "Result", "figure_bundle", "json_text"]
+
+# Result classes renamed in 0.4.0 after their calls (old -> new): the old names answer with the
+# new one (geolens._renames), and results saved under an old name still load.
+RENAMED_RESULTS = {"ProbeResult": "ProbesResult", "AblationResult": "AblationEffectResult",
+                   "CheckpointResult": "OverCheckpointsResult", "LensResult": "EvaluateResult"}
 
 
 # Columns that identify a row rather than measure something (see Result.long_rows).
@@ -90,13 +95,15 @@ class Result:
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
-        """Read a result written by :meth:`save` (non-finite floats come back as floats)."""
+        """Read a result written by :meth:`save` (non-finite floats come back as floats); a result saved
+        under its class's 0.3.0 name (:data:`RENAMED_RESULTS`) loads as the renamed class."""
         try:
             payload = parse_json(Path(path).read_text(encoding="utf-8"), path)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"{path} is not a saved geolens result: not valid JSON ({err})") from None
-        if not isinstance(payload, dict) or payload.get("type") != cls.__name__:
-            found = payload.get("type") if isinstance(payload, dict) else type(payload).__name__
+        saved_as = payload.get("type") if isinstance(payload, dict) else None
+        if saved_as is None or RENAMED_RESULTS.get(saved_as, saved_as) != cls.__name__:
+            found = saved_as if isinstance(payload, dict) else type(payload).__name__
             raise ValueError(f"{path} holds a {found}, not a {cls.__name__}")
         if "rows" not in payload or not isinstance(payload["rows"], list):
             raise ValueError(f"{path} has no list of rows: not a saved {cls.__name__}")

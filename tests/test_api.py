@@ -1,31 +1,32 @@
-"""One calling convention for everything ``geolens`` exports (DESIGN.md).
+"""One calling convention and one vocabulary for everything ``geolens`` exports (DESIGN.md,
+docs/concepts/conventions.md "Names").
 
 Every analysis is ``f(model, tokens, [second input], *, <options>, n_tokens, seed=0, batch_size,
 max_length=None, attention_mask=None, progress=True)``: the inputs are the only positional
-parameters, every option is keyword-only, and the shared options come last, in that order, with
-the same defaults everywhere (the few exceptions are listed here with their reason).
+parameters, every option is keyword-only, and the shared options (``geolens._sampling.SAMPLING_OPTIONS``)
+come last, in that order, with the same defaults everywhere (the few exceptions are listed there with
+their reason). One idea has one name: the retired synonyms below never name a parameter.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
+from pathlib import Path
 
 import pytest
 
 import geolens
 import geolens.lens
+import geolens.metrics
+from geolens._sampling import SAMPLING_DEFAULT_EXCEPTIONS, SAMPLING_OPTIONS
 
 KW_ONLY = inspect.Parameter.KEYWORD_ONLY
-TAIL = ("n_tokens", "seed", "batch_size", "max_length", "attention_mask", "progress")
-SHARED_DEFAULTS = {"seed": 0, "batch_size": 8, "max_length": None, "attention_mask": None, "progress": True,
-                   "n_tokens": 1024}
-# Where a shared option has another default, and why.
-DEFAULT_EXCEPTIONS = {
-    ("capture", "n_tokens"): None,          # the low-level reader: every eligible position unless asked
-    ("ablation_effect", "n_tokens"): 256,   # two captures and two PGA runs per call
-    ("patch", "batch_size"): 32,            # rows are cheap patched copies of one prompt pair, not texts
-}
+TAIL = tuple(option.name for option in SAMPLING_OPTIONS)
+SHARED_DEFAULTS = {option.name: option.default for option in SAMPLING_OPTIONS}
+# Where a shared option has another default (the reasons are in geolens._sampling).
+DEFAULT_EXCEPTIONS = {key: default for key, (default, _why) in SAMPLING_DEFAULT_EXCEPTIONS.items()}
 # analysis -> its positional inputs, in order
 ANALYSES = {
     "pga": ("model", "tokens"),
@@ -44,21 +45,70 @@ OTHERS = {
     "weight_geometry": ("model",),
     "compare": ("pga_result", "spectrum_result"),
     "over_checkpoints": ("checkpoints", "tokens"),
-    "ablate": ("model", "layer", "basis"),
-    "ablation_hooks": ("model", "layer", "basis"),
-    "ablate_pcs": ("model", "layer", "m", "reference_tokens"),
-    "train_tuned_lens": ("model", "texts"),
-    "cached_tuned_lens": ("model", "train_texts"),
+    "ablate": ("model", "basis"),
+    "ablation_hooks": ("model", "basis"),
+    "ablate_pcs": ("model", "tokens"),
+    "train_tuned_lens": ("model", "tokens"),
+    "fit_tuned_lens": ("model", "tokens"),
+    "cached_tuned_lens": ("model", "tokens"),
+    "layer_logits": ("model", "tokens"),
+    "residual_stream": ("model", "tokens"),
+    "unembed": ("adapter", "h"),
+    "hit_at_k": ("logits", "target", "k"),
+    "kl_rows": ("log_p", "logits_q"),
+    "fast_matmul_dtype": ("device",),
     "load_model": ("name",),
     "available_models": (),
     "register_analysis": ("name", "function"),
     "unregister_analysis": ("name",),
     "available_analyses": (),
+    # small helpers: what they make from their inputs
+    "as_adapter": ("model_or_adapter",),
+    "default_texts": ("n",),
+    "load_default_model": (),
+    "pythia_checkpoint_loader": ("name",),
+    "logit_diff": ("correct_token", "wrong_token"),
+    "prob": ("target_token",),
+}
+# Retired synonym -> the one name of its idea (docs/concepts/conventions.md); none names a parameter.
+RETIRED = {
+    "texts": "tokens", "train_texts": "tokens", "lens_texts": "lens_tokens", "reference": "reference_tokens",
+    "n_positions": "n_tokens", "steps": "max_steps", "m": "n_components", "knn_k": "n_neighbors",
+    "ks": "top_k", "k_fraction": "k", "layer_a": "layers", "layer_b": "other_layers", "center": "centre",
+    "probe_folds": "folds", "load": "loader", "model_b": "other",
+}
+# geolens.metrics keeps the notation of docs/methods.md for its pure functions: ``m`` is CCR-m's m
+# (remove_common_components) and the count of principal directions; the analyses say n_components.
+METRICS_NOTATION = {"m"}
+# Exported calls that draw random numbers: each takes ``seed``, and no other call does.
+SEEDED = {"pga", "spectrum", "updates", "phases", "capture", "ablation_effect", "convergence", "probes",
+          "evaluate", "fit_tuned_lens", "cached_tuned_lens", "ablate", "ablation_hooks", "ablate_pcs",
+          "default_texts"}
+# ... and those that draw nothing, with the reason.
+DRAWS_NOTHING = {
+    "patch": "every position of one prompt pair is patched",
+    "train_tuned_lens": "windows read in order, translators start at zero",
+    "over_checkpoints": "passes seed= on to its analyses (**kwargs)",
+    "weight_geometry": "weights only", "compare": "tables only", "layer_logits": "one forward pass",
+    "residual_stream": "one forward pass", "unembed": "a product", "hit_at_k": "a comparison",
+    "kl_rows": "a formula", "fast_matmul_dtype": "a device query", "load_model": "a file",
+    "available_models": "a listing", "register_analysis": "a registry", "unregister_analysis": "a registry",
+    "available_analyses": "a listing", "as_adapter": "a wrapper", "load_default_model": "a file",
+    "pythia_checkpoint_loader": "a loader", "logit_diff": "a metric", "prob": "a metric",
 }
 
 
 def _function(name):
     return getattr(geolens, name, None) or getattr(geolens.lens, name)
+
+
+def _public_functions(*modules):
+    """``(module, name, function)`` of every function a module exports (``__all__``)."""
+    return [(m.__name__, name, getattr(m, name)) for m in modules for name in m.__all__
+            if inspect.isfunction(getattr(m, name))]
+
+
+EXPORTED = {name: function for _, name, function in _public_functions(geolens, geolens.lens)}
 
 
 def _check_inputs(name, inputs):
@@ -98,12 +148,119 @@ def test_other_exports_take_options_by_keyword(name):
 
 
 def test_every_exported_function_is_covered():
-    exported = {name for name in geolens.__all__ if inspect.isfunction(getattr(geolens, name))}
-    # metric factories and loaders: small helpers, not analyses
-    helpers = {"kl", "logit_diff", "prob", "as_adapter", "default_texts", "load_default_model",
-               "pythia_checkpoint_loader"}
-    uncovered = exported - set(ANALYSES) - set(OTHERS) - helpers
+    uncovered = set(EXPORTED) - set(ANALYSES) - set(OTHERS)
     assert not uncovered, f"exported functions the convention test does not know: {sorted(uncovered)}"
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTED))
+def test_shared_options_end_every_signature_with_one_default(name):
+    params = [p for p in inspect.signature(EXPORTED[name]).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    names = [p.name for p in params]
+    present = [t for t in TAIL if t in names]
+    assert names[len(names) - len(present):] == present, f"{name}: {present} must end the signature in that order"
+    for p in params:
+        if p.name in SHARED_DEFAULTS:
+            expected = DEFAULT_EXCEPTIONS.get((name, p.name), SHARED_DEFAULTS[p.name])
+            assert p.default == expected, f"{name}({p.name}=...) defaults to {p.default!r}, expected {expected!r}"
+
+
+@pytest.mark.parametrize("module,name,function", _public_functions(geolens, geolens.lens, geolens.metrics),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_no_retired_synonym_names_a_parameter(module, name, function):
+    allowed = METRICS_NOTATION if module == "geolens.metrics" else set()
+    retired = [p for p in inspect.signature(function).parameters if p in RETIRED and p not in allowed]
+    assert not retired, f"{module}.{name}: {[f'{p} -> {RETIRED[p]}' for p in retired]}"
+
+
+def test_seed_wherever_randomness_is_drawn_and_nowhere_else():
+    assert not SEEDED & set(DRAWS_NOTHING)
+    assert set(EXPORTED) == SEEDED | set(DRAWS_NOTHING), "classify every exported call: does it draw?"
+    for name, function in EXPORTED.items():
+        assert ("seed" in inspect.signature(function).parameters) == (name in SEEDED), name
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTED))
+def test_progress_defaults_to_true(name):
+    progress = inspect.signature(EXPORTED[name]).parameters.get("progress")
+    assert progress is None or progress.default is True, f"{name}(progress=...) defaults to {progress.default!r}"
+
+
+def test_result_classes_are_named_after_their_calls_and_exported():
+    for name, function in EXPORTED.items():
+        returned = inspect.signature(function).return_annotation
+        if isinstance(returned, str) and returned.endswith("Result"):
+            assert returned.lower() == name.replace("_", "") + "result", f"{name} returns {returned}"
+            assert returned in geolens.__all__, f"{returned} is not exported from geolens"
+    assert "EvaluateResult" in geolens.lens.__all__
+    for module, old, new in (("geolens", "ProbeResult", "ProbesResult"), ("geolens", "AblationResult",
+                             "AblationEffectResult"), ("geolens", "CheckpointResult", "OverCheckpointsResult"),
+                             ("geolens.lens", "LensResult", "EvaluateResult"),
+                             ("geolens.analyses.probes", "ProbeResult", "ProbesResult"),
+                             ("geolens.lens.evaluate", "LensResult", "EvaluateResult")):
+        with pytest.raises(AttributeError, match=f"{old} was renamed to {new}"):
+            getattr(importlib.import_module(module), old)
+
+
+def test_a_result_saved_under_its_old_class_name_loads(tmp_path: Path):
+    path = tmp_path / "probes.json"
+    path.write_text(json.dumps({"type": "ProbeResult", "rows": [{"layer": 0, "accuracy": 0.5}], "params": {}}))
+    assert geolens.ProbesResult.load(path).rows == [{"layer": 0, "accuracy": 0.5}]
+    with pytest.raises(ValueError, match="holds a ProbeResult, not a PGAResult"):
+        geolens.PGAResult.load(path)
+
+
+def test_every_renamed_keyword_names_a_parameter_and_raises_with_it():
+    renamed = {name: f.__renamed_keywords__ for name, f in EXPORTED.items() if hasattr(f, "__renamed_keywords__")}
+    assert {"train_tuned_lens", "cached_tuned_lens", "convergence", "phases", "ablate_pcs"} <= set(renamed)
+    for name, old_to_new in renamed.items():
+        parameters = inspect.signature(EXPORTED[name]).parameters
+        for old, new in old_to_new.items():
+            assert new in parameters and old not in parameters, (name, old, new)
+            with pytest.raises(TypeError, match=f"got the keyword '{old}', renamed to '{new}'"):
+                EXPORTED[name](**{old: None})
+    assert not hasattr(geolens.metrics, "center") and callable(geolens.metrics.centre)
+
+
+def test_the_0_3_order_of_the_interventions_fails_clearly(native_bridge):
+    import torch
+
+    basis, tokens = torch.eye(32)[:, :1], torch.randint(3, 100, (2, 8))
+    with pytest.raises(TypeError):
+        geolens.ablation_hooks(native_bridge, 1, basis)
+    with pytest.raises(TypeError, match="basis must be a torch.Tensor"):
+        geolens.ablation_hooks(native_bridge, 1, layer=1)
+    with pytest.raises(TypeError):
+        with geolens.ablate(native_bridge, 1, basis):
+            pass
+    with pytest.raises(TypeError, match="layer must be an int"):
+        geolens.ablation_hooks(native_bridge, basis, layer=basis)
+    with pytest.raises(TypeError):
+        with geolens.ablate_pcs(native_bridge, 1, 1, tokens):
+            pass
+    with pytest.raises(TypeError, match="'m', renamed to 'n_components'"):
+        with geolens.ablate_pcs(native_bridge, layer=1, m=1, reference_tokens=tokens):
+            pass
+
+
+def test_k_is_a_dimension_or_a_fraction_everywhere():
+    from geolens._validation import InvalidParameterError, resolve_k
+
+    assert resolve_k(8, 64) == 8 and resolve_k(0.25, 64) == 16 and resolve_k(None, 64) is None
+    for bad in (0, 1.0, 1.5, -0.5, "8", True):
+        with pytest.raises(InvalidParameterError, match="k must be an int"):
+            resolve_k(bad, 64)
+    assert issubclass(InvalidParameterError, ValueError) and issubclass(InvalidParameterError, TypeError)
+    for name in ("pga", "ablation_effect", "convergence", "phases"):
+        assert "k" in inspect.signature(_function(name)).parameters, name
+
+
+def test_the_conventions_page_lists_the_names():
+    page = (Path(__file__).parents[1] / "docs" / "concepts" / "conventions.md").read_text(encoding="utf-8")
+    names = page[page.index("## Names"):]
+    for option in SAMPLING_OPTIONS:
+        assert f"`{option.name}`" in names, option.name
+    for old, new in RETIRED.items():
+        assert f"`{new}`" in names and f"`{old}`" in names, (old, new)
 
 
 def test_ccr_default_is_the_papers_centring_plus_ccr1():

@@ -194,5 +194,5 @@ def test_architecture_interventions_and_tuned_lens(arch: str, tmp_path) -> None:
                         progress=False)
     restored = float(res.normalized().values("resid_pre")[0, 3])
     assert restored == pytest.approx(1.0, abs=1e-3) or arch in READS_EMBEDDINGS_AGAIN, restored
-    effect = geolens.ablation_effect(model, TOKENS, layer=1, m=1, k=4, n_null=5, progress=False).to_pandas()
+    effect = geolens.ablation_effect(model, TOKENS, layer=1, n_components=1, k=4, n_null=5, progress=False).to_pandas()
     assert effect.select_dtypes("number").notna().all().all()

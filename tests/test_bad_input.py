@@ -204,7 +204,7 @@ def test_ids_longer_than_the_positional_table_name_length_and_limit(native_bridg
 
 def test_empty_training_text_raises(native_bridge):
     with untouched(native_bridge), pytest.raises(ValueError, match="no token to train on"):
-        train_tuned_lens(native_bridge, [""], steps=2, tokens_per_step=8, progress=False)
+        train_tuned_lens(native_bridge, [""], max_steps=2, tokens_per_step=8, progress=False)
 
 
 # ---------------------------------------------------------------- files
@@ -611,7 +611,7 @@ def test_a_damaged_cached_lens_is_trained_again_with_a_warning(tmp_path, native_
     from geolens.lens import cached_tuned_lens
 
     texts = ["the cat sat on the mat", "a dog ran in the park"] * 4
-    budget = dict(method="reference", steps=2, tokens_per_step=16, seq_len=8, progress=False, cache_dir=tmp_path)
+    budget = dict(method="reference", max_steps=2, tokens_per_step=16, seq_len=8, progress=False, cache_dir=tmp_path)
     with untouched(native_bridge):
         lens = cached_tuned_lens(native_bridge, texts, **budget)
         weights = Path(lens.cache_dir) / "translators.safetensors"
@@ -685,8 +685,8 @@ def test_ablation_effect_counts_negative_layers_from_the_end(native_bridge):
             geolens.ablation_effect(native_bridge, tokens, layer=-4, **common)
         from geolens.interventions import reference_pcs
 
-        last_pcs, _ = reference_pcs(native_bridge, -1, 1, tokens, n_tokens=8)
-        assert torch.equal(last_pcs, reference_pcs(native_bridge, N_LAYERS, 1, tokens, n_tokens=8)[0])
+        last_pcs, _ = reference_pcs(native_bridge, tokens, layer=-1, n_components=1, n_tokens=8)
+        assert torch.equal(last_pcs, reference_pcs(native_bridge, tokens, layer=N_LAYERS, n_components=1, n_tokens=8)[0])
 
 
 def test_phases_refuses_a_lens_holding_nan(native_bridge):
@@ -706,7 +706,7 @@ def test_phases_refuses_a_lens_holding_nan(native_bridge):
 def test_convergence_between_models_of_different_context_lengths(native_bridge, tiny_tokenizer):
     short = make_native_bridge(tiny_tokenizer, n_ctx=16)
     texts = [" ".join(["the cat sat on the mat and a dog ran in the park"] * 2)] * 3  # 24 words
-    common = dict(k=4, n_null=3, knn_k=3, progress=False)
+    common = dict(k=4, n_null=3, n_neighbors=3, progress=False)
     with untouched(native_bridge), untouched(short):
         with pytest.raises(ValueError, match=r"text 0 is \d+ tokens for .* takes at most 16 \(n_ctx\); pass max_length"):
             geolens.convergence(native_bridge, texts, short, **common)

@@ -112,8 +112,8 @@ def test_spectrum_and_updates_agree(pair):
 @pytest.mark.filterwarnings("ignore:the training text was read")
 def test_lens_training_and_evaluation_keep_fp32_translators(pair):
     half, full = pair
-    lens = train_tuned_lens(half, TEXTS, steps=3, tokens_per_step=32, progress=False)
-    ref = train_tuned_lens(full, TEXTS, steps=3, tokens_per_step=32, progress=False)
+    lens = train_tuned_lens(half, TEXTS, max_steps=3, tokens_per_step=32, progress=False)
+    ref = train_tuned_lens(full, TEXTS, max_steps=3, tokens_per_step=32, progress=False)
     assert all(p.dtype == torch.float32 for p in lens.parameters())
     assert isinstance(lens, TunedLens) and np.isfinite(lens.training_info["losses"]).all()
     np.testing.assert_allclose(lens.training_info["losses"], ref.training_info["losses"], rtol=0.05, atol=1e-4)
@@ -152,19 +152,19 @@ def test_ablation_agrees_and_its_hook_keeps_the_dtype(pair):
     for mode, reference in (("project", None), ("mean", TEXTS)):
         logits = {}
         for model in (half, full):
-            with geolens.ablate(model, 1, basis, mode=mode, reference=reference):
+            with geolens.ablate(model, basis, layer=1, mode=mode, reference_tokens=reference):
                 logits[model] = model(tokens.to(as_adapter(model).device)).cpu()
         assert logits[half].dtype == dtype
         torch.testing.assert_close(logits[half].float(), logits[full], atol=0.05, rtol=0.02)
-    (name, hook), = ablation_hooks(half, 1, basis)
+    (name, hook), = ablation_hooks(half, basis, layer=1)
     act = torch.randn(1, 4, 32).to(device=device, dtype=dtype)
     out = hook(act)
     assert out.dtype == dtype and torch.equal(out[:, 0], act[:, 0])  # BOS untouched
     basis = basis.to(device)
     ref = act.float()[:, 1:] - (act.float()[:, 1:] @ basis) @ basis.T
     torch.testing.assert_close(out[:, 1:], ref.to(dtype))
-    a = geolens.ablation_effect(half, TEXTS, layer=1, m=1, n_tokens=60, n_null=10, progress=False).to_pandas()
-    b = geolens.ablation_effect(full, TEXTS, layer=1, m=1, n_tokens=60, n_null=10, progress=False).to_pandas()
+    a = geolens.ablation_effect(half, TEXTS, layer=1, n_components=1, n_tokens=60, n_null=10, progress=False).to_pandas()
+    b = geolens.ablation_effect(full, TEXTS, layer=1, n_components=1, n_tokens=60, n_null=10, progress=False).to_pandas()
     np.testing.assert_allclose(a.z_clean, b.z_clean, atol=0.3)
     np.testing.assert_allclose(a.z_ablated, b.z_ablated, atol=0.3)
 
@@ -177,7 +177,7 @@ def test_the_other_analyses_run_and_agree(pair):
     a, b = geolens.phases(half, TEXTS, **kw).to_pandas(), geolens.phases(full, TEXTS, **kw).to_pandas()
     assert list(a.columns) == list(b.columns) and len(a) == len(b)
     np.testing.assert_allclose(a.rss, b.rss, atol=0.05)
-    ckw = dict(measures=("spearman", "cka"), n_null=10, n_positions=60, progress=False)
+    ckw = dict(measures=("spearman", "cka"), n_null=10, n_tokens=60, progress=False)
     a, b = geolens.convergence(half, TEXTS, full, **ckw).to_pandas(), geolens.convergence(full, TEXTS, full, **ckw)
     numeric = b.to_pandas().select_dtypes("number").columns.drop(["z", "z_se"], errors="ignore")
     np.testing.assert_allclose(a[numeric], b.to_pandas()[numeric], atol=0.05)

@@ -65,7 +65,7 @@ def test_project_mode_removes_the_component_exactly(any_model, site, layer):
     basis = subspace_basis(_random_basis(adapter.d_model, 3), adapter.d_model)
     before_hooks, before_weights = hook_count(any_model), weights(any_model)
     clean = geolens.capture(any_model, tokens, sites=(site,), layers=[layer], progress=False).layer(site, layer)
-    with ablate(any_model, layer, basis, site=site):
+    with ablate(any_model, basis, layer=layer, site=site):
         ablated = geolens.capture(any_model, tokens, sites=(site,), layers=[layer], progress=False).layer(site, layer)
     assert float((clean @ basis).abs().max()) > 1e-2  # the component was there
     assert float((ablated @ basis).abs().max()) < 1e-5
@@ -96,9 +96,9 @@ def test_mean_ablation_of_a_direction_without_variance_is_a_no_op(any_model):
     spread = (states.float() @ null_dir).std()
     assert float(spread) < 1e-4 * float((states.float() @ null_dir).abs().mean())
     clean = adapter.run_with_hooks(tokens)
-    with ablate(any_model, layer, null_dir, mode="mean", reference=states.float()):
+    with ablate(any_model, null_dir, layer=layer, mode="mean", reference_tokens=states.float()):
         mean_ablated = adapter.run_with_hooks(tokens)
-    with ablate(any_model, layer, null_dir, mode="project"):
+    with ablate(any_model, null_dir, layer=layer, mode="project"):
         projected = adapter.run_with_hooks(tokens)
     torch.testing.assert_close(mean_ablated, clean, atol=1e-4, rtol=1e-4)
     assert float((projected - clean).abs().max()) > 1e-3  # the same direction does matter when removed
@@ -109,13 +109,13 @@ def test_mean_mode_from_reference_tokens_matches_states(native_bridge):
     ref_tokens, tokens = _tokens(adapter, seed=1), _tokens(adapter, seed=2)
     basis = _random_basis(adapter.d_model, 2)
     ref_states = geolens.capture(native_bridge, ref_tokens, layers=[2], progress=False).layer("resid_post", 2)
-    with ablate(native_bridge, 2, basis, mode="mean", reference=ref_tokens):
+    with ablate(native_bridge, basis, layer=2, mode="mean", reference_tokens=ref_tokens):
         from_tokens = adapter.run_with_hooks(tokens)
-    with ablate(native_bridge, 2, basis, mode="mean", reference=ref_states):
+    with ablate(native_bridge, basis, layer=2, mode="mean", reference_tokens=ref_states):
         from_states = adapter.run_with_hooks(tokens)
     torch.testing.assert_close(from_tokens, from_states)
     q = subspace_basis(basis, adapter.d_model)
-    with ablate(native_bridge, 2, basis, mode="mean", reference=ref_states):
+    with ablate(native_bridge, basis, layer=2, mode="mean", reference_tokens=ref_states):
         got = geolens.capture(native_bridge, tokens, layers=[2], progress=False).layer("resid_post", 2)
     torch.testing.assert_close(got @ q, (ref_states.mean(0) @ q).expand(got.shape[0], -1), atol=1e-5, rtol=1e-5)
 
@@ -133,7 +133,7 @@ def test_first_position_is_left_alone_by_default(native_bridge):
     adapter.run_with_hooks(tokens, fwd_hooks=[(name, grab)])
     clean = seen["act"]
     for skip_first in (True, False):
-        hooks = ablation_hooks(native_bridge, 1, basis, skip_first=skip_first) + [(name, grab)]
+        hooks = ablation_hooks(native_bridge, basis, layer=1, skip_first=skip_first) + [(name, grab)]
         adapter.run_with_hooks(tokens, fwd_hooks=hooks)  # user hooks after ours see the edited activation
         torch.testing.assert_close(seen["act"][:, 0].eq(clean[:, 0]).all(), torch.tensor(skip_first))
         q = subspace_basis(basis, adapter.d_model)
@@ -149,7 +149,7 @@ def test_ablate_pcs_equals_ccr_on_the_reference_tokens(any_model):
     x = clean.double().numpy()
     _, _, vt = np.linalg.svd(x - x.mean(0), full_matrices=False)
     projector = vt[:m].T @ vt[:m]
-    with ablate_pcs(any_model, layer, m, tokens) as pcs:
+    with ablate_pcs(any_model, tokens, layer=layer, n_components=m) as pcs:
         ablated = geolens.capture(any_model, tokens, layers=[layer], progress=False).layer("resid_post", layer)
     np.testing.assert_allclose((pcs @ pcs.T).double().numpy(), projector, atol=1e-5)
     # Removing the PCs from uncentred states, then centring, is CCR-m of the clean states.
@@ -157,10 +157,11 @@ def test_ablate_pcs_equals_ccr_on_the_reference_tokens(any_model):
 
 
 def test_reference_pcs_returns_states_and_validates(native_bridge):
-    basis, states = reference_pcs(native_bridge, 1, 3, _tokens(as_adapter(native_bridge)), n_tokens=20)
+    basis, states = reference_pcs(native_bridge, _tokens(as_adapter(native_bridge)), layer=1, n_components=3,
+                                  n_tokens=20)
     assert basis.shape == (32, 3) and states.shape == (20, 32)
     with pytest.raises(ValueError, match="more than 5 reference states"):
-        reference_pcs(native_bridge, 1, 5, torch.randint(3, 100, (1, 6)))
+        reference_pcs(native_bridge, torch.randint(3, 100, (1, 6)), layer=1, n_components=5)
 
 
 def test_hooks_removed_on_exception_and_weights_unchanged(any_model):
@@ -168,7 +169,7 @@ def test_hooks_removed_on_exception_and_weights_unchanged(any_model):
     before_hooks, before_weights = hook_count(any_model), weights(any_model)
     basis = _random_basis(adapter.d_model, 1)
     with pytest.raises(RuntimeError, match="boom"):
-        with ablate(any_model, 1, basis):
+        with ablate(any_model, basis, layer=1):
             assert hook_count(any_model) > before_hooks
             raise RuntimeError("boom")
     assert hook_count(any_model) == before_hooks
@@ -177,10 +178,10 @@ def test_hooks_removed_on_exception_and_weights_unchanged(any_model):
         raise KeyError("user hook fails")
 
     with pytest.raises(KeyError):
-        with ablate(any_model, 1, basis):
+        with ablate(any_model, basis, layer=1):
             adapter.run_with_hooks(_tokens(adapter), fwd_hooks=[(edit_hook_name(adapter, "resid_post", 2), bad_hook)])
     with pytest.raises(ValueError):
-        with ablate_pcs(any_model, 1, 40, _tokens(adapter)):  # m > N states: raises before adding hooks
+        with ablate_pcs(any_model, _tokens(adapter), layer=1, n_components=40):  # n_components > N states: raises first
             pass
     assert hook_count(any_model) == before_hooks
     assert same_weights(before_weights, any_model)
@@ -191,8 +192,8 @@ def test_hooks_removed_on_exception_and_weights_unchanged(any_model):
     [
         (dict(mode="zero"), ValueError, "mode must be one of"),
         (dict(mode="mean"), ValueError, "needs reference"),
-        (dict(reference=torch.zeros(3, 32)), ValueError, "only used with mode='mean'"),
-        (dict(mode="mean", reference=torch.zeros(3, 31)), ValueError, "d_model=32"),
+        (dict(reference_tokens=torch.zeros(3, 32)), ValueError, "only used with mode='mean'"),
+        (dict(mode="mean", reference_tokens=torch.zeros(3, 31)), ValueError, "d_model=32"),
         (dict(layer=3), ValueError, "valid layers: 0..2"),
         (dict(site="nowhere"), ValueError, "unknown site"),
         (dict(basis=torch.zeros(31, 1)), ValueError, "d_model=32"),

@@ -14,18 +14,18 @@ import pandas as pd
 import pytest
 
 from geolens import plotting
-from geolens.analyses.ablation import AblationResult
-from geolens.analyses.checkpoints import CheckpointResult
+from geolens.analyses.ablation import AblationEffectResult
+from geolens.analyses.checkpoints import OverCheckpointsResult
 from geolens.analyses.compare import CompareResult
 from geolens.analyses.convergence import ConvergenceResult
 from geolens.analyses.patching import PatchResult
 from geolens.analyses.pga import PGAResult
 from geolens.analyses.phases import PhasesResult
-from geolens.analyses.probes import ProbeResult
+from geolens.analyses.probes import ProbesResult
 from geolens.analyses.spectrum import METRICS as SPECTRAL_METRICS
 from geolens.analyses.spectrum import SpectrumResult, WeightGeometryResult
 from geolens.analyses.updates import UpdatesResult
-from geolens.lens.evaluate import LensResult
+from geolens.lens.evaluate import EvaluateResult
 from geolens.metrics.updates import UPDATE_SUMMARY_KEYS
 from geolens.study import figures as study_figures
 from geolens.zoo.width_study import ZooResult
@@ -78,11 +78,11 @@ def updates_result() -> UpdatesResult:
     return UpdatesResult(rows=rows, params={"model": MODEL, "n_tokens": 2048, "seed": 0})
 
 
-def lens_result() -> LensResult:
+def lens_result() -> EvaluateResult:
     rng = _rng()
     rows = [{"lens": kind, "layer": layer, "kl": float(rng.uniform(0, 5)), "ce": 3.0, "hit@1": float(rng.uniform()),
              "hit@5": float(rng.uniform()), "hit@5/hit@1": 1.5} for kind in ("logit", "tuned") for layer in range(L + 1)]
-    return LensResult(rows=rows, params={"model": MODEL, "n_tokens": 512, "seed": 0})
+    return EvaluateResult(rows=rows, params={"model": MODEL, "n_tokens": 512, "seed": 0})
 
 
 def convergence_grid() -> ConvergenceResult:
@@ -107,11 +107,11 @@ def compare_result() -> CompareResult:
     return CompareResult(rows=rows, params={"model": MODEL, "site": "resid_post", "ccr": 1, "columns": columns})
 
 
-def ablation_result() -> AblationResult:
+def ablation_result() -> AblationEffectResult:
     rows = [{"site": "resid_post", "layer": layer, "z_clean": float(layer), "z_ablated": float(layer) / 2}
             for layer in range(L + 1)]
     rows.append({"site": "final", "layer": L, "z_clean": 8.0, "z_ablated": 3.0})
-    return AblationResult(rows=rows, params={"model": MODEL, "m": 1, "layer": 2, "delta_ce": 0.1, "kl": 0.05})
+    return AblationEffectResult(rows=rows, params={"model": MODEL, "m": 1, "layer": 2, "delta_ce": 0.1, "kl": 0.05})
 
 
 def patch_result() -> PatchResult:
@@ -121,10 +121,10 @@ def patch_result() -> PatchResult:
                                           "position_labels": ["The", " cat", " sat", " on"]})
 
 
-def probe_result() -> ProbeResult:
+def probe_result() -> ProbesResult:
     rows = [{"layer": layer, "accuracy_mean": 0.5 + layer / 20, "accuracy_std": 0.02, "chance": 0.2}
             for layer in range(L + 1)]
-    return ProbeResult(rows=rows, params={"model": MODEL, "pooling": "mean", "folds": 5})
+    return ProbesResult(rows=rows, params={"model": MODEL, "pooling": "mean", "folds": 5})
 
 
 def phases_result() -> PhasesResult:
@@ -133,12 +133,12 @@ def phases_result() -> PhasesResult:
     return PhasesResult(rows=rows, params={"model": MODEL, "b1": 2, "b2": 4, "k": 16, "found": True})
 
 
-def checkpoint_result() -> CheckpointResult:
+def checkpoint_result() -> OverCheckpointsResult:
     rows = [{"checkpoint": f"step{s}", "order": i, "site": "resid_post", "layer": layer, "metric": metric, "ccr": ccr,
              "value": float(i + layer)}
             for i, s in enumerate((0, 1000, 2000)) for layer in (1, 2)
             for metric, ccr in (("pga.z", 1), ("spectrum.effective_rank", np.nan))]
-    return CheckpointResult(rows=rows, params={"checkpoints": ["step0", "step1000", "step2000"]})
+    return OverCheckpointsResult(rows=rows, params={"checkpoints": ["step0", "step1000", "step2000"]})
 
 
 def zoo_result() -> ZooResult:

@@ -109,7 +109,7 @@ def test_report_on_tiny_model_writes_every_section(neox_bridge, neox_dir, tmp_pa
     assert f"<td>{meta['date']}</td>" in page and f"<th>run_time_s</th><td>{meta['run_time_s']}</td>" in page
     written = check_strict_json_files(tmp_path)
     assert set(written) == set(DEFAULT_SECTIONS) | {"meta"}
-    for name, kind in (("pga", "PGAResult"), ("probes", "ProbeResult"), ("convergence", "ConvergenceResult"),
+    for name, kind in (("pga", "PGAResult"), ("probes", "ProbesResult"), ("convergence", "ConvergenceResult"),
                        ("spectrum", "SpectrumResult"), ("weights", "WeightGeometryResult"),
                        ("updates", "UpdatesResult")):
         assert written[name]["type"] == kind
@@ -150,7 +150,7 @@ def test_failed_section_is_reported_and_others_run(neox_bridge, tmp_path, texts)
     paths = report(neox_bridge, list(texts) * 4, tmp_path, sections=["pga", "convergence"], n_tokens=30, k=4,
                    n_null=5, ccr=1, convergence_positions=10_000, progress=False)
     meta = json.loads(paths["meta.json"].read_text())
-    assert "convergence" in meta["errors"] and "n_positions" in meta["errors"]["convergence"]
+    assert "convergence" in meta["errors"] and "n_tokens" in meta["errors"]["convergence"]
     assert "pga.csv" in paths and "convergence.csv" not in paths
     assert "This section failed" in paths["report.html"].read_text()
 

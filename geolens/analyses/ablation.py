@@ -4,7 +4,7 @@ See docs/methods.md §D.3.
 
 The PGA paper reads the collapse of PGA z in small models' late layers as
 *masking* by a dominant direction. This analysis tests it causally: ablate the
-top-``m`` principal directions of layer ``l`` during the forward pass (see
+top ``n_components`` principal directions of layer ``l`` during the forward pass (see
 :mod:`geolens.interventions`) and report
 
 * the change in next-token cross-entropy and ``KL(clean || ablated)`` of the
@@ -13,7 +13,8 @@ top-``m`` principal directions of layer ``l`` during the forward pass (see
   the ablation, on the same sampled positions and the same null subspaces.
 
 Example:
-    >>> res = geolens.ablation_effect(model, texts, layer=1, m=1, k=8, n_null=5, n_tokens=16, progress=False)
+    >>> res = geolens.ablation_effect(model, texts, layer=1, n_components=1, k=8, n_null=5, n_tokens=16,
+    ...                               progress=False)
     >>> res.to_pandas()[["layer", "site", "z_clean", "z_ablated"]].round(1).values.tolist()
     [[1, 'resid_post', 4.6, 0.3], [2, 'resid_post', -1.4, -1.5], [2, 'final', -0.7, -2.5]]
     >>> fig = res.plot()
@@ -27,7 +28,8 @@ from typing import Any, ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from geolens._validation import UpperBound, check_int
+from geolens._renames import renamed_attributes, renamed_keywords
+from geolens._validation import UpperBound, check_int, resolve_k
 from geolens.analyses.pga import _score_states, default_k
 from geolens.capture import TokenBatch, capture, prepare_tokens
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE, check_layer
@@ -37,18 +39,18 @@ from geolens.model import Model, ModelAdapter, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["AblationResult", "ablation_effect", "next_token_effect"]
+__all__ = ["AblationEffectResult", "ablation_effect", "next_token_effect"]
 
 
 @dataclass(repr=False)
-class AblationResult(Result):
+class AblationEffectResult(Result):
     """PGA by downstream layer with and without an ablation: ``layer, site, z_clean, z_ablated,
     delta_z, rho_clean, rho_ablated``. ``params`` holds the loss effect: ``ce_clean``,
     ``ce_ablated``, ``delta_ce``, ``kl`` (nats per predicted token) and ``pc_readout_energy``
     (``||V_k^T q||^2`` of each ablated direction; random expectation ``k / d``).
     """
 
-    title: ClassVar[str] = "AblationResult"
+    title: ClassVar[str] = "AblationEffectResult"
 
     def _summary(self) -> str:
         keys = ("model", "layer", "m", "mode", "delta_ce", "kl", "k", "ccr", "n_tokens")
@@ -91,16 +93,17 @@ def next_token_effect(
             "n_predicted": count}
 
 
+@renamed_keywords(m="n_components")
 def ablation_effect(
     model: Model,
     tokens: Any,
     *,
     layer: int,
-    m: int = 1,
+    n_components: int = 1,
     reference_tokens: Any = None,
     mode: str = "project",
     site: str = RESIDUAL_SITE,
-    k: int | None = None,
+    k: int | float | None = None,
     n_null: int = 100,
     ccr: int = 0,
     readout: str = "raw",
@@ -111,18 +114,20 @@ def ablation_effect(
     max_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
     progress: bool = True,
-) -> AblationResult:
-    """Effect of ablating the top-``m`` principal directions of ``(site, layer)`` on loss, KL and downstream PGA.
+) -> AblationEffectResult:
+    """Effect of ablating the top ``n_components`` principal directions of ``(site, layer)`` on loss, KL and
+    downstream PGA.
 
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge``.
         tokens: evaluation text(s) or ``[B, T]`` ids.
         layer: the ablated layer (geolens convention: ``resid_post`` 0..L, block sites 1..L; negative
             counts from the end, ``-1`` = ``L``).
-        m: number of principal directions (of the centred reference states) to ablate.
+        n_components: number of principal directions (of the centred reference states) to ablate.
         reference_tokens: where the directions (and, for ``mode="mean"``, the mean) come from;
             default ``tokens`` themselves.
-        k: readout dimension of PGA (default ``min(100, d - 1)``).
+        k: readout dimension of PGA (an int, or a float in (0, 1): that fraction of ``d_model``;
+            default ``min(100, d - 1)``).
         n_null: random subspaces of the PGA null.
         n_tokens: positions sampled for the PCs and for PGA (same seed: same positions clean and ablated).
         seed: seed for positions and nulls.
@@ -138,11 +143,11 @@ def ablation_effect(
         attention_mask: mask of a token-id tensor.
 
     Returns:
-        :class:`AblationResult`: one row per downstream layer (``layer..L`` of ``resid_post``,
+        :class:`AblationEffectResult`: one row per downstream layer (``layer..L`` of ``resid_post``,
         plus ``final``) with ``z_clean``, ``z_ablated``, ``delta_z``; loss effect in ``params``.
 
     Example:
-        >>> res = ablation_effect(model, texts, layer=1, m=1, k=8, n_null=5, n_tokens=16, progress=False)
+        >>> res = ablation_effect(model, texts, layer=1, n_components=1, k=8, n_null=5, n_tokens=16, progress=False)
         >>> round(res.params["delta_ce"], 4), round(res.params["kl"], 4)
         (0.0143, 0.0011)
         >>> res.params["n_predicted"]   # positions whose next token is real
@@ -153,8 +158,9 @@ def ablation_effect(
         raise ValueError(f"mode must be one of {ABLATION_MODES}, got {mode!r}")
     edit_hook_name(adapter, site, layer)  # validates site and layer
     layer = check_layer(site, layer, n_layers=adapter.n_layers)  # -1 = the last layer, as everywhere in geolens
-    m = check_int(m, "m", low=1)
-    k = default_k(adapter.d_model) if k is None else check_int(k, "k", low=1)
+    n_components = check_int(n_components, "n_components", low=1)
+    k = resolve_k(k, adapter.d_model)
+    k = default_k(adapter.d_model) if k is None else k
     n_null = check_int(n_null, "n_null", low=2)
     ccr = check_int(ccr, "ccr", low=0)
     batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
@@ -163,11 +169,11 @@ def ablation_effect(
     else:
         reference_mask = None
     bar = tqdm(total=4, desc="ablation_effect", disable=not progress, leave=False)
-    basis, ref_states = reference_pcs(adapter, layer, m, reference_tokens, site=site, n_tokens=n_tokens, seed=seed,
-                                      attention_mask=reference_mask)
+    basis, ref_states = reference_pcs(adapter, reference_tokens, layer=layer, n_components=n_components, site=site,
+                                      n_tokens=n_tokens, seed=seed, attention_mask=reference_mask, progress=False)
     bar.update()
-    hooks = ablation_hooks(adapter, layer, basis, site=site, mode=mode, reference=ref_states if mode == "mean" else None,
-                           skip_first=skip_first)
+    hooks = ablation_hooks(adapter, basis, layer=layer, site=site, mode=mode, skip_first=skip_first, progress=False,
+                           reference_tokens=ref_states if mode == "mean" else None)
     loss = next_token_effect(adapter, batch, hooks, batch_size=batch_size, progress=progress)
     bar.update()
 
@@ -183,11 +189,11 @@ def ablation_effect(
     q = readout_q.to(basis.dtype)
     energy = ((q.T @ basis) ** 2).sum(dim=0).tolist()
     params = {
-        "model": adapter.name, "layer": layer, "site": site, "m": m, "mode": mode, "k": k, "n_null": n_null,
+        "model": adapter.name, "layer": layer, "site": site, "m": n_components, "mode": mode, "k": k, "n_null": n_null,
         "ccr": ccr, "readout": readout, "n_tokens": clean_states.n_tokens, "seed": seed, "skip_first": skip_first,
         **loss, "pc_readout_energy": energy, "random_energy": k / adapter.d_model,
     }
-    return AblationResult(rows=rows, params=params)
+    return AblationEffectResult(rows=rows, params=params)
 
 
 def _downstream_states(adapter, batch, hooks, layer: int, *, n_tokens, seed: int, batch_size: int):
@@ -222,3 +228,7 @@ def _effect_rows(clean: list[dict], ablated: list[dict]) -> list[dict]:
             "rho_clean": before["rho_readout"], "rho_ablated": after["rho_readout"],
         })
     return rows
+
+
+# the 0.3.0 name answers with the new one
+__getattr__ = renamed_attributes(__name__, {"AblationResult": "AblationEffectResult"})

@@ -4,8 +4,8 @@ See docs/methods.md §B.8. It runs on the grid engine a study's cells run on (:m
 in memory: the rows come back as one table instead of a Parquet dataset.
 
 Example (Pythia's training revisions need the Hugging Face hub):
-    >>> load = geolens.pythia_checkpoint_loader("EleutherAI/pythia-70m")   # needs the hub  # doctest: +SKIP
-    >>> res = geolens.over_checkpoints(["step1000", "step10000", "step143000"], texts, load=load,
+    >>> loader = geolens.pythia_checkpoint_loader("EleutherAI/pythia-70m")   # needs the hub  # doctest: +SKIP
+    >>> res = geolens.over_checkpoints(["step1000", "step10000", "step143000"], texts, loader=loader,
     ...                                pga=dict(ccr=[0, 1]), n_tokens=1024)   # needs the hub  # doctest: +SKIP
 
     Models already in memory go in as ``(label, model)`` pairs (here two tiny models):
@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from geolens._renames import renamed_attributes, renamed_keywords
 from geolens.analyses import registry
 from geolens.analyses.grid import free_memory, resolve_jobs, route_options, run_jobs
 from geolens.model import boot_bridge
@@ -36,11 +37,11 @@ from geolens import plotting
 from geolens._renames import renamed_keywords
 from geolens.results import Result
 
-__all__ = ["CheckpointResult", "over_checkpoints", "pythia_checkpoint_loader"]
+__all__ = ["OverCheckpointsResult", "over_checkpoints", "pythia_checkpoint_loader"]
 
 
 @dataclass(repr=False)
-class CheckpointResult(Result):
+class OverCheckpointsResult(Result):
     """Long table, one row per (checkpoint, analysis, site, layer, ccr, metric):
     ``checkpoint, order, analysis, site, layer, ccr, metric, value``.
 
@@ -49,7 +50,7 @@ class CheckpointResult(Result):
     have ``layer = None`` and the matrix name as ``site``.
     """
 
-    title: ClassVar[str] = "CheckpointResult"
+    title: ClassVar[str] = "OverCheckpointsResult"
 
     def _summary(self) -> str:
         keys = ("checkpoints", "analyses")
@@ -75,20 +76,21 @@ def _long_rows(label: Any, order: int, analysis: str, result: Result) -> list[di
     return [{"checkpoint": label, "order": order, **row} for row in result.long_rows(analysis)]
 
 
+@renamed_keywords(load="loader")
 def over_checkpoints(
     checkpoints: Iterable[Any],
     tokens,
     *,
     analyses: Sequence[str | Callable[..., Result]] = ("pga", "spectrum"),
-    load: Callable[[Any], Any] | None = None,
+    loader: Callable[[Any], Any] | None = None,
     progress: bool = True,
     **kwargs: Any,
-) -> CheckpointResult:
+) -> OverCheckpointsResult:
     """Run ``analyses`` on each checkpoint in turn and gather every number into one long table.
 
     Args:
-        checkpoints: labels, each loaded with ``load(label)``; or, without ``load``,
-            ``(label, model)`` pairs. With ``load``, exactly one model is alive at a
+        checkpoints: labels, each loaded with ``loader(label)``; or, without ``loader``,
+            ``(label, model)`` pairs. With ``loader``, exactly one model is alive at a
             time: each is deleted (and ``gc.collect()`` run, plus
             ``torch.cuda.empty_cache()`` on CUDA) before the next is loaded. With
             pairs, pass a generator so the pairs can be freed too: a list keeps
@@ -97,7 +99,7 @@ def over_checkpoints(
         analyses: names of analyses a study runs (``geolens.available_analyses()``: ``"pga"``,
             ``"spectrum"``, ``"weights"`` (:func:`~geolens.analyses.spectrum.weight_geometry`, no tokens),
             ``"updates"``, ``"phases"`` and registered ones), or callables ``f(model, tokens, **kw) -> Result``.
-        load: ``label -> model`` (e.g. :func:`pythia_checkpoint_loader`).
+        loader: ``label -> model`` (e.g. :func:`pythia_checkpoint_loader`).
         progress: progress bars (the checkpoint bar and each analysis').
         **kwargs: keywords for the analyses: ``pga=dict(ccr=[0, 1])`` goes to one
             analysis; any other keyword (``n_tokens=512``, ``seed=1``) to every
@@ -107,7 +109,7 @@ def over_checkpoints(
             (:func:`geolens.analyses.grid.route_options`).
 
     Returns:
-        :class:`CheckpointResult`: ``checkpoint, order, analysis, site, layer, ccr, metric, value``;
+        :class:`OverCheckpointsResult`: ``checkpoint, order, analysis, site, layer, ccr, metric, value``;
         ``.wide()`` pivots it, ``.plot()`` draws metric vs checkpoint per layer.
 
     Example:
@@ -128,12 +130,12 @@ def over_checkpoints(
     analysis_params: dict[str, dict[str, Any]] = {}
     bar = tqdm(desc="checkpoints", disable=not progress, leave=False)
     for order, item in enumerate(checkpoints):
-        if load is None:
+        if loader is None:
             if not (isinstance(item, tuple) and len(item) == 2):
-                raise TypeError(f"without load=, checkpoints must be (label, model) pairs; got {type(item).__name__}")
+                raise TypeError(f"without loader=, checkpoints must be (label, model) pairs; got {type(item).__name__}")
             label, model = item
         else:
-            label, model = item, load(item)
+            label, model = item, loader(item)
         item = None  # drop the pair's reference too, so the model can be freed below
         labels.append(label)
         bar.set_postfix_str(str(label))
@@ -154,15 +156,16 @@ def over_checkpoints(
         raise ValueError("checkpoints is empty")
     params = {"checkpoints": [str(label) for label in labels], "analyses": [job.name for job in jobs],
               "analysis_params": analysis_params}
-    return CheckpointResult(rows=rows, params=params)
+    return OverCheckpointsResult(rows=rows, params=params)
 
 
 def pythia_checkpoint_loader(
     name: str = "EleutherAI/pythia-70m",
+    *,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Callable[[str | int], Any]:
-    """A ``load(label)`` for :func:`over_checkpoints` over Pythia's training revisions (needs the Hugging Face hub).
+    """A ``loader(label)`` for :func:`over_checkpoints` over Pythia's training revisions (needs the Hugging Face hub).
 
     ``label`` is a hub revision such as ``"step143000"`` (an int ``n`` means
     ``"step{n}"``); each call boots :func:`geolens.model.boot_bridge` (``name,
@@ -184,3 +187,7 @@ def pythia_checkpoint_loader(
 
     load.__name__ = f"load_{name.rsplit('/', 1)[-1]}"
     return load
+
+
+# the 0.3.0 name answers with the new one
+__getattr__ = renamed_attributes(__name__, {"CheckpointResult": "OverCheckpointsResult"})

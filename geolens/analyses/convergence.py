@@ -38,7 +38,8 @@ import torch
 
 from geolens._rng import rng
 from geolens._sampling import bounded_subset
-from geolens._validation import UpperBound, check_int, working_dtype
+from geolens._renames import renamed_keywords
+from geolens._validation import UpperBound, check_int, resolve_k, working_dtype
 from geolens.analyses.pga import default_k
 from geolens.capture import capture
 from geolens.sites import RESIDUAL_SITE
@@ -69,7 +70,7 @@ MAX_POSITIONS = 1024
 
 
 class _AtMost(UpperBound):
-    """The default ``n_positions``: an upper bound (fewer aligned positions: use them all, with a warning)."""
+    """The default ``n_tokens``: an upper bound (fewer aligned positions: use them all, with a warning)."""
 
     def __repr__(self) -> str:
         return f"{int(self)} (at most)"
@@ -266,22 +267,23 @@ def _check_layers(value: int | Sequence[int] | None, default: int, n_layers: int
     return [check_int(v, name, low=0, high=n_layers) for v in values]
 
 
+@renamed_keywords(layer_a="layers", layer_b="other_layers", knn_k="n_neighbors", n_positions="n_tokens")
 def convergence(
     model: Model,
     tokens: Sequence[str],
     other: Model | None = None,
     *,
     measures: str | Sequence[str] = MEASURES,
-    layer_a: int | Sequence[int] | None = None,
-    layer_b: int | Sequence[int] | None = None,
-    k: int | None = None,
+    layers: int | Sequence[int] | None = None,
+    other_layers: int | Sequence[int] | None = None,
+    k: int | float | None = None,
     n_null: int = 100,
     ccr: int = 1,
     grid: bool = False,
     readout: str = "raw",
     debiased: bool = False,
-    knn_k: int = 10,
-    n_positions: int | None = _DEFAULT_POSITIONS,
+    n_neighbors: int = 10,
+    n_tokens: int | None = _DEFAULT_POSITIONS,
     seed: int = 0,
     batch_size: int = 8,
     max_length: int | None = None,
@@ -291,8 +293,8 @@ def convergence(
     """Do two models organise the same text positions alike? Spearman, linear CKA and mutual k-NN.
 
     Positions are aligned on word ends (see the module docstring), then
-    ``n_positions`` of them are sampled (seeded). Each model's residual-stream
-    states at ``layer_a``/``layer_b`` (default: the middle layer, ``L // 2``) are
+    ``n_tokens`` of them are sampled (seeded). Each model's residual-stream
+    states at ``layers``/``other_layers`` (default: the middle layer, ``L // 2``) are
     centred and CCR-corrected, and compared by each of ``measures`` in full space,
     in each model's top-``k`` readout subspace and in ``n_null`` pairs of random
     subspaces (A on its own Haar subspace drawn with ``seed``, B with ``seed + 1``:
@@ -312,15 +314,17 @@ def convergence(
             the two tokenizers, so token ids are refused).
         other: model B (default: ``model`` itself, e.g. with ``grid=True`` to compare depths).
         measures: any of ``"spearman"``, ``"cka"``, ``"mutual_knn"`` (a str or a sequence).
-        layer_a: the compared layer of ``model`` without ``grid`` (default ``L // 2``); equal-length
-            lists of ``layer_a`` and ``layer_b`` compare pairs (one row each, e.g. :func:`depth_pairs`);
-            an int pairs with every entry of a list.
-        layer_b: the compared layer of ``other``, likewise (default ``L // 2`` of ``other``).
-        k: readout dimension for both (default ``min(100, min(d_a, d_b) - 1)``).
+        layers: the compared layer(s) of ``model`` without ``grid`` (default ``L // 2``); equal-length
+            lists of ``layers`` and ``other_layers`` compare pairs (one row each, e.g. :func:`depth_pairs`);
+            an int pairs with every entry of a list. Rows name them ``layer_a``.
+        other_layers: the compared layer(s) of ``other``, likewise (default ``L // 2`` of ``other``;
+            rows name them ``layer_b``).
+        k: readout dimension for both (an int, or a float in (0, 1): that fraction of the narrower
+            ``d_model``; default ``min(100, min(d_a, d_b) - 1)``).
         n_null: random subspace pairs of the null (``< 2``: no null).
         debiased: linear CKA with the unbiased HSIC estimator (near 0 for unrelated clouds).
-        knn_k: neighbours per position of mutual k-NN (``1 <= knn_k < n_positions``).
-        n_positions: aligned positions sampled (seeded); ``None`` = all. The default is at most
+        n_neighbors: neighbours per position of mutual k-NN (``1 <= n_neighbors < n_tokens``).
+        n_tokens: aligned positions sampled (seeded); ``None`` = all. The default is at most
             1024: with fewer aligned positions all are used (a warning says how many; the number
             is in ``params["n_positions"]``). An explicit number larger than available raises.
         max_length: tokens kept per text, clipped to each model's context (``n_ctx``): models of
@@ -334,12 +338,12 @@ def convergence(
         ``cka_readout``, ``mknn_readout_z``.
 
     Example:
-        >>> res = convergence(model, texts, other_model, k=4, n_null=5, n_positions=None, knn_k=3, progress=False)
+        >>> res = convergence(model, texts, other_model, k=4, n_null=5, n_tokens=None, n_neighbors=3, progress=False)
         >>> res.to_pandas()[["layer_a", "layer_b", "spearman_full", "cka_full", "mknn_full"]].shape
         (1, 5)
         >>> res.params["n_positions"]   # word ends shared by both tokenizations
         25
-        >>> grid = convergence(model, texts, k=4, grid=True, n_positions=None, knn_k=3, progress=False)
+        >>> grid = convergence(model, texts, k=4, grid=True, n_tokens=None, n_neighbors=3, progress=False)
         >>> grid.to_pandas().pivot(index="layer_a", columns="layer_b", values="spearman_full").shape
         (3, 3)
     """
@@ -352,21 +356,21 @@ def convergence(
     if not isinstance(debiased, bool):
         raise TypeError(f"debiased must be a bool, got {type(debiased).__name__}")
     n_null = check_int(n_null, "n_null", low=0)
-    knn_k = check_int(knn_k, "knn_k", low=1)
+    n_neighbors = check_int(n_neighbors, "n_neighbors", low=1)
     if max_length is not None:
         max_length = check_int(max_length, "max_length", low=1)
     k = _check_k(k, a, b)
-    pairs = None if grid else _layer_pairs(a, b, layer_a, layer_b)
+    pairs = None if grid else _layer_pairs(a, b, layers, other_layers)
     layers_a, layers_b = ((list(range(a.n_layers + 1)), list(range(b.n_layers + 1))) if grid
                           else (sorted(set(pairs[0])), sorted(set(pairs[1]))))
     (tok_a, tok_b), (mask_a, mask_b), (pos_a, pos_b), _ = aligned_positions([a, b], list(texts), max_length=max_length)
     available = pos_a.shape[0]
-    pick = _sample_positions(available, n_positions, seed)
+    pick = _sample_positions(available, n_tokens, seed)
     if pick is not None:
         pos_a, pos_b = pos_a[pick], pos_b[pick]
     n = int(pos_a.shape[0])
-    if "mutual_knn" in measures and knn_k > n - 1:
-        raise ValueError(f"knn_k must be < n_positions = {n}, got {knn_k}")
+    if "mutual_knn" in measures and n_neighbors > n - 1:
+        raise ValueError(f"n_neighbors must be < n_tokens = {n} (the aligned positions sampled), got {n_neighbors}")
     states_a, states_b = _capture_pair(a, b, (tok_a, mask_a, pos_a, layers_a), (tok_b, mask_b, pos_b, layers_b),
                                        batch_size=batch_size, progress=progress)
     readout_a = readout_basis(a.unembed_matrix(readout), k)
@@ -378,8 +382,8 @@ def convergence(
     if "cka" in measures:
         params["debiased"] = debiased
     if "mutual_knn" in measures:
-        params.update(knn_k=knn_k, knn_metric="cosine")
-    options = {"ccr": ccr, "debiased": debiased, "knn_k": knn_k}
+        params.update(knn_k=n_neighbors, knn_metric="cosine")
+    options = {"ccr": ccr, "debiased": debiased, "n_neighbors": n_neighbors}
     if grid:
         rows = _grid_rows(states_a, states_b, layers_a, layers_b, readout_a, readout_b, measures, options)
     else:
@@ -407,31 +411,32 @@ def _check_texts(tokens: object, attention_mask: torch.Tensor | None) -> list[st
 def _check_k(k: int | None, a: ModelAdapter, b: ModelAdapter) -> int:
     """The readout dimension of both models: ``k``, or the default of the narrower one; below both widths."""
     width = min(a.d_model, b.d_model)
-    k = default_k(width) if k is None else check_int(k, "k", low=1)
+    k = resolve_k(k, width)
+    k = default_k(width) if k is None else k
     if k >= width:
         raise ValueError(f"k must be < min(d_model) = {width}, got {k}")
     return k
 
 
-def _layer_pairs(a: ModelAdapter, b: ModelAdapter, layer_a: int | Sequence[int] | None,
-                 layer_b: int | Sequence[int] | None) -> tuple[list[int], list[int]]:
+def _layer_pairs(a: ModelAdapter, b: ModelAdapter, layers: int | Sequence[int] | None,
+                 other_layers: int | Sequence[int] | None) -> tuple[list[int], list[int]]:
     """The compared ``(layers of A, layers of B)`` pairwise, an int repeated to the other side's length."""
-    pairs_a = _check_layers(layer_a, a.n_layers // 2, a.n_layers, "layer_a")
-    pairs_b = _check_layers(layer_b, b.n_layers // 2, b.n_layers, "layer_b")
+    pairs_a = _check_layers(layers, a.n_layers // 2, a.n_layers, "layers")
+    pairs_b = _check_layers(other_layers, b.n_layers // 2, b.n_layers, "other_layers")
     if len(pairs_a) == 1:
         pairs_a = pairs_a * len(pairs_b)
     if len(pairs_b) == 1:
         pairs_b = pairs_b * len(pairs_a)
     if len(pairs_a) != len(pairs_b):
-        raise ValueError(f"layer_a and layer_b are compared pairwise: give lists of equal length "
+        raise ValueError(f"layers and other_layers are compared pairwise: give lists of equal length "
                          f"(got {len(pairs_a)} and {len(pairs_b)})")
     return pairs_a, pairs_b
 
 
-def _sample_positions(available: int, n_positions: int | None, seed: int | None) -> torch.Tensor | None:
+def _sample_positions(available: int, n_tokens: int | None, seed: int | None) -> torch.Tensor | None:
     """Sorted indices of the aligned positions to keep (seeded), or ``None`` for all of them.
 
-    The default ``n_positions`` is an upper bound: fewer available positions are all used, with a
+    The default ``n_tokens`` is an upper bound: fewer available positions are all used, with a
     warning. An explicit number larger than available raises.
 
     Example:
@@ -443,10 +448,10 @@ def _sample_positions(available: int, n_positions: int | None, seed: int | None)
     if available < 3:
         raise ValueError(f"only {available} word ends are shared by both tokenizations; need at least 3")
     return bounded_subset(
-        available, n_positions, seed, name="n_positions", stacklevel=3,
-        over_default="the texts give only {available} aligned positions (fewer than the default n_positions = "
+        available, n_tokens, seed, name="n_tokens", stacklevel=3,
+        over_default="the texts give only {available} aligned positions (fewer than the default n_tokens = "
                      "{n}): using all of them",
-        too_many="n_positions = {n} but the texts give only {available} aligned positions")
+        too_many="n_tokens = {n} but the texts give only {available} aligned positions")
 
 
 def _capture_pair(a: ModelAdapter, b: ModelAdapter, side_a: tuple, side_b: tuple, *, batch_size: int,
@@ -485,7 +490,7 @@ def _with_depths(rows: list[dict], n_layers_a: int, n_layers_b: int) -> list[dic
 def _similarity(measure: str, options: dict):
     if measure == "cka":
         return lambda x, y: linear_cka(x, y, debiased=options["debiased"])
-    return lambda x, y: mutual_knn(x, y, k=options["knn_k"])
+    return lambda x, y: mutual_knn(x, y, k=options["n_neighbors"])
 
 
 def _scorer(measure: str, options: dict, flat_index: torch.Tensor | None):
@@ -586,7 +591,7 @@ def _grid_rows(states_a, states_b, layers_a, layers_b, readout_a, readout_b, mea
             elif measure == "cka":
                 tables[name] = cka_matrix(clouds_a, None if same else clouds_b, debiased=options["debiased"])
             else:
-                tables[name] = mutual_knn_matrix(clouds_a, None if same else clouds_b, k=options["knn_k"])
+                tables[name] = mutual_knn_matrix(clouds_a, None if same else clouds_b, k=options["n_neighbors"])
     return [{"layer_a": la, "layer_b": lb, **{name: float(t[i, j]) for name, t in tables.items()}}
             for i, la in enumerate(layers_a) for j, lb in enumerate(layers_b)]
 
@@ -623,7 +628,7 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ConvergenceR
     with the null. Two tables, each with its own columns: the grid has no null, the cross-family pairs have one.
     """
     s = run.settings
-    common = dict(k=s.k, ccr=1, n_positions=s.convergence_positions, max_length=s.max_length, seed=s.seed,
+    common = dict(k=s.k, ccr=1, n_tokens=s.convergence_positions, max_length=s.max_length, seed=s.seed,
                   progress=s.progress)
     own = convergence(run.adapter, run.texts, grid=True, **common)
     figures = [own.plot(kind=kind) for kind in ("spearman_full", "spearman_readout", "cka_full", "mknn_full")]
@@ -636,8 +641,8 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ConvergenceR
         return ConvergenceResult(rows=list(own.rows), params=params, cross_rows=[]), figures
     started = time.perf_counter()
     layers_a, layers_b = depth_pairs(run.adapter.n_layers, other.n_layers)
-    cross = convergence(run.adapter, run.texts, other, layer_a=layers_a, layer_b=layers_b, n_null=s.convergence_null,
-                        **common)
+    cross = convergence(run.adapter, run.texts, other, layers=layers_a, other_layers=layers_b,
+                        n_null=s.convergence_null, **common)
     figures += [cross.plot(kind=kind) for kind in ("spearman_full", "cka_full", "mknn_full")]
     params["cross_family"] = {"model_b": cross.params["model_b"], "n_layers_b": cross.params["n_layers_b"],
                               "pairs": "every layer of the shallower model with the nearest relative depth",

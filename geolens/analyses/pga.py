@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from geolens import plotting
-from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int
+from geolens._validation import DEFAULT_N_TOKENS, DegenerateError, check_int, resolve_k
 from geolens.capture import States, capture
 from geolens.interventions import subspace_basis
 from geolens.metrics.grassmann import random_subspaces
@@ -77,7 +77,7 @@ def pga(
     model: Model,
     tokens: str | Sequence[str] | torch.Tensor | States,
     *,
-    k: int | None = None,
+    k: int | float | None = None,
     n_null: int = 100,
     ccr: int | Sequence[int] = 1,
     site: str = RESIDUAL_SITE,
@@ -109,7 +109,8 @@ def pga(
             captured before from this model (scored as they are: every captured layer
             of ``site``, and ``final`` if captured; ``layers`` and the sampling
             options are then not used).
-        k: readout dimension; default ``min(100, d_model - 1)``. ``k >= d_model`` raises.
+        k: readout dimension (an int, or a float in (0, 1): that fraction of ``d_model``); default
+            ``min(100, d_model - 1)``. ``k >= d_model`` raises.
         n_null: number of random subspaces (>= 2).
         ccr: components removed after centring; a list (e.g. ``[0, 1, 5, 10]``)
             gives one row per (layer, ccr), the paper's masking sweep.
@@ -201,12 +202,12 @@ def pga(
     else:
         if readout not in READOUTS:
             raise ValueError(f"readout must be one of {READOUTS} or a [d_model, k] tensor, got {readout!r}")
+        k = resolve_k(k, adapter.d_model)
         if k is None:
             k = default_k(adapter.d_model)
             if k < DEFAULT_K:
                 warnings.warn(f"k: the paper's k = {DEFAULT_K} does not fit d_model = {adapter.d_model}; using "
                               f"k = {k} (pass k to choose)", stacklevel=2)
-        k = check_int(k, "k", low=1)
         if k >= adapter.d_model:
             raise ValueError(f"k must be < d_model = {adapter.d_model}, got k = {k}")
         basis = readout_basis(adapter.unembed_matrix(readout), k)

@@ -12,13 +12,16 @@ and ``l + 1``) is attributed to layer ``l``; layer ``L`` takes the last point's 
 
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
-from geolens._validation import DEFAULT_N_TOKENS
+from geolens._renames import renamed_keywords
+from geolens._validation import DEFAULT_N_TOKENS, resolve_k
 from geolens.analyses.updates import updates
 from geolens.lens import TunedLens, cached_tuned_lens, evaluate
 from geolens.metrics.phases import PHASE_NAMES, PhaseSplit, detect_phases
@@ -173,19 +176,20 @@ def _disagreement(split_a: PhaseSplit, split_b: PhaseSplit, pearson: float, max_
     return ""
 
 
+@renamed_keywords(lens_texts="lens_tokens", k_fraction="k")
 def phases(
     model: Model,
     tokens,
     *,
     lens: TunedLens | None = None,
-    lens_texts: Sequence[str] | None = None,
+    lens_tokens: Sequence[str] | None = None,
     lens_budget: dict[str, Any] | None = None,
     cache_dir=None,
     stability: bool = True,
     lens_evaluation: Result | None = None,
     update_geometry: Result | None = None,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
-    k_fraction: float | None = None,
+    k: int | float | None = None,
     smoothing: float = 1.0,
     sensitivity: float = 1.0,
     n_tokens: int | None = DEFAULT_N_TOKENS,
@@ -202,7 +206,7 @@ def phases(
         tokens: text(s) or token ids for the per-layer diagnostics (updates, Hit@k).
         lens: a trained :class:`~geolens.lens.TunedLens`; ``None`` trains a
             small-budget one once and caches it (:func:`geolens.lens.cached_tuned_lens`)
-            on ``lens_texts``, else on ``tokens`` (then the Hit@k diagnostics are
+            on ``lens_tokens`` (a list of texts), else on ``tokens`` (then the Hit@k diagnostics are
             in-sample), with ``lens_budget`` (``method`` and its budget, see
             :func:`geolens.lens.cached_tuned_lens`) under ``cache_dir``.
         stability: with ``lens=None``, also fit a lens on each half of the lens texts (every
@@ -216,7 +220,8 @@ def phases(
             ``n_tokens``, ``seed`` and ``max_length`` (e.g. the report's updates section), reused for the
             per-layer update diagnostics instead of capturing them again.
         fractions: ``k`` as fractions of ``d`` for the resolution sweep.
-        k_fraction: use this fraction instead of the visibility/energy choice.
+        k: the readout dimension to use instead of the visibility/energy choice: an int, or a float in
+            (0, 1), that fraction of ``d_model`` (``params["k_fraction"]`` records it as a fraction).
         smoothing: Gaussian sigma of the smoothing, in layers.
         sensitivity: Kneedle's ``S``.
         n_tokens: positions sampled for the diagnostics.
@@ -240,10 +245,10 @@ def phases(
     stability_report, n_lens_texts = None, None
     if lens is None:
         lens, stability_report, n_lens_texts = _fit_lens(
-            adapter, lens_texts if lens_texts is not None else tokens, lens_budget, cache_dir=cache_dir,
+            adapter, lens_tokens if lens_tokens is not None else tokens, lens_budget, cache_dir=cache_dir,
             stability=stability, seed=seed, progress=progress, smoothing=smoothing, sensitivity=sensitivity)
     _check_lens(lens, adapter)
-    sweep, chosen = _resolution(lens, fractions, k_fraction)
+    sweep, chosen = _resolution(lens, fractions, _k_fraction(k, lens.d_model))
     if stability_report is not None:
         _add_lens_phases(stability_report, lens, sweep, smoothing, sensitivity)
     split, unstable = _stable_split(chosen["rss"], smoothing, sensitivity, stability_report)
@@ -278,7 +283,7 @@ def _fit_lens(adapter, texts, lens_budget: dict[str, Any] | None, *, cache_dir, 
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, (list, tuple)):
-        raise TypeError("phases: without lens= it trains a tuned lens on text; pass lens_texts= (a list of str) "
+        raise TypeError("phases: without lens= it trains a tuned lens on text; pass lens_tokens= (a list of str) "
                         "or tokens as texts")
     texts = list(texts)
     budget = _lens_budget(lens_budget)
@@ -297,15 +302,17 @@ def _fit_lens(adapter, texts, lens_budget: dict[str, Any] | None, *, cache_dir, 
 
 
 def _lens_budget(lens_budget: dict[str, Any] | None) -> dict[str, Any]:
-    """``lens_budget`` with its ``method``: a budget in the reference recipe's terms (``steps``,
-    ``tokens_per_step``) asks for that recipe, any other for the fast method.
+    """``lens_budget`` with its ``method``: a budget in the reference recipe's own terms
+    (``tokens_per_step``) asks for that recipe, any other for the fast method.
 
     Example:
-        >>> _lens_budget({"steps": 2})["method"], _lens_budget(None)["method"], _lens_budget({"method": "fast"})
-        ('reference', 'fast', {'method': 'fast'})
+        >>> _lens_budget({"max_steps": 2, "tokens_per_step": 32})["method"], _lens_budget(None)["method"]
+        ('reference', 'fast')
+        >>> _lens_budget({"method": "fast"})
+        {'method': 'fast'}
     """
     budget = dict(lens_budget or {})
-    budget.setdefault("method", "reference" if {"steps", "tokens_per_step"} & set(budget) else "fast")
+    budget.setdefault("method", "reference" if "tokens_per_step" in budget else "fast")
     return budget
 
 
@@ -317,6 +324,24 @@ def _check_lens(lens: object, adapter) -> None:
         raise ValueError(f"the lens was made for a model of another shape (n_layers {lens.n_layers}, d_model "
                          f"{lens.d_model}; the model has {adapter.n_layers}, {adapter.d_model})")
     lens.check_finite("lens")  # a NaN translator would surface as a LinAlgError deep in the sweep
+
+
+def _k_fraction(k: object, d_model: int) -> float | None:
+    """``k`` (a dimension or a fraction, :func:`~geolens._validation.resolve_k`) as the fraction of ``d_model``
+    the resolution sweep takes; ``None`` leaves the choice to the sweep.
+
+    Example:
+        >>> _k_fraction(16, 64), _k_fraction(0.25, 64), _k_fraction(None, 64)
+        (0.25, 0.25, None)
+    """
+    dimension = resolve_k(k, d_model)
+    if dimension is None:
+        return None
+    if not isinstance(k, numbers.Integral):
+        return float(k)  # the fraction as given, not its rounding: the sweep rounds it the same way
+    if dimension >= d_model:
+        raise ValueError(f"k must be < d_model = {d_model}, got {dimension}")
+    return dimension / d_model
 
 
 def _resolution(lens: TunedLens, fractions: Sequence[float], k_fraction: float | None) -> tuple[list[dict], dict]:
@@ -446,7 +471,7 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[PhasesResult
     section's result the update diagnostics, when they ran.
     """
     s = run.settings
-    result = phases(run.adapter, run.texts, lens_texts=run.lens_texts(), lens_budget=run.lens_budget(),
+    result = phases(run.adapter, run.texts, lens_tokens=run.lens_texts(), lens_budget=run.lens_budget(),
                     n_tokens=s.n_tokens, seed=s.seed, progress=s.progress, max_length=s.max_length,
                     lens_evaluation=needed.get("lens"), update_geometry=needed.get("updates"))
     # phases() records the lens's fit (params["lens_training"]) and its number of texts; the report adds where it is.
@@ -481,8 +506,8 @@ def zoo_options(settings: Any, *, width: int, lens_texts: Sequence[str]) -> dict
     """The phases' options on a zoo member: a lens of the reference recipe (as the zoo's numbers were made) on
     ``lens_texts``, with the settings' step budget; no half-text lenses for the stability: six layers give no
     phases to compare, and they would triple the zoo's lens training."""
-    return {"lens_texts": list(lens_texts), "stability": False,
-            "lens_budget": {"method": "reference", "steps": settings.lens_steps,
+    return {"lens_tokens": list(lens_texts), "stability": False,
+            "lens_budget": {"method": "reference", "max_steps": settings.lens_steps,
                             "tokens_per_step": settings.lens_tokens_per_step}}
 
 

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from geolens._renames import renamed_attributes
 from geolens._validation import check_int
 from geolens.capture import capture, prepare_tokens
 from geolens.sites import RESIDUAL_SITE, check_layers
@@ -22,7 +23,7 @@ from geolens.model import Model, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["ProbeResult", "ag_news", "pooled_states", "probes", "report_section"]
+__all__ = ["ProbesResult", "ag_news", "pooled_states", "probes", "report_section"]
 
 POOLINGS = ("mean", "last")
 
@@ -78,10 +79,10 @@ def pooled_states(
 
 
 @dataclass(repr=False)
-class ProbeResult(Result):
+class ProbesResult(Result):
     """Per-layer probe accuracy: ``layer, accuracy_mean, accuracy_std, chance``."""
 
-    title: ClassVar[str] = "ProbeResult"
+    title: ClassVar[str] = "ProbesResult"
 
     def plot(self, *, pga_result=None, ccr: int | None = None):
         """Accuracy by layer (band = +-1 sd over folds); with a ``PGAResult``, its z (at ``ccr``, default its
@@ -103,7 +104,7 @@ def probes(
     max_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
     progress: bool = True,
-) -> ProbeResult:
+) -> ProbesResult:
     """Held-out accuracy of a per-layer logistic-regression probe predicting ``labels`` from ``texts``.
 
     Args:
@@ -116,7 +117,7 @@ def probes(
         folds: stratified, seeded cross-validation folds.
 
     Returns:
-        :class:`ProbeResult`, one row per layer.
+        :class:`ProbesResult`, one row per layer.
 
     Example:
         >>> texts, labels = geolens.default_texts(n=20, with_labels=True)   # BBC News, 4 texts per topic
@@ -138,7 +139,7 @@ def probes(
                      "chance": score["chance"]})
     params = {"model": as_adapter(model).name, "pooling": pooling, "folds": folds, "seed": seed,
               "n_texts": int(features.shape[1]), "n_classes": len(set(labels)), "max_length": max_length, "C": C}
-    return ProbeResult(rows=rows, params=params)
+    return ProbesResult(rows=rows, params=params)
 
 
 def ag_news(n: int | None = None, split: str = "test", seed: int = 0) -> tuple[list[str], list[int]]:
@@ -162,7 +163,7 @@ def ag_news(n: int | None = None, split: str = "test", seed: int = 0) -> tuple[l
     return list(data["text"]), list(data["label"])
 
 
-def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ProbeResult, list[Any]]:
+def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ProbesResult, list[Any]]:
     """The report's probes of the BBC topic on the run's labelled default texts, drawn next to PGA z when pga ran
     (its record in geolens.analyses.registry points here)."""
     s = run.settings
@@ -171,3 +172,4 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ProbeResult,
                     progress=s.progress)
     result.params["dataset"] = "BBC News topics (default text)"
     return result, [result.plot(pga_result=needed.get("pga"))]
+__getattr__ = renamed_attributes(__name__, {"ProbeResult": "ProbesResult"})  # 0.3.0 names answer with the new

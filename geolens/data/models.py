@@ -464,6 +464,7 @@ def load_model(
 
 
 def load_default_model(
+    *,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     cache_dir: str | os.PathLike | None = None,

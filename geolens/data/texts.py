@@ -107,10 +107,11 @@ def _stratified_indices(labels: list[str], n: int, seed: int) -> list[int]:
 
 def default_texts(
     n: int | None = None,
-    seed: int = 0,
+    *,
     topics: Sequence[str] | None = None,
     with_labels: bool = False,
     min_chars: int = 0,
+    seed: int = 0,
 ) -> list[str] | tuple[list[str], list[str]]:
     """BBC News articles (2,225 in five topics), the offline default text corpus.
 

@@ -12,7 +12,7 @@ See docs/methods.md §C.2–C.5.
 
 Example:
     >>> from geolens.lens import TunedLens, evaluate, train_tuned_lens
-    >>> lens = train_tuned_lens(model, texts * 4, steps=2, tokens_per_step=16, seq_len=8, progress=False)
+    >>> lens = train_tuned_lens(model, texts * 4, max_steps=2, tokens_per_step=16, seq_len=8, progress=False)
     >>> res = evaluate(model, texts, lens=lens, n_tokens=16, progress=False)
     >>> res.to_pandas().shape   # (tuned, logit) x layers 0..2
     (6, 7)
@@ -20,8 +20,9 @@ Example:
     [[0.0, 1.0], [0.0, 1.0]]
 """
 
+from geolens._renames import renamed_attributes
 from geolens.lens.cache import SMALL_BUDGET, cached_tuned_lens
-from geolens.lens.evaluate import LensResult, evaluate, hit_at_k
+from geolens.lens.evaluate import EvaluateResult, evaluate, hit_at_k
 from geolens.lens.fit import FAST_BUDGET, fit_tuned_lens
 from geolens.lens.logit_lens import LogitLens, layer_logits, residual_stream, unembed
 from geolens.lens.train import DEFAULT_SEQ_LEN, DEFAULT_STEPS, DEFAULT_TOKENS_PER_STEP, fast_matmul_dtype, kl_rows, train_tuned_lens
@@ -33,7 +34,7 @@ __all__ = [
     "DEFAULT_TOKENS_PER_STEP",
     "FAST_BUDGET",
     "LensHistory",
-    "LensResult",
+    "EvaluateResult",
     "LogitLens",
     "SMALL_BUDGET",
     "TunedLens",
@@ -48,3 +49,5 @@ __all__ = [
     "train_tuned_lens",
     "unembed",
 ]
+
+__getattr__ = renamed_attributes(__name__, {"LensResult": "EvaluateResult"})  # 0.3.0 names answer with the new

@@ -8,7 +8,7 @@ and a rerun loads the saved one.
 
 Example:
     >>> import os, tempfile
-    >>> budget = dict(method="reference", steps=2, tokens_per_step=16, seq_len=8, progress=False)
+    >>> budget = dict(method="reference", max_steps=2, tokens_per_step=16, seq_len=8, progress=False)
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     lens = cached_tuned_lens(model, texts * 4, cache_dir=tmp, **budget)   # trains and saves
     ...     again = cached_tuned_lens(model, texts * 4, cache_dir=tmp, **budget)  # loads the saved lens
@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
+from geolens._renames import renamed_keywords
 from geolens._cache import cache_root
 from geolens._io import check_folder_target
 from geolens._validation import DamagedFileError
@@ -38,8 +39,10 @@ __all__ = ["LENS_METHODS", "SMALL_BUDGET", "cached_tuned_lens"]
 
 LENS_METHODS = ("fast", "reference")
 # The reference recipe's small CPU budget: far below its 250 x 2^18 tokens, see docs/limits.md.
-SMALL_BUDGET = {"steps": 25, "tokens_per_step": 128, "seq_len": DEFAULT_SEQ_LEN}
-_REFERENCE_KEYS, _FAST_KEYS = ("steps", "tokens_per_step"), ("n_tokens", "max_steps", "max_seconds")
+SMALL_BUDGET = {"max_steps": 25, "tokens_per_step": 128, "seq_len": DEFAULT_SEQ_LEN}
+_REFERENCE_KEYS, _FAST_KEYS = ("max_steps", "tokens_per_step"), ("n_tokens", "max_steps", "max_seconds")
+# The cache key spells the reference recipe's step count as 0.3.0 did, so its cached lenses are found.
+_KEY_NAMES = {"reference": {"max_steps": "steps"}, "fast": {}}
 
 
 def _cache_key(adapter: ModelAdapter, plan: dict) -> str:
@@ -51,31 +54,32 @@ def _cache_key(adapter: ModelAdapter, plan: dict) -> str:
     return f"{safe}-L{adapter.n_layers}-d{adapter.d_model}-V{adapter.d_vocab}-{digest}"
 
 
+@renamed_keywords(train_texts="tokens", steps="max_steps")
 def cached_tuned_lens(
     model: Model,
-    train_texts: Sequence[str],
+    tokens: Sequence[str],
     *,
     method: str = "fast",
     cache_dir: str | Path | None = None,
-    steps: int | None = None,
-    tokens_per_step: int | None = None,
-    n_tokens: int | None = None,
     max_steps: int | None = None,
+    tokens_per_step: int | None = None,
     max_seconds: float | None = None,
     seq_len: int = DEFAULT_SEQ_LEN,
-    seed: int = 0,
     halves: bool = False,
+    n_tokens: int | None = None,
+    seed: int = 0,
     progress: bool = True,
 ) -> TunedLens:
-    """A tuned lens for ``model`` trained on ``train_texts``: loaded from the cache, else trained once and saved.
+    """A tuned lens for ``model`` trained on ``tokens``: loaded from the cache, else trained once and saved.
 
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge``.
-        train_texts: the training texts (their hash is part of the cache key).
+        tokens: the training texts, a list of str (their hash is part of the cache key).
         method: ``"fast"`` (:func:`geolens.lens.fit_tuned_lens`: closed form on captured states, KL
-            refinement; budget ``n_tokens``, ``max_steps``, ``max_seconds``, default :data:`FAST_BUDGET`)
-            or ``"reference"`` (:func:`geolens.lens.train_tuned_lens`, the tuned-lens recipe; budget
-            ``steps``, ``tokens_per_step``, default :data:`SMALL_BUDGET`).
+            refinement; budget ``n_tokens`` (positions trained on), ``max_steps``, ``max_seconds``,
+            default :data:`FAST_BUDGET`) or ``"reference"`` (:func:`geolens.lens.train_tuned_lens`, the
+            tuned-lens recipe; budget ``max_steps``, ``tokens_per_step``, default :data:`SMALL_BUDGET`).
+        max_steps: either method's optimiser steps (the fast method may stop earlier on a plateau).
         cache_dir: where lenses are kept; default ``<cache root>/tuned_lens``
             (``$GEOLENS_CACHE`` or ``~/.cache/geolens``).
         seq_len: tokens per training window (both methods).
@@ -93,22 +97,23 @@ def cached_tuned_lens(
     adapter = as_adapter(model)
     if method not in LENS_METHODS:
         raise ValueError(f"method must be one of {LENS_METHODS}, got {method!r}")
-    if isinstance(train_texts, str) or not all(isinstance(t, str) for t in train_texts):
-        raise TypeError("train_texts must be a list of str")
-    train_texts = list(train_texts)
-    if not train_texts:
-        raise ValueError("train_texts is empty: a tuned lens needs text to train on")
-    given = {"steps": steps, "tokens_per_step": tokens_per_step, "n_tokens": n_tokens, "max_steps": max_steps,
+    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
+        raise TypeError("tokens must be a list of str (the texts' hash is part of the cache key)")
+    texts = list(tokens)
+    if not texts:
+        raise ValueError("tokens is empty: a tuned lens needs text to train on")
+    given = {"tokens_per_step": tokens_per_step, "n_tokens": n_tokens, "max_steps": max_steps,
              "max_seconds": max_seconds}
-    foreign = [k for k in (_FAST_KEYS if method == "reference" else _REFERENCE_KEYS) if given[k] is not None]
+    own, other = (_REFERENCE_KEYS, _FAST_KEYS) if method == "reference" else (_FAST_KEYS, _REFERENCE_KEYS)
+    foreign = [k for k in other if k not in own and given[k] is not None]
     if foreign:
         raise TypeError(f"{foreign} belong to the other lens method; method={method!r} takes "
                         f"{list(_REFERENCE_KEYS if method == 'reference' else _FAST_KEYS)}")
     defaults = SMALL_BUDGET if method == "reference" else FAST_BUDGET
     budget = {k: (given[k] if given[k] is not None else defaults[k])
               for k in (_REFERENCE_KEYS if method == "reference" else _FAST_KEYS)}
-    plan = {"method": method, **budget, "seq_len": seq_len, "seed": seed,
-            "train_texts_sha": hashlib.sha256("\x00".join(train_texts).encode()).hexdigest()[:12]}
+    plan = {"method": method, **{_KEY_NAMES[method].get(k, k): v for k, v in budget.items()}, "seq_len": seq_len,
+            "seed": seed, "train_texts_sha": hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:12]}
     if method == "fast":
         plan["ridge"] = DEFAULT_RIDGE
         # The refinement's product dtype follows the machine (bf16 where native): a lens refined in
@@ -128,9 +133,9 @@ def cached_tuned_lens(
         if isinstance(err, DamagedFileError):  # a cache entry is rebuilt, not a reason to stop
             warnings.warn(f"the cached tuned lens is damaged ({err}); training it again", UserWarning, stacklevel=2)
         if method == "reference":
-            lens = train_tuned_lens(adapter, train_texts, seq_len=seq_len, progress=progress, **budget)
+            lens = train_tuned_lens(adapter, texts, seq_len=seq_len, progress=progress, **budget)
         else:
-            lens = fit_tuned_lens(adapter, train_texts, seq_len=seq_len, seed=seed, halves=halves, progress=progress,
+            lens = fit_tuned_lens(adapter, texts, seq_len=seq_len, seed=seed, halves=halves, progress=progress,
                                   **budget)
         lens.check_finite("the trained tuned lens")  # a diverged fit is reported, not cached
         lens.save(folder)

@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -26,6 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from geolens._renames import renamed_attributes, renamed_keywords
 from geolens._sampling import seeded_subset
 from geolens._validation import DEFAULT_N_TOKENS, check_int
 from geolens.capture import States, capture, prepare_tokens
@@ -36,7 +39,7 @@ from geolens import plotting
 from geolens.results import Result
 from geolens.sites import RESIDUAL_SITE
 
-__all__ = ["LensResult", "evaluate", "hit_at_k", "report_section"]
+__all__ = ["EvaluateResult", "evaluate", "hit_at_k", "report_section"]
 
 _ROW_CHUNK = 256
 
@@ -78,22 +81,23 @@ def _hits(logits: Tensor, target: Tensor, ks: Sequence[int]) -> Tensor:
 
 
 @dataclass(repr=False)
-class LensResult(Result):
+class EvaluateResult(Result):
     """Lens quality per (lens, layer): ``lens, layer, kl, ce, hit@k...`` and ``hit@5/hit@1``."""
 
-    title: ClassVar[str] = "LensResult"
+    title: ClassVar[str] = "EvaluateResult"
 
     def plot(self):
         """Plotly figure: Hit@k by layer (left) and KL to the final distribution (right), both lenses."""
         return plotting.lens_figure(self.to_pandas(), title=self._summary())
 
 
+@renamed_keywords(ks="top_k")
 def evaluate(
     model: Model,
     tokens,
     *,
     lens: TunedLens | None = None,
-    ks: Sequence[int] = (1, 5),
+    top_k: int | Sequence[int] = (1, 5),
     states: States | None = None,
     n_tokens: int | None = DEFAULT_N_TOKENS,
     seed: int = 0,
@@ -101,7 +105,7 @@ def evaluate(
     max_length: int | None = None,
     attention_mask: Tensor | None = None,
     progress: bool = True,
-) -> LensResult:
+) -> EvaluateResult:
     """KL, cross-entropy and Hit@k of the logit lens (and a tuned lens) at every layer ``0..L``.
 
     Args:
@@ -109,7 +113,7 @@ def evaluate(
         tokens: text, list of texts, or ``[B, T]`` token ids.
         lens: a :class:`TunedLens` for ``model`` to score next to the logit lens;
             ``None`` scores the logit lens only.
-        ks: the ``k`` of Hit@k (must include 1 and 5 for the ``hit@5/hit@1`` column).
+        top_k: the ``k`` of Hit@k, one int or several (1 and 5 give the ``hit@5/hit@1`` column).
         states: states already captured from ``tokens`` (prepared with the same
             ``max_length`` and ``attention_mask``) with the residual stream of every layer,
             e.g. the :class:`~geolens.capture.States` another analysis used: scored without a
@@ -124,7 +128,7 @@ def evaluate(
         progress: show a progress bar.
 
     Returns:
-        :class:`LensResult`, rows ``lens, layer, kl, ce, hit@1, hit@5, hit@5/hit@1``
+        :class:`EvaluateResult`, rows ``lens, layer, kl, ce, hit@1, hit@5, hit@5/hit@1``
         (``"tuned"`` rows first when a lens is given). See docs/methods.md §C.
 
     Example:
@@ -135,9 +139,10 @@ def evaluate(
         raise TypeError("evaluate(model, tokens, lens=lens): the model comes first and the lens is a keyword "
                         "(the order evaluate(lens, model, tokens) was removed in geolens 0.2)")
     adapter = as_adapter(model)
-    ks = sorted({check_int(k, "k", low=1, high=adapter.d_vocab) for k in ks})
+    ks = sorted({check_int(k, "top_k", low=1, high=adapter.d_vocab)
+                 for k in ([top_k] if isinstance(top_k, numbers.Integral) else top_k)})
     if not ks:
-        raise ValueError("ks is empty")
+        raise ValueError("top_k is empty")
     lenses = _lenses(adapter, lens)
     batch = prepare_tokens(adapter, tokens, attention_mask, max_length)
     if states is None:
@@ -158,7 +163,7 @@ def evaluate(
     if lens is not None:
         # How the lens was fitted; its loss curve and refinement history stay with the lens (its figure, its folder).
         params["training"] = {k: v for k, v in lens.training_info.items() if k not in ("losses", "history")}
-    return LensResult(rows=_rows(sums, n, n_valid, ks), params=params)
+    return EvaluateResult(rows=_rows(sums, n, n_valid, ks), params=params)
 
 
 def _lenses(adapter, lens: object) -> list[LogitLens]:
@@ -252,7 +257,7 @@ def _rows(sums: dict[tuple[str, int], Tensor], n: int, n_valid: int, ks: list[in
     return result_rows
 
 
-def report_section(run: Any, needed: Mapping[str, Any]) -> tuple[LensResult, list[Any]]:
+def report_section(run: Any, needed: Mapping[str, Any]) -> tuple[EvaluateResult, list[Any]]:
     """The report's lens section (its record in geolens.analyses.registry points here): the run's tuned lens,
     evaluated on the run's texts cut to ``max_length`` like every other section, at the positions the other
     sections captured."""
@@ -264,3 +269,4 @@ def report_section(run: Any, needed: Mapping[str, Any]) -> tuple[LensResult, lis
     # where the lens is and how many texts it was fitted on, and nothing twice.
     result.params.update(lens_dir=lens.cache_dir, n_lens_texts=len(run.lens_texts()))
     return result, [result.plot(), lens.plot_history()]
+__getattr__ = renamed_attributes(__name__, {"LensResult": "EvaluateResult"})  # 0.3.0 names answer with the new

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from geolens._renames import renamed_keywords
 from geolens._rng import rng
 from geolens._validation import UpperBound, check_float, check_int
 from geolens.capture import capture
@@ -407,12 +408,12 @@ def _data_gain(halves_kl: list[list[float]], full_kl: list[float]) -> list[float
     return ((halves - full) / halves.clamp_min(1e-12)).tolist()
 
 
+@renamed_keywords(texts="tokens")
 def fit_tuned_lens(
     model: Model,
-    texts,
+    tokens,
     *,
     lens: TunedLens | None = None,
-    n_tokens: int = FAST_BUDGET["n_tokens"],
     seq_len: int = DEFAULT_SEQ_LEN,
     ridge: float = DEFAULT_RIDGE,
     refine: bool = True,
@@ -425,18 +426,17 @@ def fit_tuned_lens(
     tol: float = 0.01,
     matmul_dtype: torch.dtype | None | str = "auto",
     halves: bool = False,
-    attention_mask: Tensor | None = None,
+    n_tokens: int = FAST_BUDGET["n_tokens"],
     seed: int = 0,
+    attention_mask: Tensor | None = None,
     progress: bool = True,
 ) -> TunedLens:
     """A tuned lens in minutes on a CPU: closed-form translators from captured states, refined on the exact KL.
 
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge`` (frozen; never changed).
-        texts: training texts (a list of str) or ``[B, T]`` token ids (each row counts as one text).
+        tokens: training texts (a list of str) or ``[B, T]`` token ids (each row counts as one text).
         lens: a lens to refine (its translators are replaced by the closed form first).
-        n_tokens: positions captured (an upper bound: with less text, what there is, with a warning);
-            a fifth of the windows is held out.
         seq_len: tokens per window.
         ridge: the ridge penalty relative to the mean variance of each layer's states (0.01: on the
             default model the best of 1e-3, 1e-2, 0.1 from 2,048 to 32,768 positions in
@@ -456,8 +456,10 @@ def fit_tuned_lens(
         halves: also fit two lenses with the same settings, each on the training windows of one half
             of the texts (even and odd texts; the same capture), as ``lens.halves`` — for
             :func:`geolens.analyses.phases.phase_stability` and for ``training_info["data_gain"]``.
-        attention_mask: for token ids.
+        n_tokens: token positions captured to train on (an upper bound: with less text, what there
+            is, with a warning); a fifth of the windows is held out.
         seed: seed of the position sample and of the minibatches.
+        attention_mask: for token ids.
         progress: tqdm bar with the held-out KL.
 
     Returns:
@@ -484,7 +486,7 @@ def fit_tuned_lens(
         raise TypeError(f"lens must be a TunedLens, got {type(lens).__name__}")
     check_lens_fits(lens, adapter)
     started = time.perf_counter()
-    train, held_out, text_of_row, n_captured = _capture_split(adapter, texts, n_tokens=n_tokens, seq_len=seq_len,
+    train, held_out, text_of_row, n_captured = _capture_split(adapter, tokens, n_tokens=n_tokens, seq_len=seq_len,
                                                               attention_mask=attention_mask, seed=seed,
                                                               progress=progress)
     w_u = adapter.unembed_matrix("raw").to(torch.float32)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from geolens._renames import renamed_keywords
 from geolens._validation import check_float, check_int
 from geolens.lens.logit_lens import residual_stream
 from geolens.lens.tuned_lens import TunedLens, check_lens_fits
@@ -210,35 +211,39 @@ def resolve_matmul_dtype(matmul_dtype: object, device: torch.device | str) -> to
                     f"got {matmul_dtype!r}")
 
 
+@renamed_keywords(texts="tokens", steps="max_steps")
 def train_tuned_lens(
     model: Model,
-    texts,
+    tokens,
     *,
     lens: TunedLens | None = None,
-    steps: int = DEFAULT_STEPS,
+    max_steps: int = DEFAULT_STEPS,
     tokens_per_step: int = DEFAULT_TOKENS_PER_STEP,
     seq_len: int = DEFAULT_SEQ_LEN,
-    batch_size: int = 8,
     lr: float = 1.0,
     momentum: float = 0.9,
     weight_decay: float = 1e-3,
     clip_grad: float = 1.0,
     matmul_dtype: torch.dtype | str | None = "auto",
+    batch_size: int = 8,
     attention_mask: Tensor | None = None,
     progress: bool = True,
 ) -> TunedLens:
-    """Fit the translators of a tuned lens to ``model`` on ``texts`` by KL distillation.
+    """Fit the translators of a tuned lens to ``model`` on ``tokens`` by KL distillation.
+
+    Deterministic: windows are read in order and the translators start at zero, so it takes no
+    ``seed`` (the same text gives the same lens).
 
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge`` (frozen; never changed).
-        texts: a list (or any iterable, read lazily) of strings, or ``[B, T]`` token ids.
+        tokens: a list (or any iterable, read lazily) of strings, or ``[B, T]`` token ids.
             A list or tensor is re-read from the start if it runs out (with a
             warning); a one-shot iterator ends training early.
         lens: a lens to continue training (default: a fresh, zero-initialised one).
-        steps: optimiser steps.
+        max_steps: optimiser steps (the learning rate decays to 0 over them); fewer when the text
+            runs out (a one-shot iterator), with a warning.
         tokens_per_step: real tokens (BOS and padding excluded) per step.
         seq_len: tokens per window (long texts are cut into several windows).
-        batch_size: windows per forward pass (bounds memory).
         lr: learning rate before the ``(1 - momentum)`` scaling (reference: 1.0).
         momentum: SGD Nesterov momentum (reference: 0.9).
         weight_decay: SGD weight decay (reference: 1e-3).
@@ -246,6 +251,8 @@ def train_tuned_lens(
         matmul_dtype: dtype of the ``[., d] @ [d, V]`` product in the loss (``None`` = float32;
             ``"auto"`` = bfloat16 where the device runs it natively, else float32;
             see :func:`fast_matmul_dtype`).
+        batch_size: windows per forward pass (bounds memory).
+        attention_mask: for token ids.
         progress: tqdm bar with the running loss (mean KL over layers, nats).
 
     Returns:
@@ -253,7 +260,7 @@ def train_tuned_lens(
         the per-step losses and the wall time.
 
     Example:
-        >>> lens = train_tuned_lens(model, texts * 4, steps=3, tokens_per_step=16, seq_len=8, progress=False)
+        >>> lens = train_tuned_lens(model, texts * 4, max_steps=3, tokens_per_step=16, seq_len=8, progress=False)
         >>> lens.training_info["steps"], lens.training_info["tokens_seen"], len(lens.training_info["losses"])
         (3, 48, 3)
         >>> losses = lens.training_info["losses"]
@@ -261,7 +268,7 @@ def train_tuned_lens(
         True
     """
     adapter = as_adapter(model)
-    steps = check_int(steps, "steps", low=1)
+    steps = check_int(max_steps, "max_steps", low=1)
     tokens_per_step = check_int(tokens_per_step, "tokens_per_step", low=1)
     seq_len = check_int(seq_len, "seq_len", low=3)
     batch_size = check_int(batch_size, "batch_size", low=1)
@@ -272,7 +279,7 @@ def train_tuned_lens(
     params = list(lens.translators.parameters())
     opt, schedule = _optimiser(params, lr=lr, momentum=momentum, weight_decay=weight_decay, steps=steps)
     w_u, b_u, matmul_dtype = _unembedding(adapter, matmul_dtype)
-    text = _TrainingText(adapter, texts, seq_len, batch_size, attention_mask)
+    text = _TrainingText(adapter, tokens, seq_len, batch_size, attention_mask)
     losses: list[float] = []
     started = time.perf_counter()
     bar = tqdm(range(steps), desc="tuned lens", disable=not progress, leave=False)

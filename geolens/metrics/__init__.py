@@ -13,6 +13,7 @@ Example:
     (10, 4, 16)
 """
 
+from geolens._renames import renamed_attributes
 from geolens.metrics.distances import (
     condensed_indices,
     pairwise_cosine_distances,
@@ -22,7 +23,7 @@ from geolens.metrics.distances import (
 )
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
 from geolens.metrics.pga import PGAScore, rank_alignment, subspace_pga
-from geolens.metrics.preprocess import center, principal_directions, remove_common_components
+from geolens.metrics.preprocess import centre, principal_directions, remove_common_components
 from geolens.metrics.readout import readout_basis, readout_spectrum
 from geolens.metrics.spectral import (
     Spectrum,
@@ -85,7 +86,7 @@ __all__ = [
     "update_norms",
     "update_orthogonality",
     "update_summary",
-    "center",
+    "centre",
     "condensed_indices",
     "orthonormal_basis",
     "pairwise_cosine_distances",
@@ -100,3 +101,5 @@ __all__ = [
     "spearman",
     "subspace_pga",
 ]
+
+__getattr__ = renamed_attributes(__name__, {"center": "centre"})  # the package spells it centre

@@ -59,7 +59,7 @@ from geolens.metrics.distances import (
     unit_rows,
 )
 from geolens.metrics.grassmann import orthonormal_basis, random_subspaces
-from geolens.metrics.preprocess import SPREAD_RTOL, center, check_ccr, check_spread, principal_components
+from geolens.metrics.preprocess import SPREAD_RTOL, centre, check_ccr, check_spread, principal_components
 
 __all__ = ["PGAScore", "subspace_pga", "rank_alignment", "sampled_rank_alignment", "JACKKNIFE_BLOCKS",
            "MIN_SAMPLED_PAIRS", "MIN_NULL_VARIANCE_FRACTION", "PairSample", "SampledZ", "sample_pairs", "sampled_z"]
@@ -307,7 +307,7 @@ def _centred_and_reduced(
         >>> energy > 0.9, abs(float(reduced.mean(0).abs().max())) < 1e-12
         (True, True)
     """
-    centred = center(states)
+    centred = centre(states)
     check_spread(states, centred, dtype=input_dtype, what="the states")
     # One decomposition gives both PC1 (for migration) and the CCR components.
     sv, vh = principal_components(centred, max(ccr, 1))

@@ -21,9 +21,10 @@ import scipy.linalg
 import torch
 from jaxtyping import Float
 
+from geolens._renames import renamed_attributes
 from geolens._validation import DegenerateError, check_float_matrix, check_int
 
-__all__ = ["SPREAD_RTOL", "center", "check_ccr", "check_spread", "power_of_two_scale", "principal_components",
+__all__ = ["SPREAD_RTOL", "centre", "check_ccr", "check_spread", "power_of_two_scale", "principal_components",
            "principal_directions", "remove_common_components", "row_norms", "scaled_rows", "unit_scaled"]
 
 # Spread below this many units of the input dtype's resolution is rounding, not geometry.
@@ -146,11 +147,11 @@ def check_spread(
         >>> import torch
         >>> x = torch.full((5, 3), 1000.0)
         >>> x[0, 0] += 1e-4                      # one float32 step at 1000: rounding, not geometry
-        >>> check_spread(x, center(x), dtype=torch.float32, what="states")  # doctest: +ELLIPSIS
+        >>> check_spread(x, centre(x), dtype=torch.float32, what="states")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         geolens._validation.DegenerateError: states are numerically constant: after centring their spread is 3.2e-08 ...
-        >>> check_spread(x, center(x), dtype=torch.float64, what="states")  # the same numbers, read as float64
+        >>> check_spread(x, centre(x), dtype=torch.float64, what="states")  # the same numbers, read as float64
     """
     reference, spread = reference.double(), spread.double()
     scale = torch.linalg.matrix_norm(reference)
@@ -166,7 +167,7 @@ def check_spread(
                          f"scale, a zero norm at {str(dtype).removeprefix('torch.')} resolution (limit {limit:.2g})")
 
 
-def center(states: Float[torch.Tensor, "N d"]) -> Float[torch.Tensor, "N d"]:
+def centre(states: Float[torch.Tensor, "N d"]) -> Float[torch.Tensor, "N d"]:
     """Subtract the mean over tokens (rows).
 
     See docs/methods.md §A.2.
@@ -191,7 +192,7 @@ def principal_components(
     See docs/methods.md §A.2.
 
     Example:
-        >>> x = center(torch.randn(50, 6, dtype=torch.float64) * torch.arange(6, 0, -1, dtype=torch.float64))
+        >>> x = centre(torch.randn(50, 6, dtype=torch.float64) * torch.arange(6, 0, -1, dtype=torch.float64))
         >>> sv, vh = principal_components(x, 2)
         >>> sv_g, vh_g = principal_components(x, 2, gram=True)
         >>> sv.shape, sv_g.shape, bool(torch.allclose(sv[:4], sv_g, atol=1e-9))
@@ -247,8 +248,11 @@ def remove_common_components(states: Float[torch.Tensor, "N d"], m: int) -> Floa
     states = check_float_matrix(states, "states", min_rows=2)
     n, d = states.shape
     m = check_ccr(m, n, d)
-    centred = center(states)
+    centred = centre(states)
     if m == 0:
         return centred
     pcs = principal_directions(centred, m)
     return centred - (centred @ pcs) @ pcs.T
+
+
+__getattr__ = renamed_attributes(__name__, {"center": "centre"})  # the package spells it centre

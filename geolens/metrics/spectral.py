@@ -63,7 +63,8 @@ import torch
 from jaxtyping import Float
 
 from geolens._validation import check_float_matrix, working_dtype
-from geolens.metrics.preprocess import center, check_spread
+from geolens.metrics import preprocess
+from geolens.metrics.preprocess import check_spread
 
 __all__ = [
     "ALPHA_FIT_RANGE",
@@ -117,7 +118,7 @@ def _prepare(x: object, name: str, centre: bool, min_rows: int = 2) -> torch.Ten
     x = x.to(working_dtype(x))
     if not centre:
         return x
-    centred = center(x)
+    centred = preprocess.centre(x)  # the function: the flag of the same name shadows it here
     check_spread(x, centred, dtype=input_dtype, what=f"the rows of {name}")
     return centred
 

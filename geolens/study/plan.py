@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from geolens._json import callable_id, jsonable
+from geolens._renames import hashed_options
 from geolens.analyses import registry
 from geolens.analyses.grid import resolve_jobs, route_options
 
@@ -155,7 +156,8 @@ def cell_identity(model: str, checkpoint: str, *, source: Mapping[str, Any], dty
 def cell_hashes(identity: Mapping[str, Any], analyses: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, str]]:
     """``(spec_hash, {analysis: hash})`` of a cell: each analysis's hash covers the identity and its options,
     the spec hash the identity and every analysis's hash."""
-    hashes = {name: _sha({**identity, "analysis": name, "options": options}) for name, options in analyses.items()}
+    hashes = {name: _sha({**identity, "analysis": name, "options": hashed_options(name, options)})
+              for name, options in analyses.items()}
     return _sha({**identity, "analyses": hashes}), hashes
 
 

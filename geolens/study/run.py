@@ -60,7 +60,7 @@ def write_manifest(out_dir: Path, study: Study, cells: list[Cell]) -> None:
         "settings": {"n_tokens": study.n_tokens, "n_tokens_upper_bound": isinstance(study.n_tokens, UpperBound),
                      "seed": study.seed, "batch_size": study.batch_size,
                      "max_length": study.max_length, "dtype": study.dtype, "n_texts": len(cells[0].texts)},
-        "analyses": {name: {k: v for k, v in options.items() if k not in ("lens_texts",)}
+        "analyses": {name: {k: v for k, v in options.items() if k not in ("lens_tokens",)}
                      for name, options in cells[0].analyses.items()},
         "metadata_columns": columns,
         "cells": [{"model": c.model, "checkpoint": c.checkpoint, "step": c.step, "spec_hash": c.spec_hash,

@@ -382,8 +382,8 @@ class Study:
         options = {name: {**records[name].options, **{k: v for k, v in given.items() if k != "function"}}
                    for name, given in self.analyses.items()}
         for name, own in options.items():
-            if isinstance(own.get("lens_texts"), Mapping):
-                own["lens_texts"] = texts_from(own["lens_texts"], self.base_dir, f"analyses[{name!r}].lens_texts")
+            if isinstance(own.get("lens_tokens"), Mapping):
+                own["lens_tokens"] = texts_from(own["lens_tokens"], self.base_dir, f"analyses[{name!r}].lens_tokens")
         return options
 
     def _planned_model(self, label: str, spec: ModelSpec, records: Mapping[str, registry.Analysis],

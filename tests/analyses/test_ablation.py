@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import geolens
-from geolens.analyses.ablation import AblationResult, ablation_effect
+from geolens.analyses.ablation import AblationEffectResult, ablation_effect
 from geolens.interventions import ablation_hooks, reference_pcs
 from geolens.model import as_adapter
 from tests.helpers import hook_count, same_weights, weights
@@ -27,12 +27,12 @@ def test_loss_kl_and_pga_match_independent_computations(native_bridge, tokens):
     adapter = as_adapter(native_bridge)
     ids, layer = tokens, 1
     before_hooks, before_weights = hook_count(native_bridge), weights(native_bridge)
-    res = ablation_effect(native_bridge, ids, layer=layer, m=1, batch_size=3, **KW)
-    assert isinstance(res, AblationResult)
+    res = ablation_effect(native_bridge, ids, layer=layer, n_components=1, batch_size=3, **KW)
+    assert isinstance(res, AblationEffectResult)
     # Independent loss: the same PCs ablated by hand, cross-entropy with torch.
-    basis, _ = reference_pcs(native_bridge, layer, 1, ids, n_tokens=KW["n_tokens"])
+    basis, _ = reference_pcs(native_bridge, ids, layer=layer, n_components=1, n_tokens=KW["n_tokens"])
     ce_clean, lp_clean = _loss_by_hand(adapter, ids, torch.ones_like(ids))
-    hooks = ablation_hooks(native_bridge, layer, basis)
+    hooks = ablation_hooks(native_bridge, basis, layer=layer)
     ce_abl, lp_abl = _loss_by_hand(adapter, ids, torch.ones_like(ids), hooks)
     assert res.params["ce_clean"] == pytest.approx(float(ce_clean), abs=1e-5)
     assert res.params["delta_ce"] == pytest.approx(float(ce_abl - ce_clean), abs=1e-5)
@@ -51,26 +51,26 @@ def test_loss_kl_and_pga_match_independent_computations(native_bridge, tokens):
 def test_padding_is_excluded_from_the_loss(neox_bridge):
     adapter = as_adapter(neox_bridge)
     texts = ["the cat sat on the mat", "a dog ran", "the bird sang a song"]
-    res = ablation_effect(neox_bridge, texts, layer=2, m=1, **dict(KW, n_tokens=8))
+    res = ablation_effect(neox_bridge, texts, layer=2, n_components=1, **dict(KW, n_tokens=8))
     lengths = [len(adapter.tokenize([t])[0][0]) for t in texts]
     assert res.params["n_predicted"] == sum(n - 1 for n in lengths)
 
 
 def test_mean_mode_and_result_object(native_bridge, tokens, tmp_path):
-    res = ablation_effect(native_bridge, tokens, layer=2, m=2, mode="mean", **KW)
+    res = ablation_effect(native_bridge, tokens, layer=2, n_components=2, mode="mean", **KW)
     assert res.params["mode"] == "mean" and len(res.params["pc_readout_energy"]) == 2
     assert all(0.0 <= e <= 1.0 + 1e-6 for e in res.params["pc_readout_energy"])
     assert res.params["random_energy"] == pytest.approx(6 / 32)
-    assert "delta_ce" in repr(res) and "AblationResult" in repr(res)
+    assert "delta_ce" in repr(res) and "AblationEffectResult" in repr(res)
     fig = res.plot()
     assert {t.name for t in fig.data} >= {"clean", "ablated"}
-    back = AblationResult.load(res.save(tmp_path / "ablation.json"))
+    back = AblationEffectResult.load(res.save(tmp_path / "ablation.json"))
     assert back.rows == res.rows
 
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [(dict(mode="zero"), "mode"), (dict(layer=5), "valid layers"), (dict(m=0), "m must be"),
+    [(dict(mode="zero"), "mode"), (dict(layer=5), "valid layers"), (dict(n_components=0), "n_components must be"),
      (dict(site="final"), "final")],
 )
 def test_bad_arguments(native_bridge, tokens, kwargs, match):

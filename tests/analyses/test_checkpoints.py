@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from geolens.analyses.checkpoints import CheckpointResult, over_checkpoints, pythia_checkpoint_loader
+from geolens.analyses.checkpoints import OverCheckpointsResult, over_checkpoints, pythia_checkpoint_loader
 from geolens.analyses.spectrum import spectrum
 from tests.conftest import D_MODEL, N_CTX, N_HEADS, N_LAYERS, NEOX_VOCAB
 from tests.helpers import padded_tokens
@@ -87,11 +87,11 @@ def test_sweep_frees_each_model(checkpoint_dirs, tokens):
         alive.append(weakref.ref(model))
         return model
 
-    res = over_checkpoints(list(checkpoint_dirs), ids, load=load, attention_mask=mask, **KW)
+    res = over_checkpoints(list(checkpoint_dirs), ids, loader=load, attention_mask=mask, **KW)
     assert len(counts) == 2
     assert counts[1] <= counts[0], f"live tensors grew across loads: {counts}"
     assert all(ref() is None for ref in alive)
-    assert isinstance(res, CheckpointResult)
+    assert isinstance(res, OverCheckpointsResult)
     table = res.to_pandas()
     assert list(table.columns) == ["checkpoint", "order", "analysis", "site", "layer", "ccr", "metric", "value"]
     assert list(dict.fromkeys(table["checkpoint"])) == ["step0", "step3", "step6"]
@@ -137,7 +137,7 @@ def test_plot_has_a_dropdown_per_metric(native_bridge, neox_bridge, tokens):
     assert len(res.plot(kind=["spectrum.rankme"]).data) == 3
     with pytest.raises(ValueError, match="unknown metrics"):
         res.plot(kind=["nope"])
-    assert "CheckpointResult" in repr(res)
+    assert "OverCheckpointsResult" in repr(res)
 
 
 def test_bad_arguments(native_bridge, tokens):

@@ -56,12 +56,12 @@ def test_alignment_across_word_and_character_tokenizers():
 
 
 def test_model_converges_with_itself(neox_bridge, texts):
-    res = geolens.convergence(neox_bridge, list(texts) * 3, neox_bridge, layer_a=1, layer_b=1, k=4, n_null=5,
-                              n_positions=None, progress=False)
+    res = geolens.convergence(neox_bridge, list(texts) * 3, neox_bridge, layers=1, other_layers=1, k=4, n_null=5,
+                              n_tokens=None, progress=False)
     row = res.to_pandas().iloc[0]
     assert row.spearman_full == pytest.approx(1.0, abs=1e-9) and row.spearman_readout == pytest.approx(1.0, abs=1e-9)
     assert row.spearman_random_mean < 1.0
-    grid = geolens.convergence(neox_bridge, list(texts) * 3, neox_bridge, k=4, grid=True, n_positions=None,
+    grid = geolens.convergence(neox_bridge, list(texts) * 3, neox_bridge, k=4, grid=True, n_tokens=None,
                                progress=False)
     table = grid.to_pandas()
     assert len(table) == (neox_bridge.cfg.n_layers + 1) ** 2
@@ -71,8 +71,8 @@ def test_model_converges_with_itself(neox_bridge, texts):
 
 
 def test_convergence_errors(neox_bridge, texts):
-    with pytest.raises(ValueError, match="n_positions = 10000"):
-        geolens.convergence(neox_bridge, list(texts), neox_bridge, k=4, n_positions=10_000, progress=False)
+    with pytest.raises(ValueError, match="n_tokens = 10000"):
+        geolens.convergence(neox_bridge, list(texts), neox_bridge, k=4, n_tokens=10_000, progress=False)
     with pytest.raises(ValueError, match="non-empty list"):
         geolens.convergence(neox_bridge, [], neox_bridge, k=4, progress=False)
     with pytest.raises(ValueError, match="k must be <"):
@@ -97,7 +97,7 @@ WORDS = list(CORPUS) + ["the dog sat on the bird", "a friend sang in the park ev
 
 
 def _aligned_states(model_a, model_b, layers_a, layers_b):
-    """The states convergence compares when it takes every aligned position (n_positions=None)."""
+    """The states convergence compares when it takes every aligned position (n_tokens=None)."""
     adapters = [geolens.as_adapter(model_a), geolens.as_adapter(model_b)]
     tokens, masks, positions, _ = aligned_positions(adapters, WORDS)
     out = []
@@ -110,8 +110,8 @@ def _aligned_states(model_a, model_b, layers_a, layers_b):
 
 def test_every_measure_equals_direct_computation_in_each_space(neox_bridge, native_bridge):
     k, n_null, ccr = 4, 6, 1
-    res = geolens.convergence(neox_bridge, WORDS, native_bridge, layer_a=[1, 2], layer_b=[2, 0], k=k, n_null=n_null,
-                              knn_k=3, n_positions=None, progress=False)
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, layers=[1, 2], other_layers=[2, 0], k=k, n_null=n_null,
+                              n_neighbors=3, n_tokens=None, progress=False)
     table = res.to_pandas()
     assert res.params["measures"] == list(MEASURES) and res.params["knn_k"] == 3 and res.params["debiased"] is False
     assert list(table.columns[:4]) == ["layer_a", "layer_b", "depth_a", "depth_b"]
@@ -139,8 +139,8 @@ def test_every_measure_equals_direct_computation_in_each_space(neox_bridge, nati
 
 @pytest.mark.parametrize("debiased", [False, True])
 def test_grid_of_every_measure_equals_direct_computation(neox_bridge, native_bridge, debiased):
-    res = geolens.convergence(neox_bridge, WORDS, native_bridge, grid=True, k=4, knn_k=4, ccr=0, debiased=debiased,
-                              n_positions=None, progress=False)
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, grid=True, k=4, n_neighbors=4, ccr=0, debiased=debiased,
+                              n_tokens=None, progress=False)
     table = res.to_pandas()
     assert len(table) == 9 and "cka_random_mean" not in table and res.params["debiased"] is debiased
     (a, states_a), (b, states_b) = _aligned_states(neox_bridge, native_bridge, None, None)
@@ -161,7 +161,7 @@ def test_grid_of_every_measure_equals_direct_computation(neox_bridge, native_bri
 
 
 def test_self_grid_diagonal_is_one_for_every_measure(neox_bridge):
-    table = geolens.convergence(neox_bridge, WORDS, grid=True, k=4, knn_k=3, debiased=True, n_positions=None,
+    table = geolens.convergence(neox_bridge, WORDS, grid=True, k=4, n_neighbors=3, debiased=True, n_tokens=None,
                                 progress=False).to_pandas()
     diagonal = table[table.layer_a == table.layer_b]
     for column in ("spearman_full", "spearman_readout", "cka_full", "cka_readout", "mknn_full", "mknn_readout"):
@@ -169,7 +169,7 @@ def test_self_grid_diagonal_is_one_for_every_measure(neox_bridge):
 
 
 def test_measures_option_selects_columns_and_bad_names_raise(neox_bridge):
-    table = geolens.convergence(neox_bridge, WORDS, measures="cka", k=4, n_null=3, n_positions=None,
+    table = geolens.convergence(neox_bridge, WORDS, measures="cka", k=4, n_null=3, n_tokens=None,
                                 progress=False).to_pandas()
     assert [c for c in table.columns if c.startswith(("rho", "z_", "spearman", "cka", "mknn"))] == [
         "cka_full", "cka_readout", "cka_random_mean", "cka_random_std", "cka_readout_z"]
@@ -179,22 +179,22 @@ def test_measures_option_selects_columns_and_bad_names_raise(neox_bridge):
         geolens.convergence(neox_bridge, WORDS, measures=(), k=4, progress=False)
     with pytest.raises(TypeError, match="measures must be"):
         geolens.convergence(neox_bridge, WORDS, measures=3, k=4, progress=False)
-    with pytest.raises(ValueError, match="knn_k must be <"):
-        geolens.convergence(neox_bridge, WORDS, knn_k=500, k=4, n_positions=None, progress=False)
+    with pytest.raises(ValueError, match="n_neighbors must be <"):
+        geolens.convergence(neox_bridge, WORDS, n_neighbors=500, k=4, n_tokens=None, progress=False)
     with pytest.raises(TypeError, match="debiased must be a bool"):
         geolens.convergence(neox_bridge, WORDS, debiased="yes", k=4, progress=False)
 
 
 def test_layer_pairs_and_relative_depth(neox_bridge, native_bridge):
-    res = geolens.convergence(neox_bridge, WORDS, native_bridge, layer_a=[0, 1, 2], layer_b=1, k=4, n_null=3,
-                              knn_k=3, n_positions=None, progress=False)
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, layers=[0, 1, 2], other_layers=1, k=4, n_null=3,
+                              n_neighbors=3, n_tokens=None, progress=False)
     table = res.to_pandas()
     assert table[["layer_a", "layer_b"]].values.tolist() == [[0, 1], [1, 1], [2, 1]]
     assert len(res.plot(kind="mknn_full").data) == 3  # full, readout, random by relative depth
     with pytest.raises(ValueError, match="pairwise"):
-        geolens.convergence(neox_bridge, WORDS, layer_a=[0, 1], layer_b=[0, 1, 2], k=4, progress=False)
-    with pytest.raises(ValueError, match="layer_a"):
-        geolens.convergence(neox_bridge, WORDS, layer_a=[5], k=4, progress=False)
+        geolens.convergence(neox_bridge, WORDS, layers=[0, 1], other_layers=[0, 1, 2], k=4, progress=False)
+    with pytest.raises(ValueError, match="layers"):
+        geolens.convergence(neox_bridge, WORDS, layers=[5], k=4, progress=False)
     assert depth_pairs(30, 18) == (
         [0, 2, 3, 5, 7, 8, 10, 12, 13, 15, 17, 18, 20, 22, 23, 25, 27, 28, 30], list(range(19)))
     assert depth_pairs(2, 4) == ([0, 1, 2], [0, 2, 4]) and depth_pairs(3, 3) == ([0, 1, 2, 3], [0, 1, 2, 3])
@@ -202,13 +202,13 @@ def test_layer_pairs_and_relative_depth(neox_bridge, native_bridge):
 
 def test_default_n_positions_is_an_upper_bound(neox_bridge):
     with pytest.warns(UserWarning, match=r"only 37 aligned positions .* using all of them"):
-        res = geolens.convergence(neox_bridge, WORDS, k=4, n_null=3, knn_k=3, progress=False)
+        res = geolens.convergence(neox_bridge, WORDS, k=4, n_null=3, n_neighbors=3, progress=False)
     assert res.params["n_positions"] == res.params["n_positions_available"] == 37
-    with pytest.raises(ValueError, match="n_positions = 38 but the texts give only 37"):
-        geolens.convergence(neox_bridge, WORDS, k=4, n_positions=38, progress=False)
-    with pytest.raises(ValueError, match="n_positions = 1024 but"):  # an explicit 1024 is not the default bound
-        geolens.convergence(neox_bridge, WORDS, k=4, n_positions=1024, progress=False)
-    assert geolens.convergence(neox_bridge, WORDS, k=4, n_null=3, knn_k=3, n_positions=20,
+    with pytest.raises(ValueError, match="n_tokens = 38 but the texts give only 37"):
+        geolens.convergence(neox_bridge, WORDS, k=4, n_tokens=38, progress=False)
+    with pytest.raises(ValueError, match="n_tokens = 1024 but"):  # an explicit 1024 is not the default bound
+        geolens.convergence(neox_bridge, WORDS, k=4, n_tokens=1024, progress=False)
+    assert geolens.convergence(neox_bridge, WORDS, k=4, n_null=3, n_neighbors=3, n_tokens=20,
                                progress=False).params["n_positions"] == 20
 
 
@@ -229,7 +229,7 @@ def test_sample_positions_is_seeded_bounded_and_sorted():
         with pytest.warns(UserWarning, match="only 50 aligned positions"):
             assert _sample_positions(50, bound, seed=0) is None
     assert len(_sample_positions(50, UpperBound(20), seed=0)) == 20
-    with pytest.raises(ValueError, match="n_positions = 60"):
+    with pytest.raises(ValueError, match="n_tokens = 60"):
         _sample_positions(50, 60, seed=0)
     with pytest.raises(ValueError, match="only 2 word ends"):
         _sample_positions(2, None, seed=0)
@@ -243,7 +243,7 @@ def test_layer_pairs_broadcast_an_int_and_refuse_unequal_lists(neox_bridge, nati
     assert _layer_pairs(a, b, [0, 2], 1) == ([0, 2], [1, 1]) and _layer_pairs(a, b, 2, [0, 1]) == ([2, 2], [0, 1])
     with pytest.raises(ValueError, match="pairwise"):
         _layer_pairs(a, b, [0, 1], [0, 1, 2])
-    with pytest.raises(ValueError, match="layer_b"):
+    with pytest.raises(ValueError, match="other_layers"):
         _layer_pairs(a, b, 0, [])
 
 
@@ -272,7 +272,7 @@ def test_null_scores_and_columns_equal_a_direct_loop():
 
 
 def test_every_column_follows_measure_space_statistic(neox_bridge, native_bridge):
-    res = geolens.convergence(neox_bridge, WORDS, native_bridge, k=4, n_null=3, knn_k=3, n_positions=None,
+    res = geolens.convergence(neox_bridge, WORDS, native_bridge, k=4, n_null=3, n_neighbors=3, n_tokens=None,
                               progress=False)
     measures = [c for c in res.to_pandas().columns if c not in ("layer_a", "layer_b", "depth_a", "depth_b")]
     expected = [f"{m}_{part}" for m in ("spearman", "cka", "mknn")

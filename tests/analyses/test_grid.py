@@ -148,11 +148,11 @@ def test_over_checkpoints_checks_its_options_before_loading_anything():
         return "model"
 
     with pytest.raises(ValueError, match="n_tokens must be >= 3"):
-        over_checkpoints(["a", "b"], ["text"], analyses=(sampled,), load=load, n_tokens=2)
+        over_checkpoints(["a", "b"], ["text"], analyses=(sampled,), loader=load, n_tokens=2)
     with pytest.raises(TypeError, match=r"analysis 'sampled' takes no options \['kk'\]"):
-        over_checkpoints(["a", "b"], ["text"], analyses=(sampled,), load=load, sampled=dict(kk=1))
+        over_checkpoints(["a", "b"], ["text"], analyses=(sampled,), loader=load, sampled=dict(kk=1))
     assert loads == []
-    res = over_checkpoints(["a", "b"], ["text"], analyses=(sampled, scaled), load=load, seed=4, scale=2.0,
+    res = over_checkpoints(["a", "b"], ["text"], analyses=(sampled, scaled), loader=load, seed=4, scale=2.0,
                            sampled=dict(k=3), progress=False)
     assert loads == ["a", "b"]
     table = res.to_pandas()

@@ -41,7 +41,7 @@ def _planted_lens(model, angles=ANGLES):
 def test_phases_of_planted_lens(deep_bridge, texts):
     lens = _planted_lens(deep_bridge)
     before = {k: v.clone() for k, v in deep_bridge.state_dict().items()}
-    res = geolens.phases(deep_bridge, list(texts) * 3, lens=lens, fractions=(K / 32, 0.5), k_fraction=K / 32,
+    res = geolens.phases(deep_bridge, list(texts) * 3, lens=lens, fractions=(K / 32, 0.5), k=K / 32,
                          smoothing=0.0, n_tokens=None, progress=False)
     table = res.to_pandas()
     rss = table.rss.iloc[: len(ANGLES)]
@@ -109,8 +109,8 @@ def test_unstable_phases_are_reported_as_such(deep_bridge, texts, monkeypatch):
         return lens
 
     monkeypatch.setattr(ph, "cached_tuned_lens", fitted)
-    res = geolens.phases(deep_bridge, list(texts) * 2, lens_texts=list(texts) * 2, fractions=(K / 32, 0.5),
-                         k_fraction=K / 32, smoothing=0.0, n_tokens=None, progress=False)
+    res = geolens.phases(deep_bridge, list(texts) * 2, lens_tokens=list(texts) * 2, fractions=(K / 32, 0.5),
+                         k=K / 32, smoothing=0.0, n_tokens=None, progress=False)
     assert not res.params["found"] and res.params["reason"].startswith("no stable phases")
     assert res.params["unstable_breakpoints"][0] == 2 and res.params["stability"]["stable"] is False
     assert res.to_pandas().phase.isna().all()
@@ -142,8 +142,8 @@ def test_stability_table_per_k_against_kneedle_on_planted_halves(deep_bridge, te
     settling = tuple(0.1 * (i + 1) for i in range(len(ANGLES)))  # RSS falls from the first layer: no rise
     monkeypatch.setattr(ph, "cached_tuned_lens", lambda model, train_texts, *, halves=False, **kw: (
         setattr(lens, "halves", (_planted_lens(deep_bridge), _planted_lens(deep_bridge, settling))) or lens))
-    res = geolens.phases(deep_bridge, list(texts), lens_texts=list(texts) * 2, fractions=(K / 32, 0.5),
-                         k_fraction=K / 32, smoothing=0.0, n_tokens=None, progress=False)
+    res = geolens.phases(deep_bridge, list(texts), lens_tokens=list(texts) * 2, fractions=(K / 32, 0.5),
+                         k=K / 32, smoothing=0.0, n_tokens=None, progress=False)
     expected = _kneedle_phases([math.cos(a) for a in ANGLES])
     assert expected[0] == 2  # the planted rise ends where the angles reach the plateau's
     table = res.stability_table()
@@ -162,8 +162,8 @@ def test_stability_table_per_k_against_kneedle_on_planted_halves(deep_bridge, te
     # Two identical halves agree at every k where they find phases; where neither does, the rule still fails.
     monkeypatch.setattr(ph, "cached_tuned_lens", lambda model, train_texts, *, halves=False, **kw: (
         setattr(lens, "halves", (lens, lens)) or lens))
-    same = geolens.phases(deep_bridge, list(texts), lens_texts=list(texts) * 2, fractions=(K / 32, 0.5),
-                          k_fraction=K / 32, smoothing=0.0, n_tokens=None, progress=False).stability_table()
+    same = geolens.phases(deep_bridge, list(texts), lens_tokens=list(texts) * 2, fractions=(K / 32, 0.5),
+                          k=K / 32, smoothing=0.0, n_tokens=None, progress=False).stability_table()
     assert same.iloc[0].half_0 == same.iloc[0].half_1 == f"({expected[0]}, {expected[1]})"
     assert same.pearson.tolist() == pytest.approx([1.0] * len(same)) and (same.half_0 == same.half_1).all()
     assert ((same.stable == "yes") == (same.half_0 != "none")).all()
@@ -183,13 +183,13 @@ def test_stability_lenses_come_from_the_halves_or_from_each_half_of_the_texts(de
 
     monkeypatch.setattr(ph, "cached_tuned_lens", fitted)
     lens_texts = [f"{t} {i}" for i, t in enumerate(list(texts) * 2)]
-    common = dict(lens_texts=lens_texts, fractions=(K / 32, 0.5), k_fraction=K / 32, smoothing=0.0, n_tokens=None,
+    common = dict(lens_tokens=lens_texts, fractions=(K / 32, 0.5), k=K / 32, smoothing=0.0, n_tokens=None,
                   progress=False)
     fast = geolens.phases(deep_bridge, list(texts), **common)
     assert calls == [(lens_texts, True, "fast")]
     assert all(row["pearson"] == pytest.approx(1.0) for row in fast.params["stability"]["per_k"])  # identical halves
     calls.clear()
-    geolens.phases(deep_bridge, list(texts), lens_budget={"steps": 1, "tokens_per_step": 8}, **common)
+    geolens.phases(deep_bridge, list(texts), lens_budget={"max_steps": 1, "tokens_per_step": 8}, **common)
     assert calls == [(lens_texts, False, "reference"), (lens_texts[0::2], False, "reference"),
                      (lens_texts[1::2], False, "reference")]
 
@@ -197,7 +197,7 @@ def test_stability_lenses_come_from_the_halves_or_from_each_half_of_the_texts(de
 def test_a_given_lens_evaluation_gives_the_same_table(deep_bridge, texts):
     """The report hands its lens section's evaluation to phases: the same numbers as evaluating again."""
     lens = _planted_lens(deep_bridge)
-    common = dict(lens=lens, n_tokens=None, progress=False, fractions=(K / 32, 0.5), k_fraction=K / 32, smoothing=0.0)
+    common = dict(lens=lens, n_tokens=None, progress=False, fractions=(K / 32, 0.5), k=K / 32, smoothing=0.0)
     own = geolens.phases(deep_bridge, list(texts), **common).to_pandas()
     evaluation = evaluate(deep_bridge, list(texts), lens=lens, n_tokens=None, progress=False)
     given = geolens.phases(deep_bridge, list(texts), lens_evaluation=evaluation, **common).to_pandas()
@@ -211,7 +211,7 @@ def test_a_given_update_geometry_gives_the_same_table(deep_bridge, native_bridge
     """The report hands its updates section's result to phases: the same numbers as capturing them again;
     another model's result is refused."""
     lens = _planted_lens(deep_bridge)
-    common = dict(lens=lens, n_tokens=None, progress=False, fractions=(K / 32, 0.5), k_fraction=K / 32, smoothing=0.0)
+    common = dict(lens=lens, n_tokens=None, progress=False, fractions=(K / 32, 0.5), k=K / 32, smoothing=0.0)
     own = geolens.phases(deep_bridge, list(texts), **common).to_pandas()
     geometry = geolens.updates(deep_bridge, list(texts), n_tokens=None, progress=False)
     given = geolens.phases(deep_bridge, list(texts), update_geometry=geometry, **common).to_pandas()
@@ -231,9 +231,10 @@ def test_lens_budget_names_the_recipe_its_keys_ask_for():
     from geolens.analyses.phases import _lens_budget
 
     assert _lens_budget(None) == {"method": "fast"}
-    assert _lens_budget({"steps": 3, "seq_len": 8}) == {"steps": 3, "seq_len": 8, "method": "reference"}
+    assert _lens_budget({"max_steps": 3, "tokens_per_step": 8}) == {"max_steps": 3, "tokens_per_step": 8,
+                                                                     "method": "reference"}
     assert _lens_budget({"tokens_per_step": 64})["method"] == "reference"
-    assert _lens_budget({"method": "fast", "steps": 3})["method"] == "fast"  # an explicit method wins
+    assert _lens_budget({"method": "fast", "tokens_per_step": 3})["method"] == "fast"  # an explicit method wins
     given = {"n_tokens": 64}
     _lens_budget(given)
     assert given == {"n_tokens": 64}  # the caller's dict is not changed
@@ -307,9 +308,9 @@ def test_fit_lens_records_how_many_texts_and_skips_stability_when_asked(deep_bri
     assert got is lens and report is None and n == len(texts)
     got, report, n = ph._fit_lens(deep_bridge, "one text", None, stability=True, **common)
     assert report is None and n == 1  # fewer than 4 texts: no halves to compare
-    with pytest.raises(TypeError, match="lens_texts"):
+    with pytest.raises(TypeError, match="lens_tokens"):
         ph._fit_lens(deep_bridge, torch.zeros(2, 3, dtype=torch.long), None, stability=True, **common)
-    res = geolens.phases(deep_bridge, list(texts), lens_texts=list(texts) * 2, fractions=(K / 32,), smoothing=0.0,
+    res = geolens.phases(deep_bridge, list(texts), lens_tokens=list(texts) * 2, fractions=(K / 32,), smoothing=0.0,
                          n_tokens=None, progress=False)
     assert res.params["n_lens_texts"] == 2 * len(texts) and res.params["stability"] is not None
     given = geolens.phases(deep_bridge, list(texts), lens=lens, fractions=(K / 32,), n_tokens=None, progress=False)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from geolens.lens import LensResult, TunedLens, cached_tuned_lens, evaluate, hit_at_k
+from geolens.lens import EvaluateResult, TunedLens, cached_tuned_lens, evaluate, hit_at_k
 from geolens.lens.train import kl_rows
 from tests.helpers import hook_count, same_weights, weights
 
@@ -38,7 +38,7 @@ def test_evaluate_table_and_known_layers(any_model, texts):
     lens = TunedLens(any_model)
     res = evaluate(any_model, texts, lens=lens, n_tokens=None, progress=False)
     assert hook_count(any_model) == hooks and same_weights(before, any_model)
-    assert isinstance(res, LensResult)
+    assert isinstance(res, EvaluateResult)
     table = res.to_pandas()
     assert list(table.columns) == ["lens", "layer", "kl", "ce", "hit@1", "hit@5", "hit@5/hit@1"]
     L = lens.n_layers
@@ -72,7 +72,7 @@ def test_evaluate_ce_matches_direct_computation(native_bridge):
 
 
 def test_cached_tuned_lens_trains_once(native_bridge, texts, train_texts, tmp_path):
-    lens = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, method="reference", steps=3, tokens_per_step=16,
+    lens = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, method="reference", max_steps=3, tokens_per_step=16,
                              progress=False)
     quality = evaluate(native_bridge, texts, lens=lens, n_tokens=None, progress=False)
     assert {"tuned", "logit"} == set(quality.to_pandas().lens)
@@ -84,7 +84,7 @@ def test_cached_tuned_lens_trains_once(native_bridge, texts, train_texts, tmp_pa
     real = cache.train_tuned_lens
     cache.train_tuned_lens = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
-        again = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, method="reference", steps=3,
+        again = cached_tuned_lens(native_bridge, train_texts, cache_dir=tmp_path, method="reference", max_steps=3,
                                   tokens_per_step=16,
                                   progress=False)
     finally:

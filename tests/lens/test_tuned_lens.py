@@ -38,7 +38,7 @@ def test_final_layer_translator_is_identity(native_bridge):
 
 
 def test_save_load_round_trip_and_shape_check(native_bridge, neox_bridge, tiny_tokenizer, tmp_path, train_texts):
-    lens = train_tuned_lens(native_bridge, train_texts, steps=2, tokens_per_step=16, progress=False)
+    lens = train_tuned_lens(native_bridge, train_texts, max_steps=2, tokens_per_step=16, progress=False)
     lens.save(tmp_path / "lens")
     config = json.loads((tmp_path / "lens" / "config.json").read_text())
     assert config["n_layers"] == lens.n_layers and config["training"]["steps"] == 2

@@ -36,8 +36,8 @@ def _cells(**kwargs):
     ({"texts": {"files": "one.txt"}}, TypeError, r"\{files = \[...\]\} needs a non-empty list of file names"),
     ({"texts": {"files": []}}, TypeError, "non-empty list of file names"),
     ({"texts": {"lines": 3}}, TypeError, "texts: lines must be a file name, got int"),
-    ({"analyses": {"phases": {"lens_texts": {"default": "x"}}}}, ValueError,
-     r"analyses\['phases'\].lens_texts: \{default = n\}"),
+    ({"analyses": {"phases": {"lens_tokens": {"default": "x"}}}}, ValueError,
+     r"analyses\['phases'\].lens_tokens: \{default = n\}"),
 ])
 def test_bad_study_values_name_the_argument(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -201,7 +201,7 @@ def test_a_study_json_too_deep_or_with_a_huge_integer_names_the_file(finished, t
     ("a = " + "[" * 3000 + "]" * 3000, "is not readable TOML: nested deeper than Python's parser can follow"),
     ("n_tokens = " + "9" * 5000, "is not valid TOML: Exceeds the limit"),
     ('[analyses.pga]\nn_resamples = "x"', "analysis 'pga': option n_resamples must be int"),
-    ('[analyses.pga]\nk = "four"', "analysis 'pga': option k must be int | None"),
+    ('[analyses.pga]\nk = "four"', "analysis 'pga': option k must be int | float | None"),
 ])
 def test_a_study_file_is_checked_when_it_is_read_with_exit_2(family, tmp_path, capsys, body, message):
     spec = tmp_path / "s.toml"

@@ -20,7 +20,7 @@ from geolens.model import boot_bridge
 from geolens.study import Study, load_errors, load_provenance, load_results, run_study
 from tests.study.conftest import PGA, TEXTS, save_neox
 
-PHASES = {"lens_texts": TEXTS, "lens_budget": {"steps": 2, "tokens_per_step": 32, "seq_len": 8}}
+PHASES = {"lens_tokens": TEXTS, "lens_budget": {"max_steps": 2, "tokens_per_step": 32, "seq_len": 8}}
 
 
 def _numpy_fit(x: np.ndarray, start: int, stop: int) -> tuple[float, float]:

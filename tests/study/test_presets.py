@@ -51,9 +51,9 @@ def test_depth_series_runs_offline_on_local_models_of_three_depths(depths, tmp_p
     cells = preset.cells()
     assert [c.path for c in cells][:2] == ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B"]
     assert sorted(c.metadata["depth"] for c in cells) == [24, 28, 28, 36, 48, 64]
-    assert len(cells[0].analyses["phases"]["lens_texts"]) == 400 and "lens_budget" in cells[0].analyses["phases"]
+    assert len(cells[0].analyses["phases"]["lens_tokens"]) == 400 and "lens_budget" in cells[0].analyses["phases"]
     labels = list(preset.models)[:3]
-    phases = {"lens_texts": TEXTS, "lens_budget": {"steps": 2, "tokens_per_step": 32, "seq_len": 8},
+    phases = {"lens_tokens": TEXTS, "lens_budget": {"max_steps": 2, "tokens_per_step": 32, "seq_len": 8},
               "cache_dir": str(tmp_path / "lenses")}
     study = Study.from_toml(STUDIES / "depth_series.toml", texts=TEXTS, dtype="float32",
                             models={label: str(depths[f"L{n}"]) for label, n in zip(labels, (2, 3, 4))},

@@ -119,7 +119,7 @@ def test_report_page_has_every_view(family_study):
 
 
 def test_phases_in_a_study_give_width_rows_and_the_report_says_none_were_found(depths, tmp_path):
-    phases = {"lens_texts": TEXTS, "lens_budget": {"steps": 2, "tokens_per_step": 32, "seq_len": 8},
+    phases = {"lens_tokens": TEXTS, "lens_budget": {"max_steps": 2, "tokens_per_step": 32, "seq_len": 8},
               "cache_dir": str(tmp_path / "lenses")}
     spec = Study(models={k: str(v) for k, v in depths.items()}, texts=TEXTS, analyses={"phases": phases}, **BUDGET)
     res = run_study(spec, tmp_path / "out", progress=False)
