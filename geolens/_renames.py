@@ -30,12 +30,9 @@ import functools
 import inspect
 from typing import Any, Callable, Mapping, TypeVar
 
-__all__ = ["RENAMED_IN", "RENAMED_STUDY_OPTIONS", "hashed_options", "renamed_attributes", "renamed_keywords"]
+__all__ = ["RENAMED_IN", "hashed_options", "renamed_attributes", "renamed_keywords"]
 
 RENAMED_IN = "0.4.0"  # the release whose renames still answer with their replacement
-# Study options renamed in 0.4.0 (analysis -> new -> old): a cell hashes them under the old name, so
-# the cells of a study written before the rename are found finished (see :func:`hashed_options`).
-RENAMED_STUDY_OPTIONS: dict[str, dict[str, str]] = {"phases": {"lens_tokens": "lens_texts"}}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,20 +73,23 @@ def renamed_attributes(module: str, old_to_new: Mapping[str, str]) -> Callable[[
     return module_getattr
 
 
-def hashed_options(analysis: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with renamed keys spelt as before the rename, for a cell's hash only.
+def hashed_options(options: Mapping[str, Any], renamed: Mapping[str, str]) -> dict[str, Any]:
+    """``options`` with each renamed key spelt as before the rename, for a study cell's hash only.
 
-    A reference-recipe ``lens_budget`` (``method="reference"``, or one with ``tokens_per_step``)
+    ``renamed`` maps old names to new, as a function's ``__renamed_keywords__`` does, so that the
+    cells of a study written before the rename keep their hashes and are found finished. A
+    reference-recipe ``lens_budget`` (``method="reference"``, or one with ``tokens_per_step``)
     spells ``max_steps`` as ``steps`` again, as 0.3.0 wrote it.
 
     Example:
-        >>> hashed_options("phases", {"lens_tokens": ["a"], "lens_budget": {"max_steps": 2, "tokens_per_step": 8}})
+        >>> renamed = {"lens_texts": "lens_tokens"}
+        >>> hashed_options({"lens_tokens": ["a"], "lens_budget": {"max_steps": 2, "tokens_per_step": 8}}, renamed)
         {'lens_texts': ['a'], 'lens_budget': {'steps': 2, 'tokens_per_step': 8}}
-        >>> hashed_options("pga", {"k": 8})
+        >>> hashed_options({"k": 8}, {})
         {'k': 8}
     """
-    renamed = RENAMED_STUDY_OPTIONS.get(analysis, {})
-    out = {renamed.get(key, key): value for key, value in options.items()}
+    former = {new: old for old, new in renamed.items()}
+    out = {former.get(key, key): value for key, value in options.items()}
     budget = out.get("lens_budget")
     if isinstance(budget, Mapping) and (budget.get("method") == "reference" or "tokens_per_step" in budget):
         out["lens_budget"] = {("steps" if key == "max_steps" else key): value for key, value in budget.items()}

@@ -38,14 +38,24 @@ def test_an_old_attribute_names_the_new_one_and_others_stay_missing():
 
 
 def test_a_renamed_study_option_hashes_as_before_the_rename():
+    import geolens
     from geolens._renames import hashed_options
     from geolens.study import Study
 
     old = {"lens_texts": ["a b c"], "lens_budget": {"method": "reference", "steps": 2, "tokens_per_step": 8}}
     new = {"lens_tokens": ["a b c"], "lens_budget": {"method": "reference", "max_steps": 2, "tokens_per_step": 8}}
-    assert hashed_options("phases", new) == old
-    assert hashed_options("phases", {"lens_budget": {"max_steps": 2}}) == {"lens_budget": {"max_steps": 2}}  # fast
+    renamed = geolens.phases.__renamed_keywords__
+    assert hashed_options(new, renamed) == old
+    assert hashed_options({"lens_budget": {"max_steps": 2}}, renamed) == {"lens_budget": {"max_steps": 2}}  # fast
     cell = Study(models={"m": "some/folder"}, texts=["a b", "c d"], analyses={"phases": new}).cells()[0]
     assert cell.analyses["phases"]["lens_tokens"] == ["a b c"]  # the call gets the new names
     # ... and the cell keeps the hashes geolens 0.3.0 gave it (lens_texts, steps): its files are found
     assert (cell.spec_hash, dict(cell.analysis_hashes)) == ("349057d6e26854e2", {"phases": "43dec2526f861444"})
+
+
+def test_a_study_option_spelt_as_before_a_rename_names_the_new_one():
+    from geolens.analyses.grid import UnknownOptionError
+    from geolens.study import Study
+
+    with pytest.raises(UnknownOptionError, match="option 'lens_texts' was renamed to 'lens_tokens'"):
+        Study(models={"m": "some/folder"}, texts=["a b", "c d"], analyses={"phases": {"lens_texts": ["a"]}}).cells()

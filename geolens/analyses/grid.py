@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Seque
 
 import torch
 
+from geolens._renames import RENAMED_IN
 from geolens._validation import UpperBound, check_int
 
 __all__ = ["SHARED_OPTIONS", "Job", "JobOutcome", "UnknownOptionError", "check_option_types", "check_shared_options",
@@ -192,6 +193,11 @@ def route_options(
             raise UnknownOptionError(f"analysis {job.name!r} takes no options {refused}: the runner passes "
                                      f"{', '.join(inputs + [r for r in reserved if r not in inputs])} itself")
         unknown = [k for k in options if k not in parameters and not takes_any]
+        renamed = getattr(job.function, "__renamed_keywords__", {})
+        if any(k in renamed for k in unknown):  # a study file written before a rename: name the new option
+            old = next(k for k in unknown if k in renamed)
+            raise UnknownOptionError(f"analysis {job.name!r}: option {old!r} was renamed to {renamed[old]!r} in "
+                                     f"geolens {RENAMED_IN}")
         if unknown:
             accepted = [p.name for p in parameters.values() if p.name not in inputs and p.name not in reserved
                         and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]

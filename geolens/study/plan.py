@@ -153,10 +153,13 @@ def cell_identity(model: str, checkpoint: str, *, source: Mapping[str, Any], dty
             "dtype": dtype, "texts": texts_hash}
 
 
-def cell_hashes(identity: Mapping[str, Any], analyses: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, str]]:
+def cell_hashes(identity: Mapping[str, Any], analyses: Mapping[str, Mapping[str, Any]], *,
+                renamed: Mapping[str, Mapping[str, str]] | None = None) -> tuple[str, dict[str, str]]:
     """``(spec_hash, {analysis: hash})`` of a cell: each analysis's hash covers the identity and its options,
-    the spec hash the identity and every analysis's hash."""
-    hashes = {name: _sha({**identity, "analysis": name, "options": hashed_options(name, options)})
+    the spec hash the identity and every analysis's hash. ``renamed``: each analysis's renamed keywords (old ->
+    new); their options are hashed under the old names, so a study written before a rename keeps its cells."""
+    renamed = renamed or {}
+    hashes = {name: _sha({**identity, "analysis": name, "options": hashed_options(options, renamed.get(name, {}))})
               for name, options in analyses.items()}
     return _sha({**identity, "analyses": hashes}), hashes
 
@@ -171,6 +174,7 @@ def plan_cells(models: list[PlannedModel], *, records: Mapping[str, registry.Ana
     """
     jobs = resolve_jobs(list(options), {name: (r.function, r.takes_tokens) for name, r in records.items()})
     shared_texts = texts_hash(texts)
+    renamed = {name: getattr(record.function, "__renamed_keywords__", {}) for name, record in records.items()}
     cells = []
     for model in models:
         spec = model.spec
@@ -179,7 +183,7 @@ def plan_cells(models: list[PlannedModel], *, records: Mapping[str, registry.Ana
         for value, checkpoint, metadata in model.checkpoints:
             identity = cell_identity(model.label, checkpoint, source=source, texts_hash=shared_texts,
                                      dtype=dtype if spec.path is not None else None)
-            spec_hash, hashes = cell_hashes(identity, analyses)
+            spec_hash, hashes = cell_hashes(identity, analyses, renamed=renamed)
             cells.append(Cell(
                 model=model.label, checkpoint=checkpoint, checkpoint_value=value,
                 step=parse_checkpoint_step(value) if value is not None else None, path=spec.path,

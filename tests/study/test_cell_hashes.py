@@ -47,7 +47,7 @@ ccr = [0, 1]
 alpha_fit_range = [1, 8]
 [analyses.weights]
 [analyses.phases]
-lens_texts = { lines = "lens.txt" }
+lens_tokens = { lines = "lens.txt" }
 [analyses.planted]
 function = "tests.study.test_cell_hashes:planted"
 scale = 0.5
