@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 
 from geolens.plotting.colours import PALETTE, distinct_colours
 from geolens.plotting.depth import depth_lines
-from geolens.plotting.labels import axis_title, label
+from geolens.plotting.labels import axis_title, is_z_score, label
 from geolens.plotting.phases import phase_width_figure  # drawn with the phases' other figures
 from geolens.plotting.style import HEIGHT, WIDTH, Z_BAND, apply_style, heading, panel_spacing
 from geolens.sites import FINAL_SITE
@@ -32,7 +32,7 @@ __all__ = ["phase_width_figure", "study_correlation_figure", "study_depth_figure
 def study_depth_figure(part: pd.DataFrame, *, metric: str = "pga.z", checkpoint: str = "last") -> go.Figure:
     """A study's ``metric`` by relative depth (``layer / n_layers``), one line per model (rows of one CCR)."""
     fig = go.Figure()
-    if metric == "pga.z":
+    if is_z_score(metric):
         fig.add_hrect(y0=-Z_BAND, y1=Z_BAND, fillcolor="grey", opacity=0.15, line_width=0)
     lines = part[part["site"] != FINAL_SITE] if part["layer"].notna().any() else part
     by = "model" if checkpoint != "all" else "line"
@@ -74,7 +74,7 @@ def study_training_figure(curve: pd.DataFrame, *, metric: str = "pga.z") -> go.F
                                      hovertemplate="%{customdata[0]}<br>%{y:.3f}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(title_text="training step" if numeric else "checkpoint", row=1, col=col)
         fig.update_yaxes(title_text=f"{axis_title(metric)}, band mean", row=1, col=col)
-    if metric == "pga.z":
+    if is_z_score(metric):
         fig.add_hrect(y0=-Z_BAND, y1=Z_BAND, fillcolor="grey", opacity=0.15, line_width=0, row="all", col="all")
     apply_style(fig, heading(f"{label(metric)} over training"), "one panel per band of relative depth, one line per model",
                 width=max(WIDTH, 260 * len(bands)), legend_title="model")
