@@ -4,10 +4,11 @@ Each :class:`Analysis` record is the whole truth about one analysis: what it is 
 computes it, what it consumes (``"tokens"``, ``"states"``: captured states it can share with another analysis,
 ``"lens"``: a tuned lens, ``"weights"``: the weights only), which other analyses' results it ``needs``, where
 it runs (``report``, ``study``, ``zoo``) and how each place runs it: the report's runner, heading, caption,
-footnote, findings and figures; the sites a study's cell captures once for it and any layer-free rows it
-adds there; its options on a zoo member. Where that knowledge is code, it lives in the analysis's own module
-(``geolens.analyses.pga.report_section``, ``...pga.capture_sites``, ``...phases.study_rows``; the sentences
-in :mod:`geolens.analyses.findings`) and the record points at it: no caller special-cases an analysis by name.
+footnote, findings and figures; the sites a study's cell captures once for it, any layer-free rows it
+adds there and its own section of the study's page; its options on a zoo member. Where that knowledge is code,
+it lives in the analysis's own modules (``geolens.analyses.pga.report_section``, ``...pga.capture_sites``,
+``...phases.study_rows``, ``...phase_widths.study_view``; the sentences in :mod:`geolens.analyses.findings`)
+and the record points at it: no caller special-cases an analysis by name.
 
 ``needs`` orders runs: :func:`run_order` puts each analysis after those it needs among the ones asked for
 (the report's spectrum after pga, its phases after lens and updates) and raises ``ValueError`` for a need
@@ -63,6 +64,7 @@ from geolens.analyses.findings import (column_findings, convergence_findings, le
                                        phases_findings, probes_findings, spectrum_findings, updates_findings,
                                        weights_findings)
 from geolens.analyses.guard import guarded
+from geolens.analyses.phase_widths import study_view as phases_study_view
 from geolens.analyses.pga import (capture_sites as pga_sites, pga, report_section as pga_section,
                                   zoo_options as pga_zoo_options)
 from geolens.analyses.phases import (member_options as phases_member_options, phases,
@@ -77,7 +79,7 @@ from geolens.analyses.updates import report_section as updates_section, updates
 from geolens.lens.evaluate import evaluate, report_section as lens_section
 from geolens.results import Result
 
-__all__ = ["CONSUMES", "CONVENTION", "MAX_NAME_LENGTH", "PLACES", "RUN_FILES", "Analysis", "as_result",
+__all__ = ["CONSUMES", "CONVENTION", "MAX_NAME_LENGTH", "PLACES", "RUN_FILES", "Analysis", "StudyView", "as_result",
            "available_analyses", "check_name", "get", "layer_figures", "names", "register_analysis", "resolve_function",
            "run_order", "unregister_analysis", "user_analysis"]
 
@@ -93,6 +95,22 @@ RUN_FILES = ("meta", "report", "study", "metadata", "cells", "zoo", "zoo_meta")
 _DEVICE_NAMES = ("con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10)), *(f"lpt{i}" for i in range(1, 10)))
 MAX_NAME_LENGTH = 64  # the longest file it names stays far below the 255 bytes file systems allow
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class StudyView:
+    """A section of a study's page drawn from an analysis's rows in the study's table.
+
+    ``build(study) -> {"caption", "result", "figures", "findings"}``, or ``None`` where the study has none of its
+    rows; ``study`` is the :class:`geolens.study.StudyResult`. ``heading`` heads the section (also when it fails).
+
+    Example:
+        >>> get("phases").study_view.heading
+        'Phase widths against depth'
+    """
+
+    heading: str
+    build: Callable[[Any], Mapping[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,8 @@ class Analysis:
         zoo_summary: ``zoo_summary(params) -> kept``: what the zoo keeps of its reported params at each width's
             last step (``ZooResult.params[name][width]``).
         zoo_columns: ``zoo_columns(kept) -> {column: value}``: its columns in the zoo's per-width summary.
+        study_view: its section of a study's page (:class:`StudyView`), after the page's cross-model views, in
+            the registry's order.
     """
 
     name: str
@@ -155,6 +175,7 @@ class Analysis:
     member_options: Callable[[Any], Mapping[str, Any]] | None = None
     zoo_summary: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     zoo_columns: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    study_view: StudyView | None = None
 
     @property
     def takes_tokens(self) -> bool:
@@ -240,7 +261,7 @@ _BUILTIN = (
         report_settings=("lens_budget",),
         findings=phases_findings, study_rows=phases_study_rows, zoo_options=phases_zoo_options,
         member_options=phases_member_options, zoo_summary=phases_zoo_summary,
-        zoo_columns=phases_zoo_columns),
+        zoo_columns=phases_zoo_columns, study_view=StudyView("Phase widths against depth", phases_study_view)),
 )
 
 # name -> record, in the order the report shows its sections; user analyses follow the built-in ones.

@@ -38,7 +38,8 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(["NO_BROWSER", "STATIC_FORMATS", "browser_path", "write_figures"], ".export"),
     "ablation_figure": ".ablation", "checkpoint_figure": ".checkpoints", "compare_figure": ".compare",
     "convergence_figure": ".convergence", "lens_figure": ".lens", "lens_history_figure": ".lens",
-    "metric_grid": ".spectrum", "patch_figure": ".patching", "pga_figure": ".pga", "phases_figure": ".phases",
+    "metric_grid": ".spectrum", "patch_figure": ".patching", "pga_figure": ".pga", "phase_width_figure": ".phases",
+    "phases_figure": ".phases",
     "probe_figure": ".probes", "updates_figure": ".updates", "weight_geometry_figure": ".spectrum",
 }
 
@@ -49,7 +50,6 @@ _moved = renamed_attributes(__name__, {
     "study_depth_figure": "geolens.study.figures.study_depth_figure",
     "study_training_figure": "geolens.study.figures.study_training_figure",
     "study_correlation_figure": "geolens.study.figures.study_correlation_figure",
-    "phase_width_figure": "geolens.study.figures.phase_width_figure",
     "zoo_depth_figure": "geolens.zoo.figures.zoo_depth_figure",
     "zoo_training_figure": "geolens.zoo.figures.zoo_training_figure",
 })

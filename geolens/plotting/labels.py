@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 __all__ = ["CONVERGENCE_MEASURES", "CONVERGENCE_PARTS", "METRICS", "SITES", "UNITS", "axis_title", "hover_note",
-           "label", "metric_key", "site_label", "unit"]
+           "is_z_score", "label", "metric_key", "site_label", "unit"]
 
 # Column name -> (human label, axis title with its unit, note shown on hover). One mapping for every figure.
 METRICS: dict[str, tuple[str, str, str]] = {
@@ -120,6 +120,17 @@ def metric_key(row: pd.Series) -> str:
         'pga.z (ccr=1)'
     """
     return row["metric"] if pd.isna(row["ccr"]) else f"{row['metric']} (ccr={int(row['ccr'])})"
+
+
+def is_z_score(name: str) -> bool:
+    """Whether a metric is a z-score against a null (its column is ``z``, of whichever analysis): figures shade
+    the null's band |z| < 1.96 behind it.
+
+    Example:
+        >>> is_z_score("pga.z"), is_z_score("z"), is_z_score("spectrum.effective_rank")
+        (True, True, False)
+    """
+    return _key(name) == "z"
 
 
 def _key(name: object) -> str:

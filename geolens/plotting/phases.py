@@ -10,13 +10,16 @@ Example:
 
 from __future__ import annotations
 
+import math
+
+import pandas as pd
 import plotly.graph_objects as go
 
 from geolens.metrics.phases import PHASE_NAMES
-from geolens.plotting.colours import distinct_colours
+from geolens.plotting.colours import distinct_colours, series_colour
 from geolens.plotting.style import apply_style, heading
 
-__all__ = ["phases_figure"]
+__all__ = ["phase_width_figure", "phases_figure"]
 
 _PHASE_COLOURS = ("rgba(0,114,178,0.10)", "rgba(0,158,115,0.10)", "rgba(213,94,0,0.10)")
 
@@ -47,4 +50,30 @@ def phases_figure(result) -> go.Figure:
                 legend_title="subspace size")
     fig.update_xaxes(title_text="layer l (RSS between l and l + 1)")
     fig.update_yaxes(title_text="RSS (mean principal cosine)")
+    return fig
+
+
+def phase_width_figure(widths: pd.DataFrame, slopes: pd.DataFrame) -> go.Figure:
+    """Width of each phase (layers) against model depth, one colour per phase, with the least-squares line."""
+    fig = go.Figure()
+    for phase, part in widths.groupby("phase", sort=True):
+        colour = series_colour(phase)
+        part = part[part["width"].notna()]
+        fit = slopes[slopes["phase"] == phase]
+        slope = float(fit["slope"].iloc[0]) if len(fit) else float("nan")
+        fig.add_trace(go.Scatter(x=part["n_layers"], y=part["width"], mode="markers+text", text=part["model"],
+                                 textposition="top center", textfont={"size": 10}, marker_color=colour,
+                                 legendgroup=str(phase),
+                                 name=f"Phase {phase}" + (f" (slope {slope:.2f})" if not math.isnan(slope) else "")))
+        if not math.isnan(slope) and len(part):
+            xs = [float(part["n_layers"].min()), float(part["n_layers"].max())]
+            intercept = float(fit["intercept"].iloc[0])
+            fig.add_trace(go.Scatter(x=xs, y=[slope * x + intercept for x in xs], mode="lines", line_color=colour,
+                                     line_dash="dash", showlegend=False, legendgroup=str(phase), hoverinfo="skip"))
+    found = widths[(widths["phase"] == "I") & widths["width"].notna()]["model"].nunique()
+    apply_style(fig, "Phase widths against depth",
+                f"{found} of {widths['model'].nunique()} models with phases; dashed: least-squares line",
+                legend_title="phase")
+    fig.update_xaxes(title_text="depth (number of layers)")
+    fig.update_yaxes(title_text="phase width (layers)")
     return fig

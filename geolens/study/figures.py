@@ -1,4 +1,5 @@
-"""A study's figures across models: a metric by relative depth, over training, against metadata; phase widths.
+"""A study's figures across models: a metric by relative depth, over training, against metadata (phase widths
+against depth are drawn in :mod:`geolens.plotting.phases`, named here too).
 
 They read the study's tables (:class:`geolens.study.results.StudyResult`) and draw in :mod:`geolens.plotting`'s
 style; plotly is imported with this module, which :class:`StudyResult`'s plots import when they draw.
@@ -18,9 +19,10 @@ from typing import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from geolens.plotting.colours import PALETTE, distinct_colours, series_colour
+from geolens.plotting.colours import PALETTE, distinct_colours
 from geolens.plotting.depth import depth_lines
-from geolens.plotting.labels import axis_title, label
+from geolens.plotting.labels import axis_title, is_z_score, label
+from geolens.plotting.phases import phase_width_figure  # drawn with the phases' other figures
 from geolens.plotting.style import HEIGHT, WIDTH, Z_BAND, apply_style, heading, panel_spacing
 from geolens.sites import FINAL_SITE
 
@@ -30,7 +32,7 @@ __all__ = ["phase_width_figure", "study_correlation_figure", "study_depth_figure
 def study_depth_figure(part: pd.DataFrame, *, metric: str = "pga.z", checkpoint: str = "last") -> go.Figure:
     """A study's ``metric`` by relative depth (``layer / n_layers``), one line per model (rows of one CCR)."""
     fig = go.Figure()
-    if metric == "pga.z":
+    if is_z_score(metric):
         fig.add_hrect(y0=-Z_BAND, y1=Z_BAND, fillcolor="grey", opacity=0.15, line_width=0)
     lines = part[part["site"] != FINAL_SITE] if part["layer"].notna().any() else part
     by = "model" if checkpoint != "all" else "line"
@@ -72,7 +74,7 @@ def study_training_figure(curve: pd.DataFrame, *, metric: str = "pga.z") -> go.F
                                      hovertemplate="%{customdata[0]}<br>%{y:.3f}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(title_text="training step" if numeric else "checkpoint", row=1, col=col)
         fig.update_yaxes(title_text=f"{axis_title(metric)}, band mean", row=1, col=col)
-    if metric == "pga.z":
+    if is_z_score(metric):
         fig.add_hrect(y0=-Z_BAND, y1=Z_BAND, fillcolor="grey", opacity=0.15, line_width=0, row="all", col="all")
     apply_style(fig, heading(f"{label(metric)} over training"), "one panel per band of relative depth, one line per model",
                 width=max(WIDTH, 260 * len(bands)), legend_title="model")
@@ -111,30 +113,4 @@ def study_correlation_figure(values: pd.DataFrame, stats: pd.DataFrame, *, metri
             fig.update_yaxes(title_text=axis_title(metric), row=r, col=c)
     apply_style(fig, "Geometry across models", "panel titles: Spearman ρ, and partial ρ holding another column fixed",
                 width=max(WIDTH, 300 * len(against)), height=height, legend=False)
-    return fig
-
-
-def phase_width_figure(widths: pd.DataFrame, slopes: pd.DataFrame) -> go.Figure:
-    """Width of each phase (layers) against model depth, one colour per phase, with the least-squares line."""
-    fig = go.Figure()
-    for phase, part in widths.groupby("phase", sort=True):
-        colour = series_colour(phase)
-        part = part[part["width"].notna()]
-        fit = slopes[slopes["phase"] == phase]
-        slope = float(fit["slope"].iloc[0]) if len(fit) else float("nan")
-        fig.add_trace(go.Scatter(x=part["n_layers"], y=part["width"], mode="markers+text", text=part["model"],
-                                 textposition="top center", textfont={"size": 10}, marker_color=colour,
-                                 legendgroup=str(phase),
-                                 name=f"Phase {phase}" + (f" (slope {slope:.2f})" if slope == slope else "")))
-        if slope == slope and len(part):
-            xs = [float(part["n_layers"].min()), float(part["n_layers"].max())]
-            intercept = float(fit["intercept"].iloc[0])
-            fig.add_trace(go.Scatter(x=xs, y=[slope * x + intercept for x in xs], mode="lines", line_color=colour,
-                                     line_dash="dash", showlegend=False, legendgroup=str(phase), hoverinfo="skip"))
-    found = widths[(widths["phase"] == "I") & widths["width"].notna()]["model"].nunique()
-    apply_style(fig, "Phase widths against depth",
-                f"{found} of {widths['model'].nunique()} models with phases; dashed: least-squares line",
-                legend_title="phase")
-    fig.update_xaxes(title_text="depth (number of layers)")
-    fig.update_yaxes(title_text="phase width (layers)")
     return fig

@@ -31,9 +31,11 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import pandas as pd
 
+from geolens import plotting
 from geolens._renames import renamed_keywords
 from geolens._json import parse_json
 from geolens._validation import DamagedFileError
+from geolens.analyses.phase_widths import phase_slopes, phase_widths
 from geolens.metrics.correlation import partial_rank_correlation, rank_correlation
 from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
@@ -47,7 +49,6 @@ ROW_COLUMNS = ["analysis", "site", "ccr", "layer", "relative_depth", "metric", "
 # The per-model geometry numbers the cross-model view correlates by default (those present).
 GEOMETRY_METRICS = ("pga.z", "spectrum.effective_rank", "spectrum.alpha_req", "spectrum.log_isotropy",
                     "spectrum.mean_cosine")
-_PHASES = ("I", "II", "III")
 _ERROR_COLUMNS = ("model", "checkpoint", "analysis", "error", "error_type", "traceback", "time")
 
 
@@ -494,41 +495,19 @@ class StudyResult(Result):
         return study_correlation_figure(values, stats, metrics=keys, against=columns)
 
     def phase_widths(self, *, checkpoint: str = "last") -> pd.DataFrame:
-        """Width in layers of phases I, II, III per model (where phases were found), with its depth ``n_layers``."""
-        table = self.to_pandas()
-        if not (table["metric"] == "phases.width_I").any():
-            raise ValueError("no phases results: add 'phases' to the study's analyses")
-        rows = []
-        for phase in _PHASES:
-            part = self.select(f"phases.width_{phase}", checkpoint=checkpoint)
-            for record in part.itertuples():
-                rows.append({"model": record.model, "checkpoint": record.checkpoint,
-                             "n_layers": int(record.n_layers), "phase": phase, "width": float(record.value)})
-        return pd.DataFrame(rows, columns=["model", "checkpoint", "n_layers", "phase", "width"])
+        """Width in layers of phases I, II, III per model (where phases were found), with its depth ``n_layers``
+        (:func:`geolens.analyses.phase_widths.phase_widths`)."""
+        return phase_widths(self, checkpoint=checkpoint)
 
     def phase_slopes(self, *, checkpoint: str = "last") -> pd.DataFrame:
         """Least-squares fit ``width = slope * n_layers + intercept`` per phase across the models where phases
         were found: ``phase, n, slope, intercept, r2`` (NaN with fewer than two depths)."""
-        widths = self.phase_widths(checkpoint=checkpoint)
-        rows = []
-        for phase in _PHASES:
-            part = widths[(widths["phase"] == phase) & widths["width"].notna()]
-            x, y = part["n_layers"].to_numpy(float), part["width"].to_numpy(float)
-            slope = intercept = r2 = math.nan
-            if len(set(x)) >= 2:
-                slope, intercept = (float(v) for v in np.polyfit(x, y, 1))
-                residual = y - (slope * x + intercept)
-                spread = float(((y - y.mean()) ** 2).sum())
-                r2 = 1 - float((residual**2).sum()) / spread if spread > 0 else math.nan
-            rows.append({"phase": phase, "n": len(part), "slope": slope, "intercept": intercept, "r2": r2})
-        return pd.DataFrame(rows)
+        return phase_slopes(self.phase_widths(checkpoint=checkpoint))
 
     def plot_phases(self, *, checkpoint: str = "last"):
         """Phase widths (layers) against depth across models, one colour per phase, with the fitted lines."""
-        from geolens.study.figures import phase_width_figure  # plotly, imported when a figure is made
-
-        return phase_width_figure(self.phase_widths(checkpoint=checkpoint),
-                                  self.phase_slopes(checkpoint=checkpoint))
+        widths = self.phase_widths(checkpoint=checkpoint)
+        return plotting.phase_width_figure(widths, phase_slopes(widths))
 
     def summary(self) -> pd.DataFrame:
         """One row per model at its last checkpoint: metadata, mean PGA z over inner layers and z of the final

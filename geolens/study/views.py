@@ -2,8 +2,8 @@
 
 Sections (each only where the study has the numbers): geometry by relative depth (one line
 per model), over training (per band of relative depth), across models (each geometry metric
-against loss and the hyper-parameters, rank and partial rank correlations), phase widths
-against depth (fitted slopes), and the cells that failed.
+against loss and the hyper-parameters, rank and partial rank correlations), then each analysis's own view
+where its record has one (the phases: phase widths against depth, fitted slopes), and the cells that failed.
 
 Example:
     >>> import tempfile
@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import time
 import traceback
@@ -27,15 +27,12 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from geolens.analyses import registry
 from geolens.report.pages import Section, versions, write_html
 from geolens.results import Result
 from geolens.study.results import StudyResult, load_errors, load_provenance
 
 __all__ = ["study_report"]
-
-# The phases paper's slopes of phase width against depth (layers per layer), for the caption and findings.
-PAPER_SLOPES = {"I": "≤ 0.26", "II": "0.6–1.0"}
-
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return frame.astype(object).where(frame.notna(), None).to_dict("records")
@@ -127,25 +124,11 @@ def _across(res: StudyResult) -> Section | None:
                    Result(rows=_records(stats), params={}), [figure], findings=lines)
 
 
-def _phases(res: StudyResult) -> Section | None:
-    if "phases.width_I" not in set(res.to_pandas()["metric"]):
-        return None
-    widths, slopes = res.phase_widths(), res.phase_slopes()
-    found = widths[(widths["phase"] == "I") & widths["width"].notna()]["model"].nunique()
-    lines = []
-    if found == 0:
-        lines.append(f"No phases were found in any of the {widths['model'].nunique()} models (phase detection "
-                     "needs a long enough RSS curve; see each cell's phases.found).")
-    else:
-        fits = {r.phase: r.slope for r in slopes.itertuples() if not math.isnan(r.slope)}
-        if fits:
-            parts = [f"Phase {p}: {s:.2f} layers per layer of depth (paper: {PAPER_SLOPES.get(p, '—')})"
-                     for p, s in fits.items() if p in PAPER_SLOPES]
-            lines.append(f"Phase widths against depth over {found} models with phases — " + "; ".join(parts) + ".")
-    return Section("phases", "Phase widths against depth",
-                   "Width in layers of each phase (tuned-lens RSS, two-stage Kneedle) against the model's depth, "
-                   "with least-squares lines; the phases paper reports slopes ≤ 0.26 for Phase I and 0.6–1.0 for "
-                   "Phase II.", Result(rows=_records(slopes), params={}), [res.plot_phases()], findings=lines)
+def _record_view(res: StudyResult, name: str) -> Section | None:
+    """The section an analysis's record draws from its rows (its ``study_view``), under the analysis's name."""
+    view = registry.get(name).study_view
+    built = view.build(res)
+    return None if built is None else Section(name, view.heading, **built)
 
 
 def _errors(out: Path) -> Section | None:
@@ -188,7 +171,8 @@ def study_report(out_dir: str | os.PathLike, *, path: str | os.PathLike | None =
         ("depth", "Geometry by relative depth", lambda: _depth(res)),
         ("training", "Over training", lambda: _training(res)),
         ("across-models", "Across models", lambda: _across(res)),
-        ("phases", "Phase widths against depth", lambda: _phases(res)),
+        *((name, registry.get(name).study_view.heading, functools.partial(_record_view, res, name))
+          for name in registry.names() if registry.get(name).study_view is not None),
         ("failed-cells", "Analyses that failed", lambda: _errors(out)),
     ]
     sections = []

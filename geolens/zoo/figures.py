@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from geolens.plotting.colours import distinct_colours
 from geolens.plotting.depth import depth_lines
-from geolens.plotting.labels import axis_title, label
+from geolens.plotting.labels import axis_title, is_z_score, label
 from geolens.plotting.style import Z_BAND, apply_style, heading
 
 __all__ = ["zoo_depth_figure", "zoo_training_figure"]
@@ -28,10 +28,11 @@ def zoo_depth_figure(result, *, kind: str = "pga.z", ccr: int | None = None, ste
     """Metric ``kind`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest CCR)."""
     part = result.select(kind, ccr=ccr, step=step)
     fig = go.Figure()
-    if kind == "pga.z":
+    if is_z_score(kind):
         fig.add_hrect(y0=-Z_BAND, y1=Z_BAND, fillcolor="grey", opacity=0.15, line_width=0)
     depth_lines(fig, part, by="width", name=lambda width: f"d = {width}", hover=("layer", "step"))
-    which = f"; CCR-{int(part['ccr'].iloc[0])}" if kind.startswith("pga.") else ""
+    ccr = part["ccr"].dropna()
+    which = f"; CCR-{int(ccr.iloc[0])}" if len(ccr) else ""
     when = "final step" if step is None else f"step {step}"
     apply_style(fig, heading(f"{label(kind)} by relative depth"), f"one line per width; {when}{which}",
                 legend_title="width")

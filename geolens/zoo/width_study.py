@@ -125,12 +125,13 @@ class ZooResult(Result):
 
     def select(self, metric: str, *, ccr: int | None = None, step: int | None = None,
                site: str = "resid_post") -> pd.DataFrame:
-        """Rows of one metric (at one CCR for PGA metrics; at ``step``, default each width's last)."""
+        """Rows of one metric (at one CCR for a metric with a CCR sweep, such as PGA's; at ``step``, default each
+        width's last)."""
         table = self.to_pandas()
         if metric not in set(table["metric"]):
             raise ValueError(f"unknown metric {metric!r}; available: {sorted(set(table['metric']))}")
         part = table[table["metric"] == metric]
-        if metric.startswith("pga."):
+        if part["ccr"].notna().any():
             ccrs = sorted(int(c) for c in part["ccr"].dropna().unique())
             ccr = ccrs[0] if ccr is None else ccr
             if ccr not in ccrs:

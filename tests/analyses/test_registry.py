@@ -128,8 +128,6 @@ NAMES_AS_DATA = {
     # "lens" is also a column of lens tables (logit / tuned) and a part of a tuned lens (lens, half 0, half 1)
     ("lens/tuned_lens", "lens"): "the part of a tuned lens's training history",
     ("plotting", "lens"): "the lens column and the lens part drawn by the lens figures",
-    # not moved yet: the study page's view of phase widths reads the phases' rows by name
-    ("study/views", "phases"): "not moved yet: the study page's view of phase widths",
 }
 
 
@@ -170,7 +168,8 @@ def _string_literals(path: Path) -> list[tuple[int, str]]:
 def _own_files(record) -> set[str]:
     """The package files a record points at: its function's module and those of its parts (runner, findings, ...)."""
     parts = [record.function, record.runner, record.findings, record.figures, record.capture_sites,
-             record.study_rows, record.zoo_options, record.member_options, record.zoo_summary, record.zoo_columns]
+             record.study_rows, record.zoo_options, record.member_options, record.zoo_summary, record.zoo_columns,
+             record.study_view and record.study_view.build]
     modules = {inspect.unwrap(part).__module__ for part in parts if part is not None}
     return {Path(sys.modules[m].__file__).resolve().relative_to(PACKAGE).as_posix() for m in modules}
 
