@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 from pandas.api.types import is_bool_dtype, is_numeric_dtype
 
-__all__ = ["Z_CHANCE", "column_findings", "convergence_findings", "layer_ranges", "lens_findings", "pga_findings",
-           "pga_interval_findings", "phases_findings", "probes_findings", "refinement_phrase", "spectrum_findings",
-           "updates_findings", "weights_findings"]
+__all__ = ["Z_CHANCE", "column_findings", "convergence_findings", "layer_ranges", "lens_findings",
+           "pga_depth_findings", "pga_findings", "pga_interval_findings", "phases_findings", "probes_findings",
+           "refinement_phrase", "spectrum_findings", "updates_findings", "weights_findings"]
 
 Z_CHANCE = 1.96  # two-sided 95 % of the null
 
@@ -52,6 +52,26 @@ def layer_ranges(layers: Sequence[int]) -> str:
 
 def _fmt(value: float) -> str:
     return f"{value:.1f}" if math.isfinite(value) else "undefined"
+
+
+def pga_depth_findings(values: Any, ccr: int | None) -> list[str]:
+    """Which model's readout aligns most and least: ``values`` has one PGA z per model (``model``, ``value``: the
+    mean over the inner layers at its last checkpoint) at CCR ``ccr``; a study's depth view shows the line.
+
+    Example:
+        >>> import pandas as pd
+        >>> pga_depth_findings(pd.DataFrame({"model": ["a", "b"], "value": [2.5, -0.5]}), 1)
+        ['PGA z (CCR-1, mean over the inner layers, last checkpoint) is highest for a (z = 2.5) and lowest for b (z = -0.5) of 2 models.']
+    """
+    if len(values) >= 2:
+        top, low = values.loc[values["value"].idxmax()], values.loc[values["value"].idxmin()]
+        return [f"PGA z (CCR-{ccr}, mean over the inner layers, last checkpoint) is highest for {top['model']} "
+                f"(z = {top['value']:.1f}) and lowest for {low['model']} (z = {low['value']:.1f}) of {len(values)} "
+                "models."]
+    if len(values) == 1:
+        return [f"PGA z (CCR-{ccr}, mean over the inner layers) of {values['model'].iloc[0]}: "
+                f"{values['value'].iloc[0]:.1f}."]
+    return []
 
 
 def pga_findings(result: Any) -> list[str]:

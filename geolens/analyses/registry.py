@@ -60,7 +60,8 @@ import pandas as pd
 
 from geolens import plotting
 from geolens.analyses.convergence import convergence, report_section as convergence_section
-from geolens.analyses.findings import (column_findings, convergence_findings, lens_findings, pga_findings,
+from geolens.analyses.findings import (column_findings, convergence_findings, lens_findings, pga_depth_findings,
+                                       pga_findings,
                                        phases_findings, probes_findings, spectrum_findings, updates_findings,
                                        weights_findings)
 from geolens.analyses.guard import guarded
@@ -79,12 +80,14 @@ from geolens.analyses.updates import report_section as updates_section, updates
 from geolens.lens.evaluate import evaluate, report_section as lens_section
 from geolens.results import Result
 
-__all__ = ["CONSUMES", "CONVENTION", "MAX_NAME_LENGTH", "PLACES", "RUN_FILES", "Analysis", "StudyView", "as_result",
-           "available_analyses", "check_name", "get", "layer_figures", "names", "register_analysis", "resolve_function",
-           "run_order", "unregister_analysis", "user_analysis"]
+__all__ = ["CONSUMES", "CONVENTION", "MAX_NAME_LENGTH", "PLACES", "RUN_FILES", "VIEWS", "Analysis", "StudyView",
+           "as_result", "available_analyses", "check_name", "get", "headline_metric", "layer_figures", "metrics",
+           "names", "register_analysis", "resolve_function", "run_order", "unregister_analysis", "user_analysis"]
 
 CONSUMES = ("tokens", "states", "lens", "weights")
 PLACES = ("report", "study", "zoo")
+# The cross-model views that draw the records' metrics (each record's ``<view>_metrics``).
+VIEWS = ("depth", "training", "summary", "correlated")
 # Keywords every user analysis takes (the calling convention); a **kwargs catch-all takes them too.
 CONVENTION = ("n_tokens", "seed", "batch_size", "max_length", "progress")
 # A user analysis's name becomes file names: <name>.csv, <name>.json, <name>-<n>.svg in a report's folder,
@@ -151,6 +154,14 @@ class Analysis:
         zoo_columns: ``zoo_columns(kept) -> {column: value}``: its columns in the zoo's per-width summary.
         study_view: its section of a study's page (:class:`StudyView`), after the page's cross-model views, in
             the registry's order.
+        depth_metrics: its columns drawn by relative depth on a study's and the zoo's pages, in order (one figure
+            per CCR where the column has a CCR sweep); the views read them as metrics ``name.column``.
+        training_metrics: its columns drawn against the training step on those pages.
+        summary_metrics: its columns in a study's per-model and the zoo's per-width summaries; the first record's
+            first one is the headline metric (:func:`headline_metric`).
+        correlated_metrics: its columns a study correlates across models by default.
+        depth_findings: ``depth_findings(values, ccr) -> [sentence, ...]`` on a study's depth view: ``values`` is
+            its first depth metric per model (``model``, ``value``) at the lowest CCR ``ccr`` (``None``: no sweep).
     """
 
     name: str
@@ -176,6 +187,11 @@ class Analysis:
     zoo_summary: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     zoo_columns: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     study_view: StudyView | None = None
+    depth_metrics: tuple[str, ...] = ()
+    training_metrics: tuple[str, ...] = ()
+    summary_metrics: tuple[str, ...] = ()
+    correlated_metrics: tuple[str, ...] = ()
+    depth_findings: Callable[[pd.DataFrame, int | None], list[str]] | None = None
 
     @property
     def takes_tokens(self) -> bool:
@@ -206,7 +222,8 @@ _BUILTIN = (
               "0.0099 at R = 100) however large z is; z measures how far beyond the null the readout lies.",
         study=True, zoo=True, runner=pga_section,
         report_settings=("k", "n_null", "ccr", "pga_resamples", "pga_bootstrap_pairs"), findings=pga_findings,
-        capture_sites=pga_sites, zoo_options=pga_zoo_options),
+        capture_sites=pga_sites, zoo_options=pga_zoo_options, depth_metrics=("z",), training_metrics=("z",),
+        summary_metrics=("z",), correlated_metrics=("z",), depth_findings=pga_depth_findings),
     Analysis(
         "spectrum", spectrum, ("states",),
         "Spectral metrics of the states, and side by side with PGA z (in units of each one's spread)",
@@ -214,7 +231,9 @@ _BUILTIN = (
                 "z in units of its own spread across layers: curves that move together suggest a shared cause.",
         study=True, zoo=True, needs=("pga",), runner=spectrum_section, report_settings=("alpha_fit_range",),
         findings=spectrum_findings, capture_sites=spectrum_sites,
-        zoo_options=spectrum_zoo_options),
+        zoo_options=spectrum_zoo_options, depth_metrics=("effective_rank", "alpha_req"),
+        training_metrics=("effective_rank",), summary_metrics=("effective_rank",),
+        correlated_metrics=("effective_rank", "alpha_req", "log_isotropy", "mean_cosine")),
     Analysis(
         "weights", weight_geometry, ("weights",), "Spectral metrics of W_U (raw, folded) and W_E",
         caption="The token vectors of the unembedding (raw, and with the final norm's weight folded in) and of the "
@@ -261,7 +280,8 @@ _BUILTIN = (
         report_settings=("lens_budget",),
         findings=phases_findings, study_rows=phases_study_rows, zoo_options=phases_zoo_options,
         member_options=phases_member_options, zoo_summary=phases_zoo_summary,
-        zoo_columns=phases_zoo_columns, study_view=StudyView("Phase widths against depth", phases_study_view)),
+        zoo_columns=phases_zoo_columns, study_view=StudyView("Phase widths against depth", phases_study_view),
+        depth_metrics=("rss",)),
 )
 
 # name -> record, in the order the report shows its sections; user analyses follow the built-in ones.
@@ -323,6 +343,29 @@ def names(place: str | None = None) -> list[str]:
         ['pga', 'spectrum', 'weights', 'updates', 'phases']
     """
     return [name for name, record in _RECORDS.items() if place is None or record.runs_in(place)]
+
+
+def metrics(view: str) -> list[str]:
+    """The metrics (``name.column``) the records give ``view`` (among :data:`VIEWS`: their ``depth_metrics``,
+    ``training_metrics``, ...), in the registry's order.
+
+    Example:
+        >>> metrics("training")
+        ['pga.z', 'spectrum.effective_rank']
+    """
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {list(VIEWS)}, got {view!r}")
+    return [f"{record.name}.{column}" for record in _RECORDS.values() for column in getattr(record, f"{view}_metrics")]
+
+
+def headline_metric() -> str:
+    """The metric a study's and the zoo's plots draw unless told: the first summary metric of the records.
+
+    Example:
+        >>> headline_metric()
+        'pga.z'
+    """
+    return metrics("summary")[0]
 
 
 def jobs_table(place: str) -> dict[str, tuple[Callable[..., Any], bool]]:
@@ -418,9 +461,9 @@ def layer_figures(result: Result, title: str = "") -> list[Any]:
     table = result.to_pandas()
     if table.empty or "layer" not in table.columns:
         return []
-    metrics = _numeric_columns(table)
-    return [plotting.metric_grid(table, "layer", metrics, title=title, xaxis_title="layer (0 = embeddings)")] \
-        if metrics else []
+    columns = _numeric_columns(table)
+    return [plotting.metric_grid(table, "layer", columns, title=title, xaxis_title="layer (0 = embeddings)")] \
+        if columns else []
 
 
 def _wrap(name: str, function: Callable[..., Any]) -> Callable[..., Result]:

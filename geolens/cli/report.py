@@ -155,8 +155,9 @@ def run_report(args: argparse.Namespace) -> int:
         texts = [read_text_file(path) for path in args.text]  # checked as UTF-8 when the flag was read
     paths = report(model, texts, args.out, sections=args.sections, device=args.device, quick=args.quick,
                    figures=args.figures, **_settings_given(args))
-    if "pga.csv" in paths:
-        table = pd.read_csv(paths["pga.csv"])
+    headline = f"{registry.headline_metric().partition('.')[0]}.csv"  # the headline metric's section, on screen
+    if headline in paths:
+        table = pd.read_csv(paths[headline])
         with pd.option_context("display.max_rows", 200, "display.width", 160, "display.precision", 4):
             print(table.to_string(index=False))
     meta = json.loads(paths["meta.json"].read_text())

@@ -23,14 +23,13 @@ Example:
 
 from geolens.study.cells import cell_provenance
 from geolens.study.views import study_report
-from geolens.study.results import GEOMETRY_METRICS, StudyResult, load_errors, load_provenance, load_results
+from geolens.study.results import StudyResult, load_errors, load_provenance, load_results
 from geolens.study.run import EXECUTORS, run_study
 from geolens.study.plan import Cell
 from geolens.study.spec import ModelSpec, Study
 
 __all__ = [
     "EXECUTORS",
-    "GEOMETRY_METRICS",
     "Cell",
     "ModelSpec",
     "Study",

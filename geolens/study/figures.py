@@ -19,6 +19,7 @@ from typing import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from geolens.analyses import registry
 from geolens.plotting.colours import PALETTE, distinct_colours
 from geolens.plotting.depth import depth_lines
 from geolens.plotting.labels import axis_title, is_z_score, label
@@ -28,8 +29,10 @@ from geolens.sites import FINAL_SITE
 
 __all__ = ["phase_width_figure", "study_correlation_figure", "study_depth_figure", "study_training_figure"]
 
+HEADLINE = registry.headline_metric()  # what a figure draws unless told: the records' headline metric
 
-def study_depth_figure(part: pd.DataFrame, *, metric: str = "pga.z", checkpoint: str = "last") -> go.Figure:
+
+def study_depth_figure(part: pd.DataFrame, *, metric: str = HEADLINE, checkpoint: str = "last") -> go.Figure:
     """A study's ``metric`` by relative depth (``layer / n_layers``), one line per model (rows of one CCR)."""
     fig = go.Figure()
     if is_z_score(metric):
@@ -49,7 +52,7 @@ def study_depth_figure(part: pd.DataFrame, *, metric: str = "pga.z", checkpoint:
     return fig
 
 
-def study_training_figure(curve: pd.DataFrame, *, metric: str = "pga.z") -> go.Figure:
+def study_training_figure(curve: pd.DataFrame, *, metric: str = HEADLINE) -> go.Figure:
     """``metric`` against training step, one panel per band of relative depth, one line per model.
 
     ``curve`` has ``model, checkpoint, band, step, value`` (``StudyResult.training``); without steps

@@ -35,6 +35,7 @@ from geolens import plotting
 from geolens._renames import renamed_keywords
 from geolens._json import parse_json
 from geolens._validation import DamagedFileError
+from geolens.analyses import registry
 from geolens.analyses.phase_widths import phase_slopes, phase_widths
 from geolens.metrics.correlation import partial_rank_correlation, rank_correlation
 from geolens.results import Result
@@ -43,12 +44,11 @@ from geolens.study.cells import (CELLS_DIR, ERROR_FILE, MANIFEST, METADATA_FILE,
                                  cell_provenance, read_cell_file)
 from geolens.study.spec import STUDY_KIND
 
-__all__ = ["GEOMETRY_METRICS", "StudyResult", "load_errors", "load_provenance", "load_results"]
+__all__ = ["StudyResult", "load_errors", "load_provenance", "load_results", "metric_summary"]
 
 ROW_COLUMNS = ["analysis", "site", "ccr", "layer", "relative_depth", "metric", "value", "n_layers", "d_model"]
-# The per-model geometry numbers the cross-model view correlates by default (those present).
-GEOMETRY_METRICS = ("pga.z", "spectrum.effective_rank", "spectrum.alpha_req", "spectrum.log_isotropy",
-                    "spectrum.mean_cosine")
+# What the plots draw unless told: the records' headline metric.
+HEADLINE = registry.headline_metric()
 _ERROR_COLUMNS = ("model", "checkpoint", "analysis", "error", "error_type", "traceback", "time")
 
 
@@ -370,7 +370,7 @@ class StudyResult(Result):
 
     # ------------------------------------------------------------------ views
     @renamed_keywords(metric="kind")
-    def plot(self, *, kind: str = "pga.z", ccr: int | None = None, checkpoint: str = "last",
+    def plot(self, *, kind: str = HEADLINE, ccr: int | None = None, checkpoint: str = "last",
              site: str = RESIDUAL_SITE):
         """Metric ``kind`` by relative depth (``layer / n_layers``), one line per model (default PGA z, lowest CCR,
         each model's last checkpoint)."""
@@ -379,7 +379,7 @@ class StudyResult(Result):
         part = self.select(kind, ccr=ccr, site=site, checkpoint=checkpoint)
         return study_depth_figure(part, metric=kind, checkpoint=checkpoint)
 
-    def training(self, metric: str = "pga.z", *, ccr: int | None = None, bands: int = 3,
+    def training(self, metric: str = HEADLINE, *, ccr: int | None = None, bands: int = 3,
                  site: str = RESIDUAL_SITE) -> pd.DataFrame:
         """``metric`` per (model, checkpoint, band of relative depth): the mean over the band's layers.
 
@@ -401,7 +401,7 @@ class StudyResult(Result):
         return curve.sort_values(["band", "model"], kind="stable").reset_index(drop=True)
 
     @renamed_keywords(metric="kind")
-    def plot_training(self, *, kind: str = "pga.z", ccr: int | None = None, bands: int = 3,
+    def plot_training(self, *, kind: str = HEADLINE, ccr: int | None = None, bands: int = 3,
                       site: str = RESIDUAL_SITE):
         """Metric ``kind`` against training step, one panel per band of relative depth, one line per model."""
         from geolens.study.figures import study_training_figure  # plotly, imported when a figure is made
@@ -412,7 +412,7 @@ class StudyResult(Result):
     def _metric_keys(self, metrics: Sequence[str] | None) -> list[tuple[str, int | None]]:
         table = self.to_pandas()
         present = set(table["metric"])
-        names = [m for m in GEOMETRY_METRICS if m in present] if metrics is None else list(metrics)
+        names = [m for m in registry.metrics("correlated") if m in present] if metrics is None else list(metrics)
         keys = []
         for name in names:
             if name not in present:
@@ -510,23 +510,44 @@ class StudyResult(Result):
         return plotting.phase_width_figure(widths, phase_slopes(widths))
 
     def summary(self) -> pd.DataFrame:
-        """One row per model at its last checkpoint: metadata, mean PGA z over inner layers and z of the final
-        state per CCR, mean effective rank."""
+        """One row per model at its last checkpoint: metadata, then each summary metric of the records
+        (:func:`metric_summary`; PGA z: the mean over the inner layers and the final state's z per CCR; the mean
+        effective rank)."""
         table = self.to_pandas()
         rows = []
         for model, part in table.groupby("model", sort=False):
             last = part[part["checkpoint"] == part["checkpoint"].iloc[-1]]
             row: dict[str, Any] = {"model": model, "checkpoint": last["checkpoint"].iloc[0]}
             row.update({c: last[c].iloc[0] for c in self.metadata_columns})
-            pga = last[last["metric"] == "pga.z"]
-            for ccr, by_ccr in pga.groupby("ccr", sort=True):
-                inner = by_ccr[(by_ccr["site"] == RESIDUAL_SITE) & (by_ccr["layer"] >= 1)
-                               & (by_ccr["layer"] < by_ccr["n_layers"])]
-                final = by_ccr[by_ccr["site"] == FINAL_SITE]["value"]
-                row[f"z_mean CCR-{int(ccr)}"] = float(inner["value"].mean())
-                row[f"z_final CCR-{int(ccr)}"] = float(final.iloc[0]) if len(final) else math.nan
-            erank = last[last["metric"] == "spectrum.effective_rank"]["value"]
-            if len(erank):
-                row["effective_rank_mean"] = float(erank.mean())
+            for metric in registry.metrics("summary"):
+                row.update(metric_summary(last, metric))
             rows.append(row)
         return pd.DataFrame(rows)
+
+
+def metric_summary(last: pd.DataFrame, metric: str, *, lowest: bool = False) -> dict[str, float]:
+    """The summary columns of ``metric`` in ``last`` (one model's long rows at one checkpoint), named after its
+    column: with a CCR sweep, per CCR the mean over the inner layers ``1..L-1`` of the residual stream
+    (``<column>_mean CCR-<c>``; with ``lowest`` also their minimum, ``_min``) and the final state's value
+    (``_final``); without one, the mean of its rows (``<column>_mean``); nothing where it has no rows.
+
+    Example:
+        >>> rows = pd.DataFrame({"metric": "pga.z", "ccr": 1, "site": ["resid_post"] * 3 + ["final"],
+        ...                      "layer": [0, 1, 2, 2], "n_layers": 2, "value": [9.0, 2.0, 4.0, 3.0]})
+        >>> metric_summary(rows, "pga.z", lowest=True)
+        {'z_mean CCR-1': 2.0, 'z_min CCR-1': 2.0, 'z_final CCR-1': 3.0}
+    """
+    rows = last[last["metric"] == metric]
+    column = metric.partition(".")[2]
+    if not rows["ccr"].notna().any():
+        return {f"{column}_mean": float(rows["value"].mean())} if len(rows) else {}
+    out = {}
+    for ccr, by_ccr in rows.groupby("ccr", sort=True):
+        inner = by_ccr[(by_ccr["site"] == RESIDUAL_SITE) & (by_ccr["layer"] >= 1)
+                       & (by_ccr["layer"] < by_ccr["n_layers"])]
+        final = by_ccr[by_ccr["site"] == FINAL_SITE]["value"]
+        out[f"{column}_mean CCR-{int(ccr)}"] = float(inner["value"].mean())
+        if lowest:
+            out[f"{column}_min CCR-{int(ccr)}"] = float(inner["value"].min())
+        out[f"{column}_final CCR-{int(ccr)}"] = float(final.iloc[0]) if len(final) else math.nan
+    return out

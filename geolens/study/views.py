@@ -38,27 +38,30 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
+def _ccrs(table: pd.DataFrame, metric: str) -> list[int | None]:
+    """The CCRs ``metric`` was computed at, lowest first (``[None]`` for a metric without a CCR sweep)."""
+    return sorted(int(c) for c in table.loc[table["metric"] == metric, "ccr"].dropna().unique()) or [None]
+
+
+def _depth_findings(res: StudyResult, table: pd.DataFrame) -> list[str]:
+    """Each record's ``depth_findings`` on its first depth metric per model, at the lowest CCR."""
+    lines, present = [], set(table["metric"])
+    for record in map(registry.get, registry.names()):
+        metric = f"{record.name}.{record.depth_metrics[0]}" if record.depth_metrics else None
+        if record.depth_findings is not None and metric in present:
+            ccr = _ccrs(table, metric)[0]
+            lines += record.depth_findings(res.per_model(metric, ccr=ccr).dropna(subset=["value"]), ccr)
+    return lines
+
+
 def _depth(res: StudyResult) -> Section:
     table = res.to_pandas()
-    metrics = set(table["metric"])
-    figures, lines = [], []
-    if "pga.z" in metrics:
-        ccrs = sorted(int(c) for c in table.loc[table["metric"] == "pga.z", "ccr"].dropna().unique())
-        figures += [res.plot(kind="pga.z", ccr=c) for c in ccrs]
-        values = res.per_model("pga.z", ccr=ccrs[0]).dropna(subset=["value"])
-        if len(values) >= 2:
-            top, low = values.loc[values["value"].idxmax()], values.loc[values["value"].idxmin()]
-            lines.append(f"PGA z (CCR-{ccrs[0]}, mean over the inner layers, last checkpoint) is highest for "
-                         f"{top['model']} (z = {top['value']:.1f}) and lowest for {low['model']} "
-                         f"(z = {low['value']:.1f}) of {len(values)} models.")
-        elif len(values) == 1:
-            lines.append(f"PGA z (CCR-{ccrs[0]}, mean over the inner layers) of {values['model'].iloc[0]}: "
-                         f"{values['value'].iloc[0]:.1f}.")
-    for metric in ("spectrum.effective_rank", "spectrum.alpha_req", "phases.rss"):
-        if metric in metrics:
-            figures.append(res.plot(kind=metric))
+    drawn = [metric for metric in registry.metrics("depth") if metric in set(table["metric"])]
+    figures = [res.plot(kind=metric, ccr=ccr) for metric in drawn for ccr in _ccrs(table, metric)]
     if not figures:
-        raise ValueError("no per-layer metric to draw (the study has no pga, spectrum or phases results)")
+        givers = ", ".join(dict.fromkeys(metric.partition(".")[0] for metric in registry.metrics("depth")))
+        raise ValueError(f"no per-layer metric to draw (the study has no results of {givers})")
+    lines = _depth_findings(res, table)
     summary = Result(rows=_records(res.summary()), params={"analyses": res.params.get("analyses", {})})
     return Section("depth", "Geometry by relative depth, one line per model",
                    "x is relative depth (layer / number of layers), so models of different depths line up; each "
@@ -72,7 +75,7 @@ def _training(res: StudyResult) -> Section | None:
         return None
     metrics = set(table["metric"])
     figures, lines, curves = [], [], []
-    for metric in ("pga.z", "spectrum.effective_rank"):
+    for metric in registry.metrics("training"):
         if metric in metrics:
             figures.append(res.plot_training(kind=metric))
             curves.append(res.training(metric).assign(metric=metric))

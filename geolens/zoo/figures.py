@@ -16,6 +16,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from geolens.analyses import registry
 from geolens.plotting.colours import distinct_colours
 from geolens.plotting.depth import depth_lines
 from geolens.plotting.labels import axis_title, is_z_score, label
@@ -23,8 +24,10 @@ from geolens.plotting.style import Z_BAND, apply_style, heading
 
 __all__ = ["zoo_depth_figure", "zoo_training_figure"]
 
+HEADLINE = registry.headline_metric()  # what a figure draws unless told: the records' headline metric
 
-def zoo_depth_figure(result, *, kind: str = "pga.z", ccr: int | None = None, step: int | None = None) -> go.Figure:
+
+def zoo_depth_figure(result, *, kind: str = HEADLINE, ccr: int | None = None, step: int | None = None) -> go.Figure:
     """Metric ``kind`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest CCR)."""
     part = result.select(kind, ccr=ccr, step=step)
     fig = go.Figure()
@@ -41,7 +44,7 @@ def zoo_depth_figure(result, *, kind: str = "pga.z", ccr: int | None = None, ste
     return fig
 
 
-def zoo_training_figure(result, *, kind: str = "pga.z", ccr: int | None = None, site: str = "resid_post") -> go.Figure:
+def zoo_training_figure(result, *, kind: str = HEADLINE, ccr: int | None = None, site: str = "resid_post") -> go.Figure:
     """Metric ``kind`` against training step, one line per width (averaged over layers 1..L-1 for per-layer metrics)."""
     table = result.to_pandas()
     steps = sorted(set(table["step"]))

@@ -49,12 +49,14 @@ from geolens.report import QUICK
 from geolens.report.pages import Section, versions, write_html
 from geolens.results import Result, json_text
 from geolens.study import Study, load_errors, run_study
-from geolens.study.results import load_provenance
+from geolens.study.results import HEADLINE, load_provenance, metric_summary
 from geolens.zoo.corpus import zoo_split
 from geolens.zoo.members import zoo_member
 from geolens._renames import renamed_keywords
 
 __all__ = ["ZooReportSettings", "ZooResult", "zoo_analyses", "zoo_report", "zoo_study"]
+
+LOSS = "loss.eval"  # the held-out loss each checkpoint's training log adds (the zoo's own metric)
 
 
 def zoo_analyses() -> list[str]:
@@ -147,7 +149,7 @@ class ZooResult(Result):
         return part[part["step"] == step]
 
     @renamed_keywords(metric="kind")
-    def plot(self, *, kind: str = "pga.z", ccr: int | None = None, step: int | None = None):
+    def plot(self, *, kind: str = HEADLINE, ccr: int | None = None, step: int | None = None):
         """Metric ``kind`` by relative depth (``layer / n_layers``), one line per width (default: final step, lowest
         CCR)."""
         from geolens.zoo.figures import zoo_depth_figure  # plotly, imported when a figure is made
@@ -155,7 +157,7 @@ class ZooResult(Result):
         return zoo_depth_figure(self, kind=kind, ccr=ccr, step=step)
 
     @renamed_keywords(metric="kind")
-    def plot_training(self, *, kind: str = "pga.z", ccr: int | None = None, site: str = "resid_post"):
+    def plot_training(self, *, kind: str = HEADLINE, ccr: int | None = None, site: str = "resid_post"):
         """Metric ``kind`` against training step, one line per width (averaged over layers 1..L-1 for per-layer
         metrics)."""
         from geolens.zoo.figures import zoo_training_figure  # plotly, imported when a figure is made
@@ -163,25 +165,18 @@ class ZooResult(Result):
         return zoo_training_figure(self, kind=kind, ccr=ccr, site=site)
 
     def summary(self) -> pd.DataFrame:
-        """One row per width at its last step: held-out loss, PGA z (mean, min, final state) per CCR, phases."""
+        """One row per width at its last step: held-out loss, each summary metric of the records
+        (:func:`~geolens.study.results.metric_summary`: PGA z's mean, minimum and final state per CCR; the mean
+        effective rank), then the columns of the analyses the zoo summarises (the phases)."""
         table = self.to_pandas()
         rows = []
         for width, part in table.groupby("width", sort=True):
             last = part[part["step"] == part["step"].max()]
             row: dict[str, Any] = {"width": width, "step": int(last["step"].iloc[0])}
-            loss = last[last["metric"] == "loss.eval"]["value"]
+            loss = last[last["metric"] == LOSS]["value"]
             row["eval_loss"] = float(loss.iloc[0]) if len(loss) else float("nan")
-            pga = last[last["metric"] == "pga.z"]
-            for ccr, by_ccr in pga.groupby("ccr", sort=True):
-                inner = by_ccr[(by_ccr["site"] == "resid_post") & (by_ccr["layer"] >= 1)
-                               & (by_ccr["layer"] < by_ccr["n_layers"])]
-                final = by_ccr[by_ccr["site"] == "final"]["value"]
-                row[f"z_mean CCR-{int(ccr)}"] = float(inner["value"].mean())
-                row[f"z_min CCR-{int(ccr)}"] = float(inner["value"].min())
-                row[f"z_final CCR-{int(ccr)}"] = float(final.iloc[0]) if len(final) else float("nan")
-            erank = last[(last["metric"] == "spectrum.effective_rank")]["value"]
-            if len(erank):
-                row["effective_rank_mean"] = float(erank.mean())
+            for metric in registry.metrics("summary"):
+                row.update(metric_summary(last, metric, lowest=True))
             for record in _summarised():
                 row.update(record.zoo_columns(self.params.get(record.name, {}).get(str(width), {})))
             rows.append(row)
@@ -362,25 +357,32 @@ def _last_step_summaries(plan: dict[int, list[int]], provenance: dict[str, Any],
             for width, steps in plan.items()}
 
 
+def _figures(result: ZooResult) -> list[Any]:
+    """The page's figures: the headline metric by relative depth (one per CCR) and over training, the held-out
+    loss over training, then the records' other metrics by depth, then their others over training."""
+    table = result.to_pandas()
+    present = set(table["metric"])
+    depth = [metric for metric in registry.metrics("depth") if metric in present]
+    training = [metric for metric in registry.metrics("training") if metric in present]
+
+    def by_depth(metric: str) -> list[Any]:
+        ccrs = sorted(int(c) for c in table.loc[table["metric"] == metric, "ccr"].dropna().unique())
+        return [result.plot(kind=metric, ccr=ccr) for ccr in ccrs or [None]]
+
+    figures = [*(by_depth(HEADLINE) if HEADLINE in depth else []),
+               *([result.plot_training(kind=HEADLINE)] if HEADLINE in training else []),
+               *([result.plot_training(kind=LOSS)] if LOSS in present else [])]
+    figures += [figure for metric in depth if metric != HEADLINE for figure in by_depth(metric)]
+    return figures + [result.plot_training(kind=metric) for metric in training if metric != HEADLINE]
+
+
 def write_zoo_report(result: ZooResult, out_dir: Path) -> dict[str, Path]:
     """``zoo.html`` (figures, the per-width summary, parameters, versions), ``zoo.csv`` and ``zoo.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"zoo.csv": out_dir / "zoo.csv", "zoo.json": out_dir / "zoo.json", "zoo.html": out_dir / "zoo.html"}
     atomic_write_text(paths["zoo.csv"], result.to_pandas().to_csv(index=False))
     result.save(paths["zoo.json"])
-    table = result.to_pandas()
-    metrics = set(table["metric"])
-    figures = []
-    if "pga.z" in metrics:
-        figures += [result.plot(kind="pga.z", ccr=int(c)) for c in sorted(table["ccr"].dropna().unique())]
-        figures.append(result.plot_training(kind="pga.z"))
-    if "loss.eval" in metrics:
-        figures.append(result.plot_training(kind="loss.eval"))
-    for metric in ("spectrum.effective_rank", "spectrum.alpha_req", "phases.rss"):
-        if metric in metrics:
-            figures.append(result.plot(kind=metric))
-    if "spectrum.effective_rank" in metrics:
-        figures.append(result.plot_training(kind="spectrum.effective_rank"))
+    figures = _figures(result)
     summary = Result(rows=result.summary().to_dict("records"),
                      params={k: v for k, v in result.params.items()
                              if k != "paths" and k not in {r.name for r in _summarised()}})
