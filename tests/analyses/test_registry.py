@@ -114,11 +114,11 @@ def test_every_place_that_listed_analyses_reads_the_registry():
 
 PACKAGE = ROOT / "geolens"
 
-# Where a registered name may appear as a string literal outside the registry and its record's own modules (the
-# modules of its function and of each part the record points at, and those of the records that need it: phases
-# reads the results of lens and updates): (module, name) -> why. A module is a file without ".py" or a package
-# (every file under it). Data only, or knowledge not moved into the records yet (remove an entry once its place
-# reads the record).
+# Where a registered name, or one of its metrics ("<name>.<column>"), may appear as a string literal outside the
+# registry and its record's own modules (the modules of its function and of each part the record points at, and
+# those of the records that need it: phases reads the results of lens and updates): (module, literal) -> why. A
+# module is a file without ".py" or a package (every file under it). Data only, or knowledge not moved into the
+# records yet (remove an entry once its place reads the record).
 NAMES_AS_DATA = {
     # default arguments: the analyses run when none are named
     ("analyses/checkpoints", "pga"): "over_checkpoints' default analyses",
@@ -128,6 +128,8 @@ NAMES_AS_DATA = {
     # "lens" is also a column of lens tables (logit / tuned) and a part of a tuned lens (lens, half 0, half 1)
     ("lens/tuned_lens", "lens"): "the part of a tuned lens's training history",
     ("plotting", "lens"): "the lens column and the lens part drawn by the lens figures",
+    # plotting sits below the analyses: it cannot read a record
+    ("plotting/colours", "pga.z"): "the fixed colour of PGA z where a figure names its series by metric",
 }
 
 
@@ -140,8 +142,17 @@ def _in_module(where: str, module: str) -> bool:
     return where.removesuffix(".py") == module or where.startswith(f"{module}/")
 
 
-def _allowed(where: str, name: str) -> bool:
-    return any(_in_module(where, module) for module, allowed in NAMES_AS_DATA if allowed == name)
+def _allowed(where: str, literal: str) -> bool:
+    return any(_in_module(where, module) for module, allowed in NAMES_AS_DATA if allowed == literal)
+
+
+def _names_analysis(value: str, name: str) -> bool:
+    """Whether a string literal is the analysis ``name`` or one of its metrics (``"pga"``, ``"pga.z"``).
+
+    >>> _names_analysis("pga.z", "pga"), _names_analysis("pga", "pga"), _names_analysis("pgas", "pga")
+    (True, True, False)
+    """
+    return value == name or value.startswith(f"{name}.")
 
 
 def _string_literals(path: Path) -> list[tuple[int, str]]:
@@ -169,7 +180,7 @@ def _own_files(record) -> set[str]:
     """The package files a record points at: its function's module and those of its parts (runner, findings, ...)."""
     parts = [record.function, record.runner, record.findings, record.figures, record.capture_sites,
              record.study_rows, record.zoo_options, record.member_options, record.zoo_summary, record.zoo_columns,
-             record.study_view and record.study_view.build]
+             record.study_view and record.study_view.build, record.depth_findings]
     modules = {inspect.unwrap(part).__module__ for part in parts if part is not None}
     return {Path(sys.modules[m].__file__).resolve().relative_to(PACKAGE).as_posix() for m in modules}
 
@@ -186,9 +197,10 @@ def test_no_analysis_name_is_a_special_case_outside_its_record():
         own = {"analyses/registry.py"}.union(*map(_own_files, [registry.get(name), *needing]))
         for path in sorted(PACKAGE.rglob("*.py")):
             where = path.relative_to(PACKAGE).as_posix()
-            if where in own or _allowed(where, name):
+            if where in own:
                 continue
-            found += [f"geolens/{where}:{line}: {name!r}" for line, value in _string_literals(path) if value == name]
+            found += [f"geolens/{where}:{line}: {value!r}" for line, value in _string_literals(path)
+                      if _names_analysis(value, name) and not _allowed(where, value)]
     assert found == [], "an analysis's name outside its record (read the record instead):\n" + "\n".join(found)
 
 
@@ -198,6 +210,24 @@ def test_every_allowed_name_is_still_there():
              if not any(_in_module(where, module) and name in [v for _, v in _string_literals(PACKAGE / where)]
                         for where in files)]
     assert stale == [], f"remove these entries of NAMES_AS_DATA: {stale}"
+
+
+def test_the_cross_model_views_draw_the_metrics_the_records_name(monkeypatch):
+    from geolens.study import StudyResult
+
+    assert registry.metrics("depth") == ["pga.z", "spectrum.effective_rank", "spectrum.alpha_req", "phases.rss"]
+    assert registry.metrics("summary") == ["pga.z", "spectrum.effective_rank"] and registry.headline_metric() == "pga.z"
+    with pytest.raises(ValueError, match="view must be one of"):
+        registry.metrics("nowhere")
+    record = registry.get("updates")
+    monkeypatch.setitem(registry._RECORDS, "updates", dataclasses.replace(
+        record, summary_metrics=("update_norm",), correlated_metrics=("update_norm",)))
+    rows = [{"model": "a", "checkpoint": "main", "analysis": "updates", "site": "resid_post", "ccr": None,
+             "layer": layer, "relative_depth": layer / 2, "metric": "updates.update_norm", "value": float(layer),
+             "n_layers": 2, "d_model": 8} for layer in range(3)]
+    study = StudyResult(rows=rows, params={})
+    assert study.summary().to_dict("records") == [{"model": "a", "checkpoint": "main", "update_norm_mean": 1.0}]
+    assert study._metric_keys(None) == [("updates.update_norm", None)]
 
 
 def test_needs_order_the_runs_and_a_bad_need_is_refused(monkeypatch):
