@@ -56,7 +56,8 @@ def _depth_findings(res: StudyResult, table: pd.DataFrame) -> list[str]:
 
 def _depth(res: StudyResult) -> Section:
     table = res.to_pandas()
-    drawn = [metric for metric in registry.metrics("depth") if metric in set(table["metric"])]
+    present = set(table["metric"])
+    drawn = [metric for metric in registry.metrics("depth") if metric in present]
     figures = [res.plot(kind=metric, ccr=ccr) for metric in drawn for ccr in _ccrs(table, metric)]
     if not figures:
         givers = ", ".join(dict.fromkeys(metric.partition(".")[0] for metric in registry.metrics("depth")))
