@@ -757,7 +757,7 @@ def _fake_kaleido(monkeypatch):
     import plotly.io as pio
 
     import geolens.plotting.export
-    import geolens.report
+    import geolens.report.files
 
     def write_images(figures, files, **kwargs):
         for file in files:
@@ -765,7 +765,7 @@ def _fake_kaleido(monkeypatch):
 
     monkeypatch.setattr(pio, "write_images", write_images)
     monkeypatch.setattr(geolens.plotting.export, "browser_path", lambda: "/usr/bin/chromium")
-    monkeypatch.setattr(geolens.report, "browser_path", lambda: "/usr/bin/chromium")
+    monkeypatch.setattr(geolens.report.files, "browser_path", lambda: "/usr/bin/chromium")
 
 
 def test_figures_replace_a_symlink_in_the_folder_instead_of_writing_through_it(tmp_path, native_bridge, monkeypatch):

@@ -1,9 +1,9 @@
 """The ablation figure: PGA z by layer with and without the ablated components.
 
 Example:
-    >>> from geolens.analyses.ablation import AblationResult
+    >>> from geolens.analyses.ablation import AblationEffectResult
     >>> rows = [{"site": "resid_post", "layer": l, "z_clean": 2.0 * l, "z_ablated": 1.0 * l} for l in range(3)]
-    >>> fig = ablation_figure(AblationResult(rows=rows, params={"model": "m", "m": 1, "layer": 1}))
+    >>> fig = ablation_figure(AblationEffectResult(rows=rows, params={"model": "m", "m": 1, "layer": 1}))
     >>> [trace.name for trace in fig.data]
     ['clean', 'ablated']
 """

@@ -1,9 +1,9 @@
 """The probe figure: held-out accuracy by layer, with a PGA result's z on a second axis.
 
 Example:
-    >>> from geolens.analyses.probes import ProbeResult
+    >>> from geolens.analyses.probes import ProbesResult
     >>> rows = [{"layer": l, "accuracy_mean": 0.5 + l / 10, "accuracy_std": 0.02, "chance": 0.25} for l in range(3)]
-    >>> [trace.name for trace in probe_figure(ProbeResult(rows=rows, params={"model": "m"})).data]
+    >>> [trace.name for trace in probe_figure(ProbesResult(rows=rows, params={"model": "m"})).data]
     ['±1 sd over folds', 'probe accuracy', 'chance']
 """
 
