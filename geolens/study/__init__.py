@@ -21,6 +21,7 @@ Example:
     {'small': 32, 'big': 64}
 """
 
+from geolens._renames import renamed_attributes
 from geolens.study.cells import cell_provenance
 from geolens.study.views import study_report
 from geolens.study.results import StudyResult, load_errors, load_provenance, load_results
@@ -41,3 +42,6 @@ __all__ = [
     "run_study",
     "study_report",
 ]
+
+# Removed in 0.4.0: the records say which metrics a study correlates.
+__getattr__ = renamed_attributes(__name__, {"GEOMETRY_METRICS": "geolens.analyses.registry.metrics('correlated')"})
