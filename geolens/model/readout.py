@@ -46,7 +46,7 @@ Example:
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -134,13 +134,8 @@ class Readout:
             lambda: self.model.unembed.weight.T,  # bridge UnembeddingBridge over an nn.Linear
             lambda: self.model.original_model.get_output_embeddings().weight.T,  # the HF module
         ]
-        for get in candidates:
-            try:
-                w_u = get()
-            except (AttributeError, RuntimeError, TypeError, NotImplementedError):
-                continue
-            if isinstance(w_u, Tensor) and w_u.ndim == 2:
-                return self._orient(w_u.detach())
+        for w_u in _matrices(candidates):
+            return self._orient(w_u)
         raise ValueError(f"cannot find the unembedding matrix of {self.name!r}")
 
     def _orient(self, w_u: Tensor) -> Tensor:
@@ -191,17 +186,11 @@ class Readout:
             lambda: m.embed.weight,
             lambda: m.original_model.get_input_embeddings().weight,
         ]
-        for get in candidates:
-            try:
-                w_e = get()
-            except (AttributeError, RuntimeError, TypeError, NotImplementedError):
-                continue
-            if isinstance(w_e, Tensor) and w_e.ndim == 2:
-                w_e = w_e.detach()
-                if w_e.shape[-1] != self.d_model and w_e.shape[0] == self.d_model:
-                    w_e = w_e.T
-                if w_e.shape[-1] == self.d_model:
-                    return w_e
+        for w_e in _matrices(candidates):
+            if w_e.shape[-1] != self.d_model and w_e.shape[0] == self.d_model:
+                w_e = w_e.T
+            if w_e.shape[-1] == self.d_model:
+                return w_e
         raise ValueError(f"cannot find the embedding matrix W_E of {self.name!r}")
 
     def final_norm(self, h: Tensor) -> Tensor:
@@ -373,3 +362,18 @@ class Readout:
         row_mean, row_scale = torch.cat(means), torch.cat(scales)
         scale = row_scale.mean().clamp_min(torch.finfo(torch.float32).tiny)
         return bool(torch.all(row_mean <= rtol * scale))
+
+
+def _matrices(candidates: list[Callable[[], Any]]) -> Iterator[Tensor]:
+    """Each detached 2-D tensor the candidates give, in order; a candidate this kind of model lacks is skipped.
+
+    >>> [tuple(m.shape) for m in _matrices([lambda: torch.zeros(2, 3), lambda: None.weight, lambda: torch.zeros(4)])]
+    [(2, 3)]
+    """
+    for get in candidates:
+        try:
+            value = get()
+        except (AttributeError, RuntimeError, TypeError, NotImplementedError):
+            continue
+        if isinstance(value, Tensor) and value.ndim == 2:
+            yield value.detach()
