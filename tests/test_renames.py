@@ -59,3 +59,24 @@ def test_a_study_option_spelt_as_before_a_rename_names_the_new_one():
 
     with pytest.raises(UnknownOptionError, match="option 'lens_texts' was renamed to 'lens_tokens'"):
         Study(models={"m": "some/folder"}, texts=["a b", "c d"], analyses={"phases": {"lens_texts": ["a"]}}).cells()
+
+
+def test_a_renamed_settings_field_names_the_new_one_and_a_bad_rename_is_refused():
+    import dataclasses
+
+    from geolens._renames import refuse_renamed, renamed_fields
+
+    @renamed_fields(lens_steps="lens_max_steps")
+    @dataclasses.dataclass(frozen=True)
+    class Budget:
+        lens_max_steps: int = 40
+
+    assert dataclasses.replace(Budget(), lens_max_steps=2) == Budget(2) and Budget.__renamed_fields__ == {
+        "lens_steps": "lens_max_steps"}
+    with pytest.raises(TypeError, match=r"Budget\(\) got the keyword 'lens_steps', renamed to 'lens_max_steps'"):
+        dataclasses.replace(Budget(), lens_steps=2)
+    with pytest.raises(ValueError, match="no field 'steps'"):
+        renamed_fields(n="steps")(Budget)
+    with pytest.raises(ValueError, match="still has the old field 'lens_max_steps'"):
+        renamed_fields(lens_max_steps="lens_max_steps")(Budget)
+    refuse_renamed("report", {"n_tokens": 3}, {"n_positions": "n_tokens"})  # new names pass

@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 from geolens import __version__
-from geolens.cli.args import HelpFormatter
+from geolens.cli.args import HelpFormatter, Parser
 from geolens.cli.report import add_report_parser, run_report
 from geolens.cli.study import add_study_parser, run_study_command
 from geolens.cli.zoo import add_zoo_parser, run_zoo
@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["report", "--quick"]).quick
         True
     """
-    parser = argparse.ArgumentParser(prog="geolens", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=HelpFormatter)
+    parser = Parser(prog="geolens", description=DESCRIPTION, epilog=EPILOG,
+                    formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"geolens {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_report_parser(sub)

@@ -8,11 +8,14 @@ Example:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from geolens._io import check_writable_folder
+from geolens._renames import RENAMED_IN
 
-__all__ = ["HelpFormatter", "device", "int_at_least", "int_list", "nonnegative_int_list", "looks_like_path", "model_arg", "out_dir", "positive_float", "positive_int",
+__all__ = ["HelpFormatter", "Parser", "device", "int_at_least", "int_list", "nonnegative_int_list", "looks_like_path", "model_arg", "out_dir", "positive_float", "positive_int",
            "read_text_file", "text_file"]
 
 
@@ -23,6 +26,35 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     ``None`` ("not given", so that ``--quick`` can fill them) while their effective default lives in
     the settings objects.
     """
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose flags renamed in a release (``renamed_flags``: old -> new) stop the run with
+    a message naming the new flag, given as ``--old VALUE`` or ``--old=VALUE``.
+
+    An old flag is no option of the parser, so it stays out of ``--help``. Sub-commands are made with the
+    class of their parent (argparse's default), so each passes its own ``renamed_flags`` to ``add_parser``.
+
+    Example:
+        >>> parser = Parser(prog="geolens report", renamed_flags={"--lens-positions": "--lens-n-tokens"})
+        >>> parser.add_argument("--lens-n-tokens", type=int).dest
+        'lens_n_tokens'
+        >>> parser.parse_args(["--lens-n-tokens", "5"]).lens_n_tokens
+        5
+    """
+
+    def __init__(self, *args: Any, renamed_flags: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.renamed_flags = dict(renamed_flags or {})
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        for arg in sys.argv[1:] if args is None else args:
+            if arg == "--":  # what follows is values, never flags
+                break
+            old = arg.partition("=")[0]
+            if old in self.renamed_flags:
+                self.error(f"{old} was renamed to {self.renamed_flags[old]} in geolens {RENAMED_IN}")
+        return super().parse_known_args(args, namespace)
 
 
 def int_list(text: str) -> list[int]:
