@@ -105,7 +105,7 @@ def main() -> None:
     for label, scale in (("report", 1), (f"{SCALE}x", SCALE)):
         lens, seconds = fit(adapter, lens_texts, budget, scale)
         info = lens.training_info
-        scored = evaluate(adapter, texts, lens=lens, n_tokens=settings.lens_positions, seed=settings.seed,
+        scored = evaluate(adapter, texts, lens=lens, n_tokens=settings.lens_n_tokens, seed=settings.seed,
                           max_length=settings.max_length, progress=False).to_pandas()
         inner = scored[(scored.layer > 0) & (scored.layer < adapter.n_layers) & (scored.lens == "tuned")]
         results[label] = {"lens": lens, "seconds": seconds, "held_out": info["best_held_out_kl_mean"],

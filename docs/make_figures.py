@@ -36,7 +36,8 @@ SECTIONS = ("pga", "spectrum", "updates", "lens", "phases", "convergence", "prob
 # The report lens's time limit on the docs' machine: lifted (its step budget binds).
 LENS_SECONDS = 1e9
 STUDY_ZOO = dict(widths=(32, 64, 128), n_layers=4, d_head=16, vocab_size=1024, steps=60, checkpoints=(0, 30))
-STUDY_SETTINGS = dict(n_texts=16, k_fraction=0.2, n_null=50, ccr=[1, 5], n_tokens=512, max_length=128)
+# k: the readout dimension as a fraction of each width, as the zoo report takes it.
+STUDY_SETTINGS = dict(n_texts=16, k=0.2, n_null=50, ccr=[1, 5], n_tokens=512, max_length=128)
 
 
 def _write(figure, name: str, out: Path) -> Path:
@@ -121,7 +122,7 @@ def study_figures(out: Path = OUT) -> dict:
     trained_s = round(time.perf_counter() - started, 1)
     opts = STUDY_SETTINGS
     texts = zoo_split()[1][:opts["n_texts"]]  # articles no member trained on
-    models = {f"d{w}": zoo_member(family, w, params={"pga": {"k": round(opts["k_fraction"] * w)}})
+    models = {f"d{w}": zoo_member(family, w, params={"pga": {"k": round(opts["k"] * w)}})
               for w in config.widths}
     spec = Study(models=models, texts=texts, analyses={"pga": {"ccr": opts["ccr"], "n_null": opts["n_null"]}},
                  n_tokens=opts["n_tokens"], max_length=opts["max_length"], name="width zoo")

@@ -69,7 +69,7 @@ def run(model, texts, out_dir, *, n_tokens, n_null, loader=None):
                               caption="Mean norm of each block's attention and MLP output at the sampled positions, "
                                       "and the MLP's share of the two.")
     paths = geolens.report.report(model, texts, Path(out_dir) / "report", sections=["pga", "mlp_share"],
-                                  n_tokens=n_tokens, n_null=n_null, ccr=[1], pga_resamples=0, progress=False)
+                                  n_tokens=n_tokens, n_null=n_null, ccr=[1], pga_n_resamples=0, progress=False)
     study = Study(models={"model": loader or (lambda: model)}, texts=texts, n_tokens=n_tokens,
                   analyses={"pga": {"n_null": n_null, "ccr": [1]}, "mlp_share": {}})
     table = run_study(study, Path(out_dir) / "study", progress=False).to_pandas()

@@ -118,7 +118,7 @@ def test_report_renders_in_chromium(browser, neox_bridge, texts, tmp_path, monke
 
     monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "geolens-cache"))  # the tiny model's lenses stay here
     paths = report(neox_bridge, list(texts) * 4, tmp_path, n_tokens=30, k=4, n_null=5, ccr=[0, 1, 5],
-                   progress=False, probe_texts=20, probe_folds=2, convergence_positions=20, alpha_fit_range=(1, 6))
+                   progress=False, probe_n_texts=20, probe_folds=2, convergence_n_tokens=20, alpha_fit_range=(1, 6))
     page = open_page(browser, paths["report.html"], "report.png")
     assert page["errors"] == []
     assert page["figures"] >= 5 and page["drawn"] == page["figures"]

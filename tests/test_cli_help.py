@@ -63,7 +63,7 @@ def test_report_help_states_the_real_defaults():
     assert "all but" not in text
     defaults = ReportSettings()
     assert f"--n-tokens N_TOKENS token positions sampled (default: {defaults.n_tokens}; --quick: {QUICK['n_tokens']})" in text
-    assert f"(default: {defaults.lens_positions})" in text and "--lens-positions" in text
+    assert f"(default: {defaults.lens_n_tokens})" in text and "--lens-n-tokens" in text
     assert "--ccr CCR" in text and "default: 1,5,10" in text
 
 
@@ -74,7 +74,7 @@ def test_zoo_report_help_states_its_defaults():
     text = " ".join(_help_texts()["geolens zoo report"].split())
     settings, quick, config = ZooReportSettings(), ZooReportSettings.quick(), ZooConfig()
     assert f"(default: {settings.n_tokens}; --quick: {quick.n_tokens})" in text
-    assert f"(default: {settings.lens_steps}; --quick: {quick.lens_steps})" in text
+    assert f"(default: {settings.lens_max_steps}; --quick: {quick.lens_max_steps})" in text
     assert f"(default: {','.join(map(str, config.widths))})" in text
     assert f"blocks per model (default: {config.n_layers})" in text
     assert "(default: out/zoo)" in text and "(default: all)" in text

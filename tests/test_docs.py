@@ -237,7 +237,7 @@ def test_every_page_names_the_version(site):
 @pytest.mark.slow
 def test_cli_page_shows_the_real_help(site):
     html = (site / "cli.html").read_text(encoding="utf-8")
-    assert "--lens-positions" in html and "(default: all of them)" in html and "--version" in html
+    assert "--lens-n-tokens" in html and "(default: all of them)" in html and "--version" in html
     assert "cli-help:" not in html  # every marker was replaced
 
 

@@ -91,7 +91,7 @@ def check_strict_json_files(folder):
 
 def test_report_on_tiny_model_writes_every_section(neox_bridge, neox_dir, tmp_path, texts):
     paths = report(neox_bridge, list(texts) * 4, tmp_path, n_tokens=30, k=4, n_null=5, ccr=[0, 1], progress=False,
-                   probe_texts=20, probe_folds=2, convergence_positions=20, alpha_fit_range=(1, 6))
+                   probe_n_texts=20, probe_folds=2, convergence_n_tokens=20, alpha_fit_range=(1, 6))
     table = pd.read_csv(paths["pga.csv"])
     assert len(table) == (neox_bridge.cfg.n_layers + 2) * 2
     page = paths["report.html"].read_text()
@@ -146,9 +146,22 @@ def test_quick_preset_and_overrides():
         report(object(), ["a"], "unused", settings=ReportSettings(), quick=True)
 
 
+@pytest.mark.parametrize("old, new", [
+    ("convergence_positions", "convergence_n_tokens"), ("lens_positions", "lens_n_tokens"),
+    ("pga_resamples", "pga_n_resamples"), ("probe_texts", "probe_n_texts"), ("convergence_null", "convergence_n_null"),
+])
+def test_a_setting_renamed_in_0_4_names_its_new_name(old, new):
+    assert getattr(ReportSettings(**{new: 7}), new) == 7
+    for make, caller in ((ReportSettings, "ReportSettings"), (ReportSettings.quick_preset, "ReportSettings.quick_preset"),
+                         (ReportSettings().update, "ReportSettings.update"),
+                         (lambda **kw: report(object(), ["a"], "unused", **kw), "report")):
+        with pytest.raises(TypeError, match=rf"{caller}\(\) got the keyword '{old}', renamed to '{new}' in geolens 0.4.0"):
+            make(**{old: 7})
+
+
 def test_failed_section_is_reported_and_others_run(neox_bridge, tmp_path, texts):
     paths = report(neox_bridge, list(texts) * 4, tmp_path, sections=["pga", "convergence"], n_tokens=30, k=4,
-                   n_null=5, ccr=1, convergence_positions=10_000, progress=False)
+                   n_null=5, ccr=1, convergence_n_tokens=10_000, progress=False)
     meta = json.loads(paths["meta.json"].read_text())
     assert "convergence" in meta["errors"] and "n_tokens" in meta["errors"]["convergence"]
     assert "pga.csv" in paths and "convergence.csv" not in paths
@@ -190,7 +203,7 @@ def test_cli_quick_applies_the_preset_and_explicit_flags_win(neox_dir, tmp_path,
     assert main([*common, "--quick", "--out", str(tmp_path / "quick")]) == 0
     meta = json.loads((tmp_path / "quick" / "meta.json").read_text())
     assert meta["quick"] is True and meta["errors"] == {}
-    for name in ("max_length", "n_tokens", "n_null", "probe_texts", "probe_folds", "convergence_positions"):
+    for name in ("max_length", "n_tokens", "n_null", "probe_n_texts", "probe_folds", "convergence_n_tokens"):
         assert meta["settings"][name] == QUICK[name]
     assert meta["settings"]["ccr"] == [0, 1] and meta["settings"]["k"] == 4
     assert len(pd.read_csv(tmp_path / "quick" / "pga.csv")) == (2 + 2) * 2  # layers 0..2 + final, ccr 0 and 1
@@ -214,6 +227,9 @@ def test_cli_quick_applies_the_preset_and_explicit_flags_win(neox_dir, tmp_path,
         (["report", "--bogus"], "unrecognized arguments"),
         (["report", "--sections", "pga,nope"], "unknown sections"),
         ([], "required"),
+        (["report", "--probe-texts", "40"], "--probe-texts was renamed to --probe-n-texts in geolens 0.4.0"),
+        (["report", "--convergence-positions=20"], "--convergence-positions was renamed to --convergence-n-tokens"),
+        (["report", "--quick", "--lens-positions", "20"], "--lens-positions was renamed to --lens-n-tokens"),
     ],
 )
 def test_cli_bad_arguments_exit_with_message(argv, message, capsys):
@@ -339,7 +355,7 @@ def test_quick_report_on_the_default_model(tmp_path):
 # ---------------------------------------------------------------- convergence: with itself, and across families
 
 def _convergence_report(model, tmp_path, texts, **overrides):
-    settings = dict(k=4, n_null=5, convergence_positions=20, convergence_null=4, progress=False)
+    settings = dict(k=4, n_null=5, convergence_n_tokens=20, convergence_n_null=4, progress=False)
     paths = report(model, list(texts) * 4, tmp_path, sections=["convergence"], **{**settings, **overrides})
     meta = json.loads(paths["meta.json"].read_text())
     assert meta["errors"] == {}

@@ -39,7 +39,7 @@ def tiny_report(neox_bridge, native_bridge, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     texts = ["the cat sat", "a dog ran in the park", "my friend reads"] * 4
     paths = report(neox_bridge, texts, out, sections=["pga", "spectrum", "lens", "phases", "convergence"],
-                   n_tokens=30, n_null=5, ccr=[0, 1], convergence_positions=20, convergence_null=4,
+                   n_tokens=30, n_null=5, ccr=[0, 1], convergence_n_tokens=20, convergence_n_null=4,
                    alpha_fit_range=None, convergence_model=native_bridge, progress=False)
     meta = json.loads(paths["meta.json"].read_text())
     assert meta["errors"] == {}

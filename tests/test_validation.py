@@ -83,7 +83,7 @@ def test_check_float_finite_false_lets_infinities_through_but_not_nan():
 
 
 def test_study_and_zoo_limits_validate_floats_with_it(tmp_path):
-    """run_study's infeasible_timeout (no limit: inf) and the zoo report's k_fraction, checked before any work."""
+    """run_study's infeasible_timeout (no limit: inf) and the zoo report's k (a fraction), checked before any work."""
     from geolens.study import Study, run_study
     from geolens.zoo import zoo_report
 
@@ -92,8 +92,8 @@ def test_study_and_zoo_limits_validate_floats_with_it(tmp_path):
         run_study(spec, tmp_path / "a", executor="ray", infeasible_timeout=-1, progress=False)
     with pytest.raises(TypeError, match="infeasible_timeout must be a number, got str"):
         run_study(spec, tmp_path / "b", executor="ray", infeasible_timeout="5", progress=False)
-    for bad, message in ((0, "k_fraction must be > 0, got 0.0"), (1, "k_fraction must be < 1, got 1.0"),
-                         (math.nan, "k_fraction must be a finite number")):
+    for bad, message in ((0, "k must be > 0, got 0.0"), (1, "k must be < 1, got 1.0"),
+                         (math.nan, "k must be a finite number")):
         with pytest.raises(ValueError, match=message):
-            zoo_report(None, None, k_fraction=bad)
+            zoo_report(None, None, k=bad)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

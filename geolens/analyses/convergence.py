@@ -628,7 +628,7 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ConvergenceR
     with the null. Two tables, each with its own columns: the grid has no null, the cross-family pairs have one.
     """
     s = run.settings
-    common = dict(k=s.k, ccr=1, n_tokens=s.convergence_positions, max_length=s.max_length, seed=s.seed,
+    common = dict(k=s.k, ccr=1, n_tokens=s.convergence_n_tokens, max_length=s.max_length, seed=s.seed,
                   progress=s.progress)
     own = convergence(run.adapter, run.texts, grid=True, **common)
     figures = [own.plot(kind=kind) for kind in ("spearman_full", "spearman_readout", "cka_full", "mknn_full")]
@@ -642,10 +642,10 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ConvergenceR
     started = time.perf_counter()
     layers_a, layers_b = depth_pairs(run.adapter.n_layers, other.n_layers)
     cross = convergence(run.adapter, run.texts, other, layers=layers_a, other_layers=layers_b,
-                        n_null=s.convergence_null, **common)
+                        n_null=s.convergence_n_null, **common)
     figures += [cross.plot(kind=kind) for kind in ("spearman_full", "cka_full", "mknn_full")]
     params["cross_family"] = {"model_b": cross.params["model_b"], "n_layers_b": cross.params["n_layers_b"],
                               "pairs": "every layer of the shallower model with the nearest relative depth",
-                              "n_positions": cross.params["n_positions"], "n_null": s.convergence_null,
+                              "n_positions": cross.params["n_positions"], "n_null": s.convergence_n_null,
                               "time_s": round(time.perf_counter() - started, 1)}
     return ConvergenceResult(rows=list(own.rows), params=params, cross_rows=list(cross.rows)), figures

@@ -488,16 +488,16 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[PGAResult, l
     states = run.states()
     # A bootstrap over texts needs two texts at least; with one, the point estimates alone, and why.
     n_texts = int(states.batch_index.unique().numel())
-    resamples = s.pga_resamples if n_texts >= 2 else 0
+    resamples = s.pga_n_resamples if n_texts >= 2 else 0
     result = pga(run.adapter, states, k=s.k, n_null=s.n_null, ccr=s.ccr if isinstance(s.ccr, int) else list(s.ccr),
                  seed=s.seed, progress=s.progress, n_resamples=resamples,
                  bootstrap_pairs=s.pga_bootstrap_pairs if resamples else None)
-    if s.pga_resamples and not resamples:
+    if s.pga_n_resamples and not resamples:
         result.params["bootstrap"] = f"not run: the captured positions come from {n_texts} text"
     return result, [result.plot()]
 
 
 def zoo_options(settings: Any, *, width: int, lens_texts: Sequence[str]) -> dict[str, Any]:
     """PGA's options on a zoo member of ``width``: the settings' nulls and CCR sweep, ``k`` a fixed fraction of
-    the width (``settings.k(width)``)."""
-    return {"n_null": settings.n_null, "ccr": list(settings.ccr), "k": settings.k(width)}
+    the width (``settings.k_for(width)``)."""
+    return {"n_null": settings.n_null, "ccr": list(settings.ccr), "k": settings.k_for(width)}

@@ -507,7 +507,7 @@ def zoo_options(settings: Any, *, width: int, lens_texts: Sequence[str]) -> dict
     ``lens_texts``, with the settings' step budget; no half-text lenses for the stability: six layers give no
     phases to compare, and they would triple the zoo's lens training."""
     return {"lens_tokens": list(lens_texts), "stability": False,
-            "lens_budget": {"method": "reference", "max_steps": settings.lens_steps,
+            "lens_budget": {"method": "reference", "max_steps": settings.lens_max_steps,
                             "tokens_per_step": settings.lens_tokens_per_step}}
 
 

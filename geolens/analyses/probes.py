@@ -167,7 +167,7 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[ProbesResult
     """The report's probes of the BBC topic on the run's labelled default texts, drawn next to PGA z when pga ran
     (its record in geolens.analyses.registry points here)."""
     s = run.settings
-    texts, labels = run.labelled_texts(s.probe_texts)
+    texts, labels = run.labelled_texts(s.probe_n_texts)
     result = probes(run.adapter, texts, labels, folds=s.probe_folds, seed=s.seed, max_length=s.probe_max_length,
                     progress=s.progress)
     result.params["dataset"] = "BBC News topics (default text)"

@@ -221,7 +221,7 @@ _BUILTIN = (
               "(1 + #{null rho >= rho_readout}) / (R + 1). It can be no smaller than 1 / (R + 1) (0.048 at R = 20, "
               "0.0099 at R = 100) however large z is; z measures how far beyond the null the readout lies.",
         study=True, zoo=True, runner=pga_section,
-        report_settings=("k", "n_null", "ccr", "pga_resamples", "pga_bootstrap_pairs"), findings=pga_findings,
+        report_settings=("k", "n_null", "ccr", "pga_n_resamples", "pga_bootstrap_pairs"), findings=pga_findings,
         capture_sites=pga_sites, zoo_options=pga_zoo_options, depth_metrics=("z",), training_metrics=("z",),
         summary_metrics=("z",), correlated_metrics=("z",), depth_findings=pga_depth_findings),
     Analysis(
@@ -252,14 +252,14 @@ _BUILTIN = (
                 "closer) and Hit@k (the final top-1 token among the lens's top k), for the logit lens and a small "
                 "tuned lens; then that lens's training, step by step, with the lenses fitted on each half of its "
                 "text (the phases' stability check).",
-        runner=lens_section, report_settings=("lens_positions", "lens_budget"), findings=lens_findings),
+        runner=lens_section, report_settings=("lens_n_tokens", "lens_budget"), findings=lens_findings),
     Analysis(
         "probes", probes, ("tokens",), "Linear probes (BBC News topic) next to PGA z",
         caption="Held-out accuracy of a linear probe for the BBC topic at each layer (chance is the dashed line), "
                 "next to PGA z: where topic information is readable, and whether it lines up with readout "
                 "alignment.",
         needs=("pga",), runner=probes_section,
-        report_settings=("probe_texts", "probe_max_length", "probe_folds"), findings=probes_findings),
+        report_settings=("probe_n_texts", "probe_max_length", "probe_folds"), findings=probes_findings),
     Analysis(
         "convergence", convergence, ("tokens",),
         "Convergence (Spearman, linear CKA, mutual k-NN): across depth, and across families by relative depth "
@@ -267,7 +267,7 @@ _BUILTIN = (
         caption="Spearman correlation between the distance structures of two layers (or models) over the same "
                 "positions: 1 means the same geometry; in the readout subspace, the geometry that is read out.",
         runner=convergence_section,
-        report_settings=("k", "convergence_positions", "convergence_model", "convergence_null"),
+        report_settings=("k", "convergence_n_tokens", "convergence_model", "convergence_n_null"),
         findings=convergence_findings),
     Analysis(
         "phases", phases, ("tokens", "lens"),

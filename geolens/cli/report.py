@@ -58,14 +58,17 @@ _BUDGET_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--k": ("k", positive_int, "readout dimension"),
     "--n-null": ("n_null", int_at_least(2), "random subspaces in the null"),
     "--ccr": ("ccr", nonnegative_int_list, "CCR values (components removed after centring), comma-separated"),
-    "--probe-texts": ("probe_texts", int_at_least(2), "labelled texts for the probe section"),
+    "--probe-n-texts": ("probe_n_texts", int_at_least(2), "labelled texts for the probe section"),
     "--probe-folds": ("probe_folds", int_at_least(2), "cross-validation folds of the probes"),
-    "--convergence-positions": ("convergence_positions", int_at_least(3),
-                                "word-end positions of the convergence section"),
-    "--lens-positions": ("lens_positions", int_at_least(3),
-                         "positions the lens section scores (logit and tuned lens at every layer), sampled from the --n-tokens positions"),
+    "--convergence-n-tokens": ("convergence_n_tokens", int_at_least(3),
+                               "word-end positions of the convergence section"),
+    "--lens-n-tokens": ("lens_n_tokens", int_at_least(3),
+                        "positions the lens section scores (logit and tuned lens at every layer), sampled from the --n-tokens positions"),
     "--seed": ("seed", int_at_least(0), "seed of every sample"),
 }
+# Flags of geolens 0.3.0 -> their names since 0.4.0 (the settings' renames): given, they stop the run naming the new one.
+_RENAMED_FLAGS = {"--probe-texts": "--probe-n-texts", "--convergence-positions": "--convergence-n-tokens",
+                  "--lens-positions": "--lens-n-tokens"}
 
 
 def _shown(value: Any) -> str:
@@ -98,7 +101,7 @@ def add_report_parser(sub: Any) -> argparse.ArgumentParser:
     sections = ", ".join(_section_names())
     rep = sub.add_parser("report", help="geometry report of a model (default: the offline default model)",
                          description=_DESCRIPTION.format(sections=sections), epilog=_EPILOG,
-                         formatter_class=HelpFormatter)
+                         formatter_class=HelpFormatter, renamed_flags=_RENAMED_FLAGS)
     rep.add_argument("--model", type=model_arg, default=None, metavar="PATH_OR_NAME",
                      help="a local Hugging Face model folder (with config.json) or a hub name, booted as a "
                           "TransformerBridge (default: the offline SmolLM2-135M)")

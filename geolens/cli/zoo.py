@@ -21,6 +21,8 @@ __all__ = ["add_zoo_parser", "run_zoo"]
 _FAMILY_FLAGS = {"widths": "widths", "layers": "n_layers", "d_head": "d_head", "vocab_size": "vocab_size",
                  "seq_len": "seq_len", "batch_size": "batch_size", "steps": "steps", "lr": "lr", "seed": "seed",
                  "checkpoints": "checkpoints"}
+# Flags of `zoo report` in geolens 0.3.0 -> their names since 0.4.0 (the settings' renames).
+_RENAMED_FLAGS = {"--k-fraction": "--k", "--lens-steps": "--lens-max-steps"}
 
 
 def _at(text: str) -> str | list[int]:
@@ -101,7 +103,7 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
                                 help="PGA (CCR sweep), spectra and phases on every member and checkpoint",
                                 description="PGA (CCR sweep), spectra and phases on every member and checkpoint\n"
                                             "of the family; writes zoo.html, zoo.csv and zoo.json.",
-                                epilog=_ZOO_EPILOG, formatter_class=HelpFormatter)
+                                epilog=_ZOO_EPILOG, formatter_class=HelpFormatter, renamed_flags=_RENAMED_FLAGS)
     report.add_argument("--out", type=out_dir, default=Path("out/zoo"), metavar="DIR",
                         help="output folder (default: out/zoo)")
     report.add_argument("--train", action="store_true", help="train the members that are missing first")
@@ -116,10 +118,10 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--n-null", type=positive_int, default=None,
                         help=f"random subspaces in the PGA null {budget('n_null')}")
     report.add_argument("--ccr", type=int_list, default=None, help=f"CCR values, comma-separated {budget('ccr')}")
-    report.add_argument("--k-fraction", type=positive_float, default=None,
-                        help=f"readout k as a fraction of d_model {budget('k_fraction')}")
-    report.add_argument("--lens-steps", type=positive_int, default=None,
-                        help=f"tuned-lens training steps per checkpoint {budget('lens_steps')}")
+    report.add_argument("--k", type=positive_float, default=None,
+                        help=f"readout k as a fraction of d_model, below 1 {budget('k')}")
+    report.add_argument("--lens-max-steps", type=positive_int, default=None,
+                        help=f"tuned-lens training steps per checkpoint {budget('lens_max_steps')}")
 
 
 def _zoo_of(args: argparse.Namespace, parser: argparse.ArgumentParser):
@@ -172,12 +174,12 @@ def _report(zoo, args: argparse.Namespace, parser: argparse.ArgumentParser, prog
     from geolens.zoo.width_study import ZooReportSettings, zoo_report
 
     overrides: dict[str, Any] = {name: getattr(args, name) for name in
-                                 ("n_texts", "n_tokens", "n_null", "k_fraction", "lens_steps")
+                                 ("n_texts", "n_tokens", "n_null", "k", "lens_max_steps")
                                  if getattr(args, name) is not None}
     if args.ccr is not None:
         overrides["ccr"] = tuple(args.ccr)
-    if args.k_fraction is not None and not args.k_fraction < 1:
-        parser.error(f"--k-fraction must be below 1, got {args.k_fraction}")
+    if args.k is not None and not args.k < 1:
+        parser.error(f"--k must be below 1, got {args.k}")
     settings = (ZooReportSettings.quick if args.quick else ZooReportSettings)(progress=progress, **overrides)
     try:
         result = zoo_report(zoo, args.out, checkpoints=args.at, analyses=args.analyses or None,

@@ -263,7 +263,7 @@ def report_section(run: Any, needed: Mapping[str, Any]) -> tuple[EvaluateResult,
     sections captured."""
     s = run.settings
     lens = run.lens()
-    result = evaluate(run.adapter, run.texts, lens=lens, n_tokens=min(s.lens_positions, s.n_tokens), seed=s.seed,
+    result = evaluate(run.adapter, run.texts, lens=lens, n_tokens=min(s.lens_n_tokens, s.n_tokens), seed=s.seed,
                       progress=s.progress, max_length=s.max_length, states=run.states())
     # evaluate() records how the lens was fitted, its budget included (params["training"]); the report adds
     # where the lens is and how many texts it was fitted on, and nothing twice.

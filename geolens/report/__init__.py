@@ -40,6 +40,7 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from geolens._io import atomic_write_text, check_writable_folder
+from geolens._renames import refuse_renamed
 from geolens.analyses import registry
 from geolens.data import default_texts, load_default_model
 from geolens.model import Model, as_adapter
@@ -47,7 +48,7 @@ from geolens.report.files import figure_formats, report_meta, write_section
 from geolens.report.pages import Section, write_html
 from geolens.report.run import ReportRun
 from geolens.report.sections import DEFAULT_SECTIONS, chosen_sections, report_section, run_section
-from geolens.report.settings import CROSS_FAMILY_MODEL, QUICK, REPORT_LENS_BUDGET, ReportSettings
+from geolens.report.settings import CROSS_FAMILY_MODEL, QUICK, RENAMED_SETTINGS, REPORT_LENS_BUDGET, ReportSettings
 from geolens.results import json_text
 
 __all__ = ["CROSS_FAMILY_MODEL", "DEFAULT_SECTIONS", "QUICK", "REPORT_LENS_BUDGET", "ReportRun", "ReportSettings",
@@ -119,6 +120,7 @@ def report(
 
 def _report_settings(settings: ReportSettings | None, quick: bool, overrides: dict[str, Any]) -> ReportSettings:
     """The run's settings: ``settings``, else the quick or default preset; ``overrides`` on top."""
+    refuse_renamed("report", overrides, RENAMED_SETTINGS)
     if settings is not None and quick:
         raise TypeError("give either settings= or quick=True; ReportSettings.quick_preset(...) makes quick settings")
     if settings is None:

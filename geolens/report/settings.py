@@ -18,10 +18,11 @@ import copy
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
+from geolens._renames import refuse_renamed, renamed_fields
 from geolens._validation import DEFAULT_N_TOKENS, UpperBound
 from geolens.model import as_adapter
 
-__all__ = ["CROSS_FAMILY_MODEL", "QUICK", "REPORT_LENS_BUDGET", "ReportSettings"]
+__all__ = ["CROSS_FAMILY_MODEL", "QUICK", "RENAMED_SETTINGS", "REPORT_LENS_BUDGET", "ReportSettings"]
 
 # The convergence section of the default model's report compares it with this offline model of another family.
 CROSS_FAMILY_MODEL = "gemma-3-270m"
@@ -42,17 +43,25 @@ QUICK: dict[str, Any] = {
     "n_tokens": UpperBound(256),  # sample sizes of presets are upper bounds, as the defaults are
     "n_null": 20,
     "ccr": (0, 1),
-    "probe_texts": 50,
+    "probe_n_texts": 50,
     "probe_folds": 3,
-    "convergence_positions": UpperBound(128),
-    "convergence_null": 10,
-    "pga_resamples": 20,
+    "convergence_n_tokens": UpperBound(128),
+    "convergence_n_null": 10,
+    "pga_n_resamples": 20,
     # A tuned lens fitted on 512 positions, no refinement: seconds; it has its own cache entry, so
     # it never stands in for a lens of the full budget.
     "lens_budget": {"method": "fast", "n_tokens": 512, "max_steps": 0, "seq_len": 64, "n_train_texts": 40},
 }
 
 
+# Settings that kept 0.3.0's words until 0.4.0 -> their names in the vocabulary (docs/concepts/conventions.md).
+RENAMED_SETTINGS: dict[str, str] = {
+    "convergence_positions": "convergence_n_tokens", "lens_positions": "lens_n_tokens",
+    "pga_resamples": "pga_n_resamples", "probe_texts": "probe_n_texts", "convergence_null": "convergence_n_null",
+}
+
+
+@renamed_fields(**RENAMED_SETTINGS)
 @dataclass(frozen=True)
 class ReportSettings:
     """Budgets of every section (their run times on the default model: docs/benchmarks.md).
@@ -78,22 +87,22 @@ class ReportSettings:
     # The PGA section's bootstrap over texts (z_low, z_high; its findings say only what holds across them):
     # resamples, each ranked on a sample of its pairs with their noise taken out as in the point estimate;
     # the interval is z +- t(B - 1) sd, so 20 resamples suffice (docs/methods.md §A.10). 0 turns it off.
-    pga_resamples: int = 20
+    pga_n_resamples: int = 20
     pga_bootstrap_pairs: int | None = 10_000
     seed: int = 0
-    probe_texts: int = 150
+    probe_n_texts: int = 150
     probe_max_length: int = 64
     probe_folds: int = 5
-    convergence_positions: int = UpperBound(512)
+    convergence_n_tokens: int = UpperBound(512)
     # Positions the lens section scores, a seeded sample of the report's captured ones: each costs 2 (L + 1)
     # full-vocabulary products (the logit and the tuned lens at every layer), PGA's only d-sized ones.
-    lens_positions: int = UpperBound(512)
+    lens_n_tokens: int = UpperBound(512)
     # Second model of the convergence section: an offline model name, a model, or None (the model with itself
     # only). "auto": CROSS_FAMILY_MODEL when the report runs the default model, else None.
     convergence_model: Any = "auto"
     # Null subspace pairs per relative-depth pair of the cross-family comparison: fewer than n_null, since each
     # Spearman null draw sorts N(N-1)/2 distances twice (with 30, the sorts are about a quarter of that part's time).
-    convergence_null: int = 30
+    convergence_n_null: int = 30
     alpha_fit_range: tuple[int, int] | None = None  # default (5, 100), cut to each spectrum's numerical rank
     lens_budget: dict[str, int] | None = None
     quick: bool = False  # made from the QUICK preset (recorded, so a quick report is never mistaken for a full one)
@@ -108,6 +117,7 @@ class ReportSettings:
             >>> s.quick, s.n_tokens, s.ccr
             (True, 256, 1)
         """
+        refuse_renamed("ReportSettings.quick_preset", overrides, RENAMED_SETTINGS)
         return cls(**copy.deepcopy(QUICK), quick=True).update(**overrides)
 
     def update(self, **overrides: Any) -> "ReportSettings":
@@ -117,6 +127,7 @@ class ReportSettings:
             >>> ReportSettings().update(n_tokens=512).n_tokens
             512
         """
+        refuse_renamed("ReportSettings.update", overrides, RENAMED_SETTINGS)
         names = {f.name for f in fields(self)}
         unknown = sorted(set(overrides) - names)
         if unknown:

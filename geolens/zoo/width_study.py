@@ -12,7 +12,7 @@ cached in the member's folder. The training log adds the held-out loss.
 
 Widths differ, so depth is compared as *relative depth* ``layer / n_layers``
 and the readout dimension is a fixed fraction of the width
-(``k = round(k_fraction * d)``, default 0.2: ``k = 102`` at ``d = 512``, close
+(``k = round(k * d)``, ``k`` a fraction, default 0.2: ``k = 102`` at ``d = 512``, close
 to the paper's ``k = 100``).
 
 Example:
@@ -52,7 +52,7 @@ from geolens.study import Study, load_errors, run_study
 from geolens.study.results import HEADLINE, load_provenance, metric_summary
 from geolens.zoo.corpus import zoo_split
 from geolens.zoo.members import zoo_member
-from geolens._renames import renamed_keywords
+from geolens._renames import refuse_renamed, renamed_fields, renamed_keywords
 
 __all__ = ["ZooReportSettings", "ZooResult", "zoo_analyses", "zoo_report", "zoo_study"]
 
@@ -69,9 +69,18 @@ def zoo_analyses() -> list[str]:
     return registry.names("zoo")
 
 
+# Settings that kept 0.3.0's words until 0.4.0 -> their names in the vocabulary (docs/concepts/conventions.md).
+RENAMED_ZOO_SETTINGS: dict[str, str] = {"k_fraction": "k", "lens_steps": "lens_max_steps", "lens_texts": "lens_n_texts"}
+
+
+@renamed_fields(**RENAMED_ZOO_SETTINGS)
 @dataclass
 class ZooReportSettings:
     """Budgets of the width study.
+
+    ``k`` is the readout dimension as a fraction of each member's width (widths differ; :meth:`k_for` gives
+    the dimension at one width), ``lens_max_steps`` the exact step count of each checkpoint's tuned lens and
+    ``lens_n_texts`` the number of held-out texts it is trained on.
 
     With the defaults, the first run over the default family (7 checkpoints each) also trains a tuned
     lens per checkpoint for the phases; later runs load them from the cache (run times of both:
@@ -81,12 +90,12 @@ class ZooReportSettings:
     n_texts: int = 32
     max_length: int = 128
     n_tokens: int = 512
-    k_fraction: float = 0.2
+    k: float = 0.2
     n_null: int = 100
     ccr: Sequence[int] = (1, 5, 10)
-    lens_steps: int = 40
+    lens_max_steps: int = 40
     lens_tokens_per_step: int = 512
-    lens_texts: int = 150
+    lens_n_texts: int = 150
     seed: int = 0
     progress: bool = True
 
@@ -100,16 +109,23 @@ class ZooReportSettings:
             >>> ZooReportSettings.quick().n_tokens == QUICK["n_tokens"]
             True
         """
+        refuse_renamed("ZooReportSettings.quick", overrides, RENAMED_ZOO_SETTINGS)
         own = {f.name for f in fields(cls)}
         # The zoo's sample sizes are exact numbers (its study cells are keyed by that): a preset's upper
         # bound is taken as its number.
         shared = {name: int(value) if isinstance(value, UpperBound) else value
                   for name, value in QUICK.items() if name in own}
-        preset = dict(shared, lens_steps=10, lens_tokens_per_step=256, lens_texts=40)
+        preset = dict(shared, lens_max_steps=10, lens_tokens_per_step=256, lens_n_texts=40)
         return cls(**{**preset, **overrides})
 
-    def k(self, d_model: int) -> int:
-        return min(d_model - 1, max(1, round(self.k_fraction * d_model)))
+    def k_for(self, width: int) -> int:
+        """The readout dimension at ``width``: the fraction ``k`` of it, rounded, between 1 and ``width - 1``.
+
+        Example:
+            >>> ZooReportSettings().k_for(512), ZooReportSettings(k=0.001).k_for(64)
+            (102, 1)
+        """
+        return min(width - 1, max(1, round(self.k * width)))
 
 
 @dataclass(repr=False)
@@ -187,7 +203,7 @@ def zoo_study(zoo, plan: dict[int, list[int]], texts: Sequence[str], lens_texts:
               settings: ZooReportSettings, analyses: Sequence[str]) -> Study:
     """The width study as a :class:`~geolens.study.Study`: one model per width (its checkpoints ``plan[width]``),
     the held-out texts, each analysis with its record's options on that member (``zoo_options``: e.g.
-    ``k = round(k_fraction * d)`` for PGA, a cached tuned lens of ``lens_texts`` for the phases)."""
+    ``k = round(k * d)`` for PGA, a cached tuned lens of ``lens_texts`` for the phases)."""
     records = [registry.get(name) for name in analyses]
     models = {f"d{width}": zoo_member(zoo, width, steps, params={
         record.name: dict(record.zoo_options(settings, width=width, lens_texts=lens_texts))
@@ -281,10 +297,12 @@ def zoo_report(
     params = {
         "zoo": str(zoo.root), "family": zoo.config.family(), "widths": list(zoo.config.widths),
         "steps": sorted({s for steps in plan.values() for s in steps}), "analyses": list(analyses),
-        "k": {str(w): settings.k(w) for w in zoo.config.widths}, **kept,
-        "texts": f"{len(texts)} held-out BBC News texts", "lens_texts": len(lens_texts),
+        **kept, "texts": f"{len(texts)} held-out BBC News texts",
         **{key: (list(value) if isinstance(value, tuple) else value)
            for key, value in vars(settings).items() if key != "progress"},
+        # As an analysis's params do (the phases'): k the readout dimension each width used, k_fraction the
+        # fraction it was taken as (the setting k).
+        "k": {str(w): settings.k_for(w) for w in zoo.config.widths}, "k_fraction": settings.k,
     }
     if out_dir is not None:
         params["study_dir"] = str(study_dir)
@@ -298,25 +316,26 @@ def zoo_report(
 def _zoo_request(settings: ZooReportSettings | None, overrides: dict[str, Any],
                  analyses: Sequence[str] | None) -> tuple[ZooReportSettings, Sequence[str]]:
     """The settings (``overrides`` on top) and analyses (default: every zoo analysis), checked before any work."""
+    refuse_renamed("zoo_report", overrides, RENAMED_ZOO_SETTINGS)
     settings = replace(settings or ZooReportSettings(), **overrides) if overrides else (settings or ZooReportSettings())
     known = zoo_analyses()
     analyses = known if analyses is None else analyses
     unknown = [a for a in analyses if a not in known]
     if unknown or not analyses:
         raise ValueError(f"unknown analyses {unknown or list(analyses)}; choose from {known}")
-    for name in ("n_texts", "max_length", "n_tokens", "n_null", "lens_steps", "lens_tokens_per_step", "lens_texts"):
+    for name in ("n_texts", "max_length", "n_tokens", "n_null", "lens_max_steps", "lens_tokens_per_step", "lens_n_texts"):
         check_int(getattr(settings, name), name, low=1)
-    check_float(settings.k_fraction, "k_fraction", low=0, high=1, low_open=True, high_open=True)
+    check_float(settings.k, "k", low=0, high=1, low_open=True, high_open=True)
     return settings, analyses
 
 
 def _zoo_texts(settings: ZooReportSettings) -> tuple[list[str], list[str]]:
     """``(the measured texts, the tuned lens's texts)``: the first held-out texts, then the next ones."""
     _, held_out = zoo_split()
-    if settings.n_texts + settings.lens_texts > len(held_out):
-        raise ValueError(f"n_texts + lens_texts = {settings.n_texts + settings.lens_texts} exceeds the "
+    if settings.n_texts + settings.lens_n_texts > len(held_out):
+        raise ValueError(f"n_texts + lens_n_texts = {settings.n_texts + settings.lens_n_texts} exceeds the "
                          f"{len(held_out)} held-out texts")
-    return held_out[: settings.n_texts], held_out[settings.n_texts:][: settings.lens_texts]
+    return held_out[: settings.n_texts], held_out[settings.n_texts:][: settings.lens_n_texts]
 
 
 def _run_zoo_study(study: Study, out_dir: str | Path | None, progress: bool) -> tuple[pd.DataFrame, dict, Path]:

@@ -287,13 +287,13 @@ def test_report_pga_section_draws_the_intervals_and_words_its_findings_by_them(n
     tokens = torch.randint(0, adapter.d_vocab, (12, 10), generator=torch.Generator().manual_seed(0))
     texts = [" ".join(str(t) for t in row.tolist()) for row in tokens]  # 12 texts the tiny tokenizer splits
     paths = geolens.report.report(native_bridge, texts, tmp_path, sections=["pga"], n_tokens=80, k=K, n_null=N_NULL,
-                                  ccr=[0, 1], pga_resamples=20, pga_bootstrap_pairs=None, progress=False)
+                                  ccr=[0, 1], pga_n_resamples=20, pga_bootstrap_pairs=None, progress=False)
     table = pd.read_csv(paths["pga.csv"])
     assert {"z_low", "z_high"} <= set(table.columns) and table.z_low.notna().all()
     page = paths["report.html"].read_text()
     assert "across the 95 % interval over resampled texts (20 resamples of" in page
     one = geolens.report.report(native_bridge, ["the cat sat on the mat " * 8], tmp_path / "one", sections=["pga"],
-                                n_tokens=30, k=K, n_null=N_NULL, ccr=1, pga_resamples=20, progress=False)
+                                n_tokens=30, k=K, n_null=N_NULL, ccr=1, pga_n_resamples=20, progress=False)
     assert "z_low" not in pd.read_csv(one["pga.csv"]).columns
     assert "not run" in geolens.PGAResult.load(one["pga.json"]).params["bootstrap"]
 

@@ -249,7 +249,7 @@ def test_needs_order_the_runs_and_a_bad_need_is_refused(monkeypatch):
 
 def test_the_report_runs_in_needs_order_and_shows_the_order_asked(native_bridge, tmp_path):
     paths = geolens.report.report(native_bridge, TEXTS, tmp_path, sections=["spectrum", "pga"], n_tokens=20, k=4,
-                                  n_null=5, ccr=[1], pga_resamples=0, alpha_fit_range=(1, 8), progress=False)
+                                  n_null=5, ccr=[1], pga_n_resamples=0, alpha_fit_range=(1, 8), progress=False)
     meta = json.loads(paths["meta.json"].read_text())
     assert meta["sections"] == ["spectrum", "pga"] and meta["errors"] == {}
     page = paths["report.html"].read_text()
@@ -459,7 +459,7 @@ def _pga_rows(paths):
 def test_a_report_section_that_leaves_hooks_or_changes_weights_fails_alone(register, native_bridge, tmp_path,
                                                                           function, said):
     register("careless", function)
-    budget = dict(n_tokens=20, k=4, n_null=5, ccr=[0], pga_resamples=0, progress=False)
+    budget = dict(n_tokens=20, k=4, n_null=5, ccr=[0], pga_n_resamples=0, progress=False)
     hooks, before = hook_count(native_bridge), weights(native_bridge)
     clean = geolens.report.report(native_bridge, TEXTS, tmp_path / "clean", sections=["pga"], **budget)
     paths = geolens.report.report(native_bridge, TEXTS, tmp_path / "run", sections=["careless", "pga"], **budget)

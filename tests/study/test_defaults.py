@@ -154,7 +154,7 @@ def test_the_report_on_short_texts_uses_the_positions_there_are(wide, tmp_path, 
     available = capture(model, TEXTS, n_tokens=None, progress=False).n_tokens
     budget = {"max_steps": 2, "n_tokens": 256, "n_train_texts": 20}
     with pytest.warns(UserWarning, match="n_tokens: the default of 1024"):
-        report(model, TEXTS, tmp_path / "r", progress=False, lens_budget=budget, probe_texts=40, probe_folds=2)
+        report(model, TEXTS, tmp_path / "r", progress=False, lens_budget=budget, probe_n_texts=40, probe_folds=2)
     meta = json.loads((tmp_path / "r" / "meta.json").read_text())
     assert meta["errors"] == {} and set(meta["sections"]) == set(geolens.report.DEFAULT_SECTIONS)
     assert meta["n_tokens_used"] == available and meta["settings"]["n_tokens"] == 1024

@@ -14,8 +14,8 @@ from geolens.zoo.width_study import ZooReportSettings, ZooResult, zoo_report
 from geolens.zoo.train import Zoo, ZooConfig
 from tests.zoo.conftest import TINY
 
-QUICK = dict(n_texts=4, max_length=32, n_tokens=60, n_null=8, ccr=(0, 1), lens_steps=2, lens_tokens_per_step=64,
-             lens_texts=4, progress=False)
+QUICK = dict(n_texts=4, max_length=32, n_tokens=60, n_null=8, ccr=(0, 1), lens_max_steps=2, lens_tokens_per_step=64,
+             lens_n_texts=4, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_bad_requests_get_clear_errors(reference_zoo, tmp_path):
     with pytest.raises(ValueError, match=r"steps \[3\] are not saved"):
         zoo_report(reference_zoo, None, checkpoints=[3])
     with pytest.raises(ValueError, match="exceeds the"):
-        zoo_report(reference_zoo, None, n_texts=200, lens_texts=200)
+        zoo_report(reference_zoo, None, n_texts=200, lens_n_texts=200)
 
 
 def test_cli_trains_then_reports_a_small_family(tmp_path, capsys):
@@ -114,7 +114,9 @@ def test_cli_trains_then_reports_a_small_family(tmp_path, capsys):
         (["zoo", "train", "--steps", "10", "--stop-at", "11"], "--stop-at must lie in [0, 10]"),
         (["zoo", "report", "--at", "3,x"], "comma-separated integers"),
         (["zoo", "report", "--analyses", "pga,nope"], "unknown analyses"),
-        (["zoo", "report", "--k-fraction", "1.5"], "--k-fraction must be below 1"),
+        (["zoo", "report", "--k", "1.5"], "--k must be below 1"),
+        (["zoo", "report", "--k-fraction", "0.5"], "--k-fraction was renamed to --k in geolens 0.4.0"),
+        (["zoo", "report", "--lens-steps=5"], "--lens-steps was renamed to --lens-max-steps in geolens 0.4.0"),
         (["zoo"], "required"),
     ],
 )
@@ -150,3 +152,15 @@ def test_the_quick_zoo_budgets_are_the_reports_preset_where_they_share_a_setting
         assert getattr(quick, name) == REPORT_QUICK[name], name
     assert type(quick.n_tokens) is int  # the zoo's sample sizes are exact: its study cells are keyed by that
     assert ZooReportSettings.quick(n_tokens=64, ccr=(0,)).n_tokens == 64
+
+
+def test_the_settings_renamed_in_0_4_name_their_new_names():
+    settings = ZooReportSettings(k=0.25, lens_max_steps=3, lens_n_texts=5)
+    assert (settings.k_for(64), settings.lens_max_steps, settings.lens_n_texts) == (16, 3, 5)
+    for old, new in (("k_fraction", "k"), ("lens_steps", "lens_max_steps"), ("lens_texts", "lens_n_texts")):
+        with pytest.raises(TypeError, match=f"ZooReportSettings\\(\\) got the keyword '{old}', renamed to '{new}'"):
+            ZooReportSettings(**{old: 1})
+        with pytest.raises(TypeError, match=f"ZooReportSettings.quick\\(\\) got the keyword '{old}', renamed to '{new}'"):
+            ZooReportSettings.quick(**{old: 1})
+        with pytest.raises(TypeError, match=f"zoo_report\\(\\) got the keyword '{old}', renamed to '{new}'"):
+            zoo_report(None, None, **{old: 1})  # before any work: no zoo needed
