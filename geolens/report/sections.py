@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any, Sequence
 
+from geolens._sampling import SAMPLING_OPTIONS
 from geolens.analyses import registry
 from geolens.analyses.registry import Analysis, layer_figures
 from geolens.report.pages import Section
@@ -29,8 +30,9 @@ from geolens.results import Result
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_SECTIONS", "chosen_sections", "report_section", "run_section",
            "section_findings"]
 
-# The batch size of a registered analysis's forward passes (the built-in runners use their analyses' defaults).
-DEFAULT_BATCH_SIZE = 8
+# The batch size of a registered analysis's forward passes: the sampling group's one default (the built-in
+# runners use their analyses' defaults, which tests/test_api.py holds to the same value).
+DEFAULT_BATCH_SIZE = next(option.default for option in SAMPLING_OPTIONS if option.name == "batch_size")
 
 # Every built-in section, in the page's order: the fast tuned lens (lens, phases) is fitted once, then loads from
 # its cache. A registered analysis runs when named in sections=.
