@@ -365,7 +365,7 @@ def interval_cost(layers: list[int] | None, n_resamples: int, bootstrap_pairs: i
     t_plain = t_boot = math.inf
     for _ in range(rounds):
         started = time.perf_counter()
-        plain = geolens.pga(model, states, **kw)
+        geolens.pga(model, states, **kw)
         t_plain = min(t_plain, time.perf_counter() - started)
         started = time.perf_counter()
         boot = geolens.pga(model, states, n_resamples=n_resamples, bootstrap_pairs=bootstrap_pairs, **kw)

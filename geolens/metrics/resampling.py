@@ -8,7 +8,7 @@ twice would pair with its copy at distance 0 in every space; those pairs are lef
 The work that does not change between resamples is done once per layer (:class:`LayerResampler`):
 the rows' projections onto every subspace. A resample then costs one eigendecomposition, a few
 low-rank corrections of those projections, and one ``k``-long dot a sampled pair and subspace
-(shared by every CCR level) before its rankings:
+(shared by every CCR level, then an ``m``-long dot a side for each level) before its rankings:
 ``(X - 1 delta^T)(I - V^T V) Q = X Q - 1 (delta^T Q) - ((X - 1 delta^T) V^T)(V Q)``.
 
 Example:
@@ -311,19 +311,18 @@ class LayerResampler:
         cross = both[..., :-1] - torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1).unsqueeze(1)
         gram = across @ across.transpose(1, 2)  # [S, M, M]
         base_sq = self.projected_sq - 2 * shift + shift_sq.unsqueeze(1)  # |r_i|^2
-        removed = torch.cumsum(comps.unsqueeze(0) * cross, -1)
-        inner, norms = [], []
+        folds, inverse = [], []
         for m in levels:
-            part = torch.matmul(comps[:, :m], gram[:, :m, :m])  # [S, N, m]
-            sq = base_sq - 2 * removed[..., m - 1] + (part * comps[:, :m]).sum(-1) if m else base_sq
+            fold = cross[..., :m] - 0.5 * torch.matmul(comps[:, :m], gram[:, :m, :m])  # [S, N, m]
+            sq = base_sq - 2 * (fold * comps[:, :m]).sum(-1) if m else base_sq  # |q_i|^2
             self._check_norms(sq[:, paired], base_sq[:, paired])
-            inner.append(part)
-            norms.append(sq.clamp_min(0.0).sqrt())
+            folds.append(fold)
+            inverse.append(torch.where(sq > 0, sq.clamp_min(torch.finfo(sq.dtype).tiny).rsqrt(), 0.0))
         widths = torch.tensor([0, *levels[:-1]], dtype=torch.int64).cumsum(0)
         return ResampledRows(
-            projected=self.projected, shift=shift, shift_sq=shift_sq, comps=comps, cross=cross,
-            inner=torch.cat(inner, -1) if sum(levels) else comps.new_zeros(cross.shape[0], cross.shape[1], 1),
-            inner_at=widths, norms=torch.stack(norms), levels=torch.tensor(levels, dtype=torch.int64),
+            projected=self.projected, shift=shift, shift_sq=shift_sq, comps=comps,
+            fold=torch.cat(folds, -1) if sum(levels) else comps.new_zeros(cross.shape[0], cross.shape[1], 1),
+            fold_at=widths, inverse_norms=torch.stack(inverse), levels=torch.tensor(levels, dtype=torch.int64),
         )
 
     def _check_norms(self, sq: torch.Tensor, scale: torch.Tensor) -> None:

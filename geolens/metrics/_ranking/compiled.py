@@ -404,13 +404,13 @@ def row_pair_dots(rows, first, second, out):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def resampled_pair_values(projected, first, second, shift, shift_sq, comps, cross, inner, inner_at, norms, levels,
+def resampled_pair_values(projected, first, second, shift, shift_sq, comps, fold, fold_at, inverse_norms, levels,
                           start, stop, offset, out):
     """The negated cosines of the pairs ``(first[p], second[p])`` in subspaces ``start..stop-1`` after
     re-centring and removing each level's top components, from projections made once
     (:func:`geolens.metrics._ranking.products.resampled_negated_cosines` defines every input; this is
-    its CPU loop), written to ``out[level, s - offset, p]``; a pair of one row with itself is ``-1``. Per pair and subspace: one ``k``-long dot, then
-    each level's low-rank terms."""
+    its CPU loop), written to ``out[level, s - offset, p]``; a pair of one row with itself is ``-1``. Per pair
+    and subspace: one ``k``-long dot, then each level's ``m``-long folded terms."""
     n_levels = levels.shape[0]
     for s in range(start, stop):
         for p in range(first.shape[0]):
@@ -424,15 +424,9 @@ def resampled_pair_values(projected, first, second, shift, shift_sq, comps, cros
                 dot += np.float64(projected[s, a, t]) * np.float64(projected[s, b, t])
             # Every term symmetric in (a, b), bit for bit: pairs of identical rows tie exactly, as they should.
             base = dot - (shift[s, a] + shift[s, b]) + shift_sq[s]
-            removed = 0.0
-            done = 0
             for c in range(n_levels):
-                m = levels[c]
-                while done < m:
-                    removed += comps[a, done] * cross[s, b, done] + comps[b, done] * cross[s, a, done]
-                    done += 1
-                back = 0.0
-                for q in range(m):
-                    back += inner[s, a, inner_at[c] + q] * comps[b, q] + inner[s, b, inner_at[c] + q] * comps[a, q]
-                back *= 0.5
-                out[c, s - offset, p] = -(base - removed + back) / (norms[c, s, a] * norms[c, s, b])
+                at = fold_at[c]
+                folded = 0.0
+                for q in range(levels[c]):
+                    folded += comps[a, q] * fold[s, b, at + q] + comps[b, q] * fold[s, a, at + q]
+                out[c, s - offset, p] = -(base - folded) * (inverse_norms[c, s, a] * inverse_norms[c, s, b])

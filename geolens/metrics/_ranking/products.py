@@ -200,21 +200,20 @@ class ResampledRows:
     after re-centring and removing ``m`` components are
     ``q = r_i - (V_m Q_s)^T a_i[:m]`` with ``r_i = Q_s^T X_i - Q_s^T delta`` and ``a_i = V (X_i - delta)``, so
 
-        ``<q_i, q_j> = <p_i, p_j> - (shift_i + shift_j) + shift_sq - a_i[:m].cross_j[:m] - a_j[:m].cross_i[:m]
-        + (inner_i^(m).a_j[:m] + inner_j^(m).a_i[:m]) / 2``
+        ``<q_i, q_j> = <p_i, p_j> - (shift_i + shift_j) + shift_sq - (a_i[:m].fold_j^(m) + a_j[:m].fold_i^(m))``
 
-    (each term written symmetric in ``i, j``, so two pairs of identical rows get identical values).
+    with ``fold_i^(m) = c_i[:m] - G_s[:m, :m] a_i[:m] / 2``, ``c_i = (V Q_s) r_i`` and ``G_s = (V Q_s)(V Q_s)^T``
+    (the cross terms ``a_i.c_j + a_j.c_i`` and ``a_i^T G_s a_j`` folded into one ``m``-long dot a side; each
+    term written symmetric in ``i, j``, so two pairs of identical rows get identical values).
 
     Attributes:
         projected: ``[S, N, k]`` ``p_i = Q_s^T X_i`` (made once per layer; the working dtype).
         shift: ``[S, N]`` ``<Q_s^T delta, p_i>``.
         shift_sq: ``[S]`` ``|Q_s^T delta|^2``.
         comps: ``[N, M]`` ``a_i``.
-        cross: ``[S, N, M]`` ``(V Q_s) r_i``.
-        inner: ``[S, N, sum(levels)]``: for level ``c``, columns ``inner_at[c]`` on, ``a_i[:m] G_s[:m, :m]``
-            with ``G_s = (V Q_s)(V Q_s)^T``.
-        inner_at: ``[C]`` int64.
-        norms: ``[C, S, N]`` ``|q_i|`` at each level.
+        fold: ``[S, N, sum(levels)]``: for level ``c``, columns ``fold_at[c]`` on, ``fold_i^(m)``.
+        fold_at: ``[C]`` int64.
+        inverse_norms: ``[C, S, N]`` ``1 / |q_i|`` at each level (0 for a row of zero norm, which no pair uses).
         levels: ``[C]`` int64.
     """
 
@@ -222,10 +221,9 @@ class ResampledRows:
     shift: torch.Tensor
     shift_sq: torch.Tensor
     comps: torch.Tensor
-    cross: torch.Tensor
-    inner: torch.Tensor
-    inner_at: torch.Tensor
-    norms: torch.Tensor
+    fold: torch.Tensor
+    fold_at: torch.Tensor
+    inverse_norms: torch.Tensor
     levels: torch.Tensor
 
 
@@ -244,7 +242,7 @@ def resampled_negated_cosines(rows: ResampledRows, first: torch.Tensor, second: 
     out = torch.empty(n_levels, stop - start, p, dtype=projected.dtype, device=projected.device)
     if on_host(projected.device, projected.dtype) if host is None else host:
         args = [t.contiguous().numpy() for t in (projected, first, second, rows.shift, rows.shift_sq, rows.comps,
-                                                  rows.cross, rows.inner, rows.inner_at, rows.norms, rows.levels)]
+                                                  rows.fold, rows.fold_at, rows.inverse_norms, rows.levels)]
         target = out.numpy()
         parts = 1 if in_worker() else min(n_workers(), stop - start)
         bounds = np.linspace(start, stop, parts + 1).astype(int).tolist()
@@ -263,13 +261,11 @@ def _resampled_torch(rows: ResampledRows, a: torch.Tensor, b: torch.Tensor, s: i
     proj = rows.projected[s]
     dots = (proj[a].double() * proj[b].double()).sum(-1)
     base = dots - (rows.shift[s, a] + rows.shift[s, b]) + rows.shift_sq[s]  # symmetric in (a, b), bit for bit
-    cross = rows.cross[s]
-    terms = (rows.comps[a] * cross[b] + rows.comps[b] * cross[a]).cumsum(-1)
+    fold = rows.fold[s]
     out = []
     for c, m in enumerate(rows.levels.tolist()):
-        removed = terms[:, m - 1] if m else torch.zeros_like(base)
-        at = int(rows.inner_at[c])
-        back = 0.5 * ((rows.inner[s, a, at : at + m] * rows.comps[b, :m]).sum(-1)
-                      + (rows.inner[s, b, at : at + m] * rows.comps[a, :m]).sum(-1))
-        out.append(-(base - removed + back) / (rows.norms[c, s, a] * rows.norms[c, s, b]))
+        at = int(rows.fold_at[c])
+        folded = ((rows.comps[a, :m] * fold[b, at : at + m]).sum(-1) + (rows.comps[b, :m] * fold[a, at : at + m]).sum(-1)
+                  if m else torch.zeros_like(base))
+        out.append(-(base - folded) * (rows.inverse_norms[c, s, a] * rows.inverse_norms[c, s, b]))
     return torch.where(a == b, -1.0, torch.stack(out)).to(rows.projected.dtype)  # a row with itself: cosine 1
