@@ -402,7 +402,7 @@ def per_resample(states, model, *, n_null: int, n_pairs: int, n_resamples: int, 
     resamples = text_resamples(states.batch_index, n_resamples, seed=0)
     pairs = [resample_pairs(r, n_pairs, seed=b + 1) for b, r in enumerate(resamples)]
     started = time.perf_counter()
-    layer_rows = LayerResampler(x, subspaces)
+    layer_rows = LayerResampler(x, subspaces, texts=states.batch_index)
     fast = list(layer_rows.z_many(resamples, pairs.__getitem__, list(ccr)))
     t_fast = time.perf_counter() - started
     started = time.perf_counter()

@@ -443,7 +443,7 @@ def _bootstrap(
     work = [job for job in jobs if todo[job]]
     bar = tqdm(total=len(work) * n_resamples, desc="PGA bootstrap", disable=not progress, leave=False)
     for site, layer in work:
-        layer_rows = LayerResampler(states.layer(site, layer), subspaces)
+        layer_rows = LayerResampler(states.layer(site, layer), subspaces, texts=states.batch_index)
         for b, values in enumerate(layer_rows.z_many(resamples, kept.__getitem__ if kept else pairs_of,
                                                      todo[(site, layer)])):
             for m, value in zip(todo[(site, layer)], values):

@@ -24,8 +24,8 @@ from jaxtyping import Float
 from geolens._renames import renamed_attributes
 from geolens._validation import DegenerateError, check_float_matrix, check_int
 
-__all__ = ["SPREAD_RTOL", "centre", "check_ccr", "check_spread", "power_of_two_scale", "principal_components",
-           "principal_directions", "remove_common_components", "row_norms", "scaled_rows", "unit_scaled"]
+__all__ = ["SPREAD_RTOL", "centre", "check_ccr", "check_spread", "gram_components", "power_of_two_scale",
+           "principal_components", "principal_directions", "remove_common_components", "row_norms", "scaled_rows", "unit_scaled"]
 
 # Spread below this many units of the input dtype's resolution is rounding, not geometry.
 SPREAD_RTOL = 8.0
@@ -207,17 +207,31 @@ def principal_components(
         return sv, vh[:top]
     x64 = centred.double()
     n, d = x64.shape
-    product = (x64.T @ x64 if n >= d else x64 @ x64.T).cpu().numpy()
-    size = product.shape[0]
-    lam, vec = scipy.linalg.eigh(product, subset_by_index=[max(0, size - top - 2), size - 1])  # ascending
-    lam, vec = torch.from_numpy(lam).to(x64.device), torch.from_numpy(vec).to(x64.device)
-    sv = lam.flip(0).clamp_min(0.0).sqrt()
-    top_vectors = vec.flip(1)[:, :top]
     if n >= d:
-        vh = top_vectors.T
-    else:  # left vectors of a wide x: v_i = x^T u_i / s_i (the top ones; their s_i are well above 0)
-        vh = (top_vectors.T @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
+        sv, vh = gram_components(x64.T @ x64, top)
+        return sv.to(centred.dtype), vh.to(centred.dtype)
+    sv, top_vectors = gram_components(x64 @ x64.T, top)
+    # Left vectors of a wide x: v_i = x^T u_i / s_i (the top ones; their s_i are well above 0).
+    vh = (top_vectors @ x64) / sv[:top, None].clamp_min(torch.finfo(torch.float64).tiny)
     return sv.to(centred.dtype), vh.to(centred.dtype)
+
+
+def gram_components(gram: Float[torch.Tensor, "d d"], top: int) -> tuple[Float[torch.Tensor, "V"], Float[torch.Tensor, "top d"]]:
+    """:func:`principal_components` from the float64 Gram matrix ``x^T x`` of already-centred states: the
+    largest singular values (descending, ``top + 2`` of them or all there are: square roots of the Gram
+    matrix's largest eigenvalues) and the top ``top`` eigenvectors, as rows; LAPACK is asked for those
+    eigenpairs alone. Float64, on the Gram matrix's device.
+
+    Example:
+        >>> x = centre(torch.randn(50, 6, dtype=torch.float64) * torch.arange(6, 0, -1, dtype=torch.float64))
+        >>> sv, vh = gram_components(x.T @ x, 2)
+        >>> bool(torch.allclose(sv, torch.linalg.svdvals(x)[:4], atol=1e-9)), tuple(vh.shape)
+        (True, (2, 6))
+    """
+    size = gram.shape[0]
+    lam, vec = scipy.linalg.eigh(gram.cpu().numpy(), subset_by_index=[max(0, size - top - 2), size - 1])  # ascending
+    lam, vec = torch.from_numpy(lam).to(gram.device), torch.from_numpy(vec).to(gram.device)
+    return lam.flip(0).clamp_min(0.0).sqrt(), vec.flip(1)[:, :top].T
 
 
 def principal_directions(centred: Float[torch.Tensor, "N d"], m: int) -> Float[torch.Tensor, "d m"]:

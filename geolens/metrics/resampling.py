@@ -34,18 +34,21 @@ import torch
 from geolens._rng import rng
 from geolens._validation import DegenerateError, check_int, working_dtype
 from geolens.metrics._ranking.cpu import one_thread
-from geolens.metrics._ranking.pool import n_workers
+from geolens.metrics._ranking.pool import inline, n_workers
 from geolens.metrics._ranking.pairs import PairSample, sample_pairs
-from geolens.metrics._ranking.products import ResampledRows, resampled_negated_cosines, row_pair_dots
+from geolens.metrics._ranking.products import (ResampledRows, resampled_negated_cosines, resampled_row_terms,
+                                               row_pair_dots)
 from geolens.metrics._ranking.select import select_backend
 from geolens.metrics.pga import (JACKKNIFE_BLOCKS, _centred_full_ranks, _deleted_rhos, _jackknife_blocks,
                                  sampled_z)
-from geolens.metrics.preprocess import SPREAD_RTOL, check_spread, principal_components
+from geolens.metrics.preprocess import SPREAD_RTOL, check_spread, gram_components, principal_components
 
 __all__ = ["LayerResampler", "resample_pairs", "resample_score", "resampled_z", "text_resamples"]
 
 # Scratch bytes of one chunk of resampled pair values (levels x subspaces x pairs).
 _VALUES_BYTES = 128 * 2**20
+# At most this many bytes of text Gram matrices a layer (T x d x d float64), and of resample moments at once.
+_TEXT_GRAM_BYTES = 256 * 2**20
 
 
 def text_resamples(batch_index: torch.Tensor, n_resamples: int, *, seed: int = 0) -> list[torch.Tensor]:
@@ -130,10 +133,13 @@ class LayerResampler:
 
     Made once per layer: the rows centred on the sample's mean (float64) and their projections onto
     every subspace (the working dtype: float32 for float32 or half-precision rows). See the module's
-    docstring for how a resample's coordinates follow from them.
+    docstring for how a resample's coordinates follow from them. With ``texts`` (``States.batch_index``,
+    the text of each row), also each text's Gram matrix ``X_t^T X_t``, where they fit in
+    ``_TEXT_GRAM_BYTES`` and the rows are not float64: a resample of whole texts then has its Gram matrix as
+    a weighted sum of them (:meth:`z_many` makes every resample's in one product), not from its rows.
     """
 
-    def __init__(self, states: torch.Tensor, subspaces: torch.Tensor):
+    def __init__(self, states: torch.Tensor, subspaces: torch.Tensor, *, texts: torch.Tensor | None = None):
         self.input_dtype = states.dtype
         work = working_dtype(states)
         self.states = states
@@ -148,12 +154,49 @@ class LayerResampler:
         self.flat_subspaces = subspaces.to(dtype=work, device=states.device).permute(1, 0, 2).reshape(
             subspaces.shape[1], -1)
         self.projected = self.x.to(work) @ subspaces.to(dtype=work, device=states.device)  # [S, N, k], once
-        self.projected_sq = self.projected.double().pow(2).sum(-1)  # [S, N]
+        self.projected_sq = torch.linalg.vector_norm(self.projected, dim=-1, dtype=torch.float64).pow(2)  # [S, N]
+        self.text_of_row = self.text_grams = None
+        if texts is not None:
+            self._make_text_grams(torch.as_tensor(texts))
 
-    def z(self, source: torch.Tensor, pairs: PairSample, ccr: Sequence[int]) -> list[float]:
+    def _make_text_grams(self, texts: torch.Tensor) -> None:
+        """Each text's ``X_t^T X_t`` (``[T, d d]``, float64), where they fit and are of use (see the class)."""
+        n, d = self.x.shape
+        if texts.shape != (n,):
+            raise ValueError(f"texts must give the text of each of the {n} rows, got shape {tuple(texts.shape)}")
+        _, text_of_row = torch.unique(texts.cpu(), return_inverse=True)
+        n_texts = int(text_of_row.max()) + 1
+        if self.input_dtype == torch.float64 or n < d or n_texts * d * d * 8 > _TEXT_GRAM_BYTES:
+            return  # float64 ranks by SVD of the rows; a wide resample by its N x N Gram; or too large
+        self.text_of_row = text_of_row.to(self.x.device)
+        grams = torch.zeros(n_texts, d, d, dtype=torch.float64, device=self.x.device)
+        for t, rows in enumerate(torch.split(torch.argsort(text_of_row, stable=True),
+                                             torch.bincount(text_of_row, minlength=n_texts).tolist())):
+            part = self.x[rows.to(self.x.device)]
+            grams[t] = part.T @ part
+        self.text_grams = grams.reshape(n_texts, d * d)
+
+    def text_counts(self, source: torch.Tensor) -> torch.Tensor | None:
+        """How often each text is drawn in the resample of rows ``source`` (``[T]`` float64), or None where the
+        resample is not whole texts (a row of a text drawn a different number of times than its text) or
+        there are no text Gram matrices."""
+        if self.text_grams is None:
+            return None
+        weights = torch.bincount(source, minlength=self.x.shape[0])
+        counts = torch.zeros(self.text_grams.shape[0], dtype=weights.dtype, device=weights.device)
+        counts.scatter_reduce_(0, self.text_of_row, weights, reduce="amax")
+        if not torch.equal(counts[self.text_of_row], weights):
+            return None
+        return counts.double()
+
+    def z(self, source: torch.Tensor, pairs: PairSample, ccr: Sequence[int], *, moment: torch.Tensor | None = None
+          ) -> list[float]:
         """PGA z of the resample whose row ``a`` copies captured row ``source[a]``, ranked on ``pairs`` (of
         its rows, :func:`resample_pairs`), at each CCR value of ``ccr``; NaN where undefined (a
-        degenerate resample: too few directions left, a zero row, a null without spread)."""
+        degenerate resample: too few directions left, a zero row, a null without spread).
+
+        ``moment``: the resample's ``sum_a x_a x_a^T`` (``[d, d]`` float64, as :meth:`z_many` makes it from the
+        text Gram matrices), else made here (from them where they serve, or from the rows)."""
         levels = [int(m) for m in ccr]
         source = torch.as_tensor(source).to(self.x.device)
         rows = self.x[source]
@@ -164,7 +207,13 @@ class LayerResampler:
             check_spread(self.states[source], centred, dtype=self.input_dtype, what="the resampled states")
         except DegenerateError:
             return undefined
-        sv, vh = principal_components(centred, max(max(levels), 1), gram=self.input_dtype != torch.float64)
+        top = max(max(levels), 1)
+        if moment is None and (counts := self.text_counts(source)) is not None:
+            moment = (counts @ self.text_grams).reshape(self.x.shape[1], -1)
+        if moment is not None:  # sum_a (x_a - delta)(x_a - delta)^T = sum_a x_a x_a^T - n delta delta^T
+            sv, vh = gram_components(moment - source.numel() * torch.outer(delta, delta), top)
+        else:
+            sv, vh = principal_components(centred, top, gram=self.input_dtype != torch.float64)
         good = [m for m in sorted(set(levels)) if self._keeps_spread(centred, sv, vh, m)]
         if not good:
             return undefined
@@ -183,16 +232,39 @@ class LayerResampler:
                ) -> Iterator[list[float]]:
         """:meth:`z` of each resample ``b`` (rows ``sources[b]``, pairs ``pairs(b)``), yielded in order.
 
-        On the CPU, resamples are prepared side by side, as many as the rank pool has workers, each with
-        torch and BLAS held to one thread (:func:`~geolens.metrics._ranking.cpu.one_thread`): a resample's
-        products are small, and one thread a resample keeps every core busy between the pool's turns.
+        On the CPU, resamples run side by side, as many as the rank pool has workers, each in one thread from
+        start to end: torch and BLAS held to one thread (:func:`~geolens.metrics._ranking.cpu.one_thread`) and
+        the pair loop and rankings run in it (:func:`~geolens.metrics._ranking.pool.inline`), with no hand-offs
+        to the pool: a resample's products are small, and one thread a resample keeps every core busy. With
+        text Gram matrices, every resample's moment (:meth:`z`) is made first, a chunk of resamples at once.
         """
-        if self.x.device.type != "cpu":
-            for b, source in enumerate(sources):
-                yield self.z(source, pairs(b), ccr)
-            return
-        with one_thread(), ThreadPoolExecutor(n_workers(), thread_name_prefix="geolens-resample") as side_by_side:
-            yield from side_by_side.map(lambda b: self.z(sources[b], pairs(b), ccr), range(len(sources)))
+        d = self.x.shape[1]
+        chunk = max(1, _TEXT_GRAM_BYTES // (d * d * 8))
+        for start in range(0, len(sources), chunk):
+            batch = range(start, min(len(sources), start + chunk))
+            moments = self._moments([sources[b] for b in batch])
+            if self.x.device.type != "cpu":
+                for b in batch:
+                    yield self.z(sources[b], pairs(b), ccr, moment=moments[b - start])
+                continue
+            with one_thread(), ThreadPoolExecutor(n_workers(), thread_name_prefix="geolens-resample") as side_by_side:
+                yield from side_by_side.map(lambda b: self._z_inline(sources[b], pairs(b), ccr, moments[b - start]),
+                                            batch)
+
+    def _z_inline(self, source, pairs, ccr, moment) -> list[float]:
+        """:meth:`z` with every job of the rank pool run in this thread (:func:`~geolens.metrics._ranking.pool.inline`)."""
+        with inline():
+            return self.z(source, pairs, ccr, moment=moment)
+
+    def _moments(self, sources: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        """Each resample's ``sum_a x_a x_a^T`` from the text Gram matrices, in one product (None for a
+        resample that is not whole texts, and for all where there are no text Gram matrices)."""
+        counts = [self.text_counts(torch.as_tensor(source).to(self.x.device)) for source in sources]
+        drawn = [c for c in counts if c is not None]
+        if not drawn:
+            return [None] * len(sources)
+        made = iter((torch.stack(drawn) @ self.text_grams).reshape(len(drawn), *self.x.shape[1:], -1))
+        return [None if c is None else next(made) for c in counts]
 
     def _keeps_spread(self, centred: torch.Tensor, sv: torch.Tensor, vh: torch.Tensor, m: int) -> bool:
         """Whether the resample keeps at least two directions with spread after removing ``m`` components."""
@@ -298,31 +370,26 @@ class LayerResampler:
 
     def _resampled_rows(self, delta, vh, comps, levels, paired) -> ResampledRows:
         """The per-row terms of :class:`~geolens.metrics._ranking.products.ResampledRows` for this resample
-        (``paired``: the captured rows its pairs use, the only ones whose norms must be above zero)."""
+        (``paired``: the captured rows its pairs use, sorted: the only ones whose terms are made, and whose
+        norms must be above zero)."""
         work = self.projected.dtype
         n_subspaces, _, k = self.projected.shape
         # V's rows and delta in every subspace at once ([M + 1, S k], one product), then the rows' coordinates
         # along them (one batched product): cross before its delta term, and the shift.
         along = (torch.cat([vh, delta.unsqueeze(0)]).to(work) @ self.flat_subspaces).reshape(-1, n_subspaces, k)
         along = along.transpose(0, 1)  # [S, M + 1, k]
-        both = torch.bmm(self.projected, along.transpose(1, 2)).double()  # [S, N, M + 1]
+        both = torch.bmm(self.projected, along.transpose(1, 2))  # [S, N, M + 1]
         across, shift_by = along[:, :-1].double(), along[:, -1].double()  # V Q_s, Q_s^T delta
-        shift, shift_sq = both[..., -1], shift_by.pow(2).sum(-1)
-        cross = both[..., :-1] - torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1).unsqueeze(1)
+        across_shift = torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1)  # [S, M]
         gram = across @ across.transpose(1, 2)  # [S, M, M]
-        base_sq = self.projected_sq - 2 * shift + shift_sq.unsqueeze(1)  # |r_i|^2
-        folds, inverse = [], []
-        for m in levels:
-            fold = cross[..., :m] - 0.5 * torch.matmul(comps[:, :m], gram[:, :m, :m])  # [S, N, m]
-            sq = base_sq - 2 * (fold * comps[:, :m]).sum(-1) if m else base_sq  # |q_i|^2
-            self._check_norms(sq[:, paired], base_sq[:, paired])
-            folds.append(fold)
-            inverse.append(torch.where(sq > 0, sq.clamp_min(torch.finfo(sq.dtype).tiny).rsqrt(), 0.0))
-        widths = torch.tensor([0, *levels[:-1]], dtype=torch.int64).cumsum(0)
+        shift_sq = shift_by.pow(2).sum(-1)
+        floor = (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2
+        terms = resampled_row_terms(both, self.projected_sq, across_shift, shift_sq, gram, comps,
+                                    paired.to(both.device), levels, floor)
         return ResampledRows(
-            projected=self.projected, shift=shift, shift_sq=shift_sq, comps=comps,
-            fold=torch.cat(folds, -1) if sum(levels) else comps.new_zeros(cross.shape[0], cross.shape[1], 1),
-            fold_at=widths, inverse_norms=torch.stack(inverse), levels=torch.tensor(levels, dtype=torch.int64),
+            projected=self.projected, shift_sq=shift_sq, comps=comps, terms=terms,
+            fold_at=torch.tensor([0, *levels[:-1]], dtype=torch.int64).cumsum(0),
+            levels=torch.tensor(levels, dtype=torch.int64),
         )
 
     def _check_norms(self, sq: torch.Tensor, scale: torch.Tensor) -> None:

@@ -12,6 +12,7 @@ from scipy.spatial.distance import pdist
 from scipy.stats import spearmanr
 
 from geolens.metrics import random_subspaces
+from geolens.metrics import resampling
 from geolens.metrics._ranking.products import resampled_negated_cosines
 from geolens.metrics.resampling import LayerResampler, resample_pairs, resampled_z, text_resamples
 
@@ -97,6 +98,43 @@ def test_the_compiled_loop_and_the_torch_gathers_give_the_same_values(dtype):
         unit = coords / coords.norm(dim=-1, keepdim=True)
         direct = -(unit[:, first] * unit[:, second]).sum(-1)
         torch.testing.assert_close(host[c], direct, rtol=0, atol=1e-10 if dtype == torch.float64 else 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_row_terms_and_the_torch_products_agree(dtype):
+    rows, subspaces, texts = clouds(dtype)
+    layer = LayerResampler(rows, subspaces)
+    source = text_resamples(texts, 1, seed=1)[0]
+    x = layer.x[source]
+    delta = x.mean(0)
+    vh = torch.linalg.svd(x - delta, full_matrices=False)[2][:4]
+    comps = (layer.x - delta) @ vh.T
+    used = torch.unique(source)
+    captured = {}
+    original = resampling.resampled_row_terms
+
+    def spy(*args, **kwargs):
+        captured["args"] = args
+        return original(*args, **kwargs)
+
+    resampling.resampled_row_terms = spy
+    try:
+        layer._resampled_rows(delta, vh, comps, [0, 1, 4], used)
+    finally:
+        resampling.resampled_row_terms = original
+    host = original(*captured["args"], host=True)
+    gathers = original(*captured["args"], host=False)
+    assert host.shape == gathers.shape == (subspaces.shape[0], rows.shape[0], 1 + 3 + 5)
+    torch.testing.assert_close(host[:, used], gathers[:, used], rtol=1e-10, atol=1e-12)
+    unused = torch.ones(rows.shape[0], dtype=torch.bool)
+    unused[used] = False
+    assert bool((host[:, unused] == 0).all())  # terms are made for the rows the pairs use only
+    # A zero row after the removal raises on both paths.
+    args = list(captured["args"])
+    args[1] = torch.zeros_like(args[1])  # |p_i|^2 = 0: every row at zero norm
+    for on_host in (True, False):
+        with pytest.raises(ValueError, match="zero norm"):
+            original(*args, host=on_host)
 
 
 def test_pairs_of_identical_rows_get_identical_values():

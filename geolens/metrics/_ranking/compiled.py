@@ -403,9 +403,44 @@ def row_pair_dots(rows, first, second, out):
         out[p] = acc
 
 
+@njit(nogil=True, cache=True)
+def resampled_row_terms(both, projected_sq, across_shift, shift_sq, gram, comps, rows, levels, fold_at, floor, out):
+    """:attr:`~geolens.metrics._ranking.products.ResampledRows.terms` of the captured ``rows``, written to
+    ``out[s, i]`` (:func:`geolens.metrics._ranking.products.resampled_row_terms` defines every input; this is
+    its CPU loop); False where a row's norm after a level's removal is at most ``floor`` times its norm
+    before (its inverse is then left 0)."""
+    n_subspaces, n_levels, top = both.shape[0], levels.shape[0], comps.shape[1]
+    cross = np.empty(top)
+    ok = True
+    for s in range(n_subspaces):
+        for u in range(rows.shape[0]):
+            i = rows[u]
+            shift = np.float64(both[s, i, top])
+            for q in range(top):
+                cross[q] = np.float64(both[s, i, q]) - across_shift[s, q]
+            base_sq = projected_sq[s, i] - 2.0 * shift + shift_sq[s]
+            out[s, i, 0] = shift
+            for c in range(n_levels):
+                m = levels[c]
+                at = 1 + n_levels + fold_at[c]
+                sq = base_sq
+                for q in range(m):
+                    pulled = 0.0
+                    for r in range(m):
+                        pulled += gram[s, q, r] * comps[i, r]
+                    fold = cross[q] - 0.5 * pulled
+                    out[s, i, at + q] = fold
+                    sq -= 2.0 * fold * comps[i, q]
+                if sq <= floor * base_sq or sq <= 0.0:
+                    ok = False
+                else:
+                    out[s, i, 1 + c] = 1.0 / np.sqrt(sq)
+    return ok
+
+
 @njit(nogil=True, cache=True, fastmath=True)
-def resampled_pair_values(projected, first, second, shift, shift_sq, comps, fold, fold_at, inverse_norms, levels,
-                          start, stop, offset, out):
+def resampled_pair_values(projected, first, second, shift_sq, comps, terms, fold_at, levels, start, stop, offset,
+                          out):
     """The negated cosines of the pairs ``(first[p], second[p])`` in subspaces ``start..stop-1`` after
     re-centring and removing each level's top components, from projections made once
     (:func:`geolens.metrics._ranking.products.resampled_negated_cosines` defines every input; this is
@@ -423,10 +458,10 @@ def resampled_pair_values(projected, first, second, shift, shift_sq, comps, fold
             for t in range(projected.shape[2]):
                 dot += np.float64(projected[s, a, t]) * np.float64(projected[s, b, t])
             # Every term symmetric in (a, b), bit for bit: pairs of identical rows tie exactly, as they should.
-            base = dot - (shift[s, a] + shift[s, b]) + shift_sq[s]
+            base = dot - (terms[s, a, 0] + terms[s, b, 0]) + shift_sq[s]
             for c in range(n_levels):
-                at = fold_at[c]
+                at = 1 + n_levels + fold_at[c]
                 folded = 0.0
                 for q in range(levels[c]):
-                    folded += comps[a, q] * fold[s, b, at + q] + comps[b, q] * fold[s, a, at + q]
-                out[c, s - offset, p] = -(base - folded) * (inverse_norms[c, s, a] * inverse_norms[c, s, b])
+                    folded += comps[a, q] * terms[s, b, at + q] + comps[b, q] * terms[s, a, at + q]
+                out[c, s - offset, p] = -(base - folded) * (terms[s, a, 1 + c] * terms[s, b, 1 + c])

@@ -8,13 +8,15 @@ worker runs inline (:func:`in_worker`): waiting on the pool from the pool could 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
 import torch
 
-__all__ = ["KEPT_SCRATCH_VALUES", "Scratch", "in_worker", "n_workers", "rank_pool", "scratch_for"]
+__all__ = ["KEPT_SCRATCH_VALUES", "Scratch", "in_worker", "inline", "n_workers", "rank_pool", "run_all", "scratch_for"]
 
 _PREFIX = "geolens-rank"
 
@@ -36,8 +38,40 @@ def n_workers() -> int:
 
 
 def in_worker() -> bool:
-    """Whether the calling thread is one of :func:`rank_pool`'s workers."""
-    return threading.current_thread().name.startswith(_PREFIX)
+    """Whether the calling thread is one of :func:`rank_pool`'s workers, or runs the pool's jobs itself
+    (:func:`inline`): either way its jobs run inline."""
+    return threading.current_thread().name.startswith(_PREFIX) or getattr(_inline, "on", False)
+
+
+_inline = threading.local()
+
+
+@contextmanager
+def inline() -> Iterator[None]:
+    """Within it, the calling thread runs the jobs it would give the pool itself: for callers that already
+    keep every core busy with threads of their own (one thread a job, no hand-offs).
+
+    Example:
+        >>> with inline():
+        ...     in_worker()
+        True
+        >>> in_worker()
+        False
+    """
+    before = getattr(_inline, "on", False)
+    _inline.on = True
+    try:
+        yield
+    finally:
+        _inline.on = before
+
+
+def run_all(job: Callable[[int], object], n: int) -> list:
+    """``[job(0), ..., job(n - 1)]``: in the pool, or in the calling thread where its jobs run inline
+    (:func:`in_worker`; waiting on the pool from the pool could leave no worker to run them)."""
+    if in_worker():
+        return [job(i) for i in range(n)]
+    return list(rank_pool().map(job, range(n)))
 
 
 class Scratch(threading.local):

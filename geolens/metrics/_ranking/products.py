@@ -11,6 +11,7 @@ See docs/methods.md §A.3-§A.4a.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool
 from geolens.metrics.distances import unit_rows
 
 __all__ = ["ResampledRows", "negated_cosine_upper", "on_host", "pair_negated_cosines", "pair_values_into",
-           "resampled_negated_cosines", "row_pair_dots"]
+           "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots"]
 
 
 def on_host(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -208,23 +209,67 @@ class ResampledRows:
 
     Attributes:
         projected: ``[S, N, k]`` ``p_i = Q_s^T X_i`` (made once per layer; the working dtype).
-        shift: ``[S, N]`` ``<Q_s^T delta, p_i>``.
         shift_sq: ``[S]`` ``|Q_s^T delta|^2``.
         comps: ``[N, M]`` ``a_i``.
-        fold: ``[S, N, sum(levels)]``: for level ``c``, columns ``fold_at[c]`` on, ``fold_i^(m)``.
+        terms: ``[S, N, 1 + C + sum(levels)]``, a row's terms side by side (the pair loop reads them
+            together): ``shift_i = <Q_s^T delta, p_i>``; ``1 / |q_i|`` at each level (0 for a row that no
+            pair uses); then each level's ``fold_i^(m)``, level ``c``'s from column ``1 + C + fold_at[c]``.
         fold_at: ``[C]`` int64.
-        inverse_norms: ``[C, S, N]`` ``1 / |q_i|`` at each level (0 for a row of zero norm, which no pair uses).
         levels: ``[C]`` int64.
     """
 
     projected: torch.Tensor
-    shift: torch.Tensor
     shift_sq: torch.Tensor
     comps: torch.Tensor
-    fold: torch.Tensor
+    terms: torch.Tensor
     fold_at: torch.Tensor
-    inverse_norms: torch.Tensor
     levels: torch.Tensor
+
+
+def resampled_row_terms(both: torch.Tensor, projected_sq: torch.Tensor, across_shift: torch.Tensor,
+                        shift_sq: torch.Tensor, gram: torch.Tensor, comps: torch.Tensor, rows: torch.Tensor,
+                        levels: Sequence[int], floor: float, *, host: bool | None = None) -> torch.Tensor:
+    """:attr:`ResampledRows.terms` of the captured ``rows`` (sorted; the others are 0), from a resample's
+    products: ``both`` ``[S, N, M + 1]`` (the rows' coordinates along ``V Q_s`` and ``Q_s^T delta``, the
+    working dtype), ``projected_sq`` ``[S, N]`` (``|p_i|^2``), ``across_shift`` ``[S, M]``
+    (``(V Q_s) Q_s^T delta``), ``shift_sq`` ``[S]``, ``gram`` ``[S, M, M]`` (``G_s``) and ``comps`` ``[N, M]``.
+
+    Raises ``ValueError`` where a row's squared norm after a level's removal is at most ``floor`` times
+    its norm before (a zero row: no cosine). On the host (``host``, default :func:`on_host`) one compiled
+    pass over the rows; elsewhere batched torch products.
+    """
+    n_levels = len(levels)
+    fold_at = np.cumsum([0, *levels[:-1]]).astype(np.int64)
+    width = 1 + n_levels + max(1, sum(levels))
+    if on_host(both.device, both.dtype) if host is None else host:
+        out = np.zeros((both.shape[0], both.shape[1], width))
+        ok = compiled.resampled_row_terms(both.contiguous().numpy(), projected_sq.contiguous().numpy(),
+                                          across_shift.contiguous().numpy(), shift_sq.contiguous().numpy(),
+                                          gram.contiguous().numpy(), comps.contiguous().numpy(),
+                                          rows.contiguous().numpy(), np.asarray(levels, dtype=np.int64),
+                                          fold_at, floor, out)
+        if not ok:
+            raise ValueError(_ZERO_ROW)
+        return torch.from_numpy(out)
+    both = both.double()
+    shift = both[..., -1]
+    cross = both[..., :-1] - across_shift.unsqueeze(1)
+    base_sq = projected_sq - 2 * shift + shift_sq.unsqueeze(1)  # |r_i|^2
+    out = torch.zeros(both.shape[0], both.shape[1], width, dtype=torch.float64, device=both.device)
+    out[..., 0] = shift
+    for c, m in enumerate(levels):
+        fold = cross[..., :m] - 0.5 * torch.matmul(comps[:, :m], gram[:, :m, :m])  # [S, N, m]
+        sq = base_sq - 2 * (fold * comps[:, :m]).sum(-1)  # |q_i|^2
+        used, scale = sq[:, rows], base_sq[:, rows]
+        if bool((used <= floor * scale).any()) or bool((used <= 0).any()):
+            raise ValueError(_ZERO_ROW)
+        out[..., 1 + c] = torch.where(sq > 0, sq.clamp_min(torch.finfo(sq.dtype).tiny).rsqrt(), 0.0)
+        at = 1 + n_levels + int(fold_at[c])
+        out[..., at : at + m] = fold
+    return out
+
+
+_ZERO_ROW = "a resampled state has zero norm, so its cosine distance is undefined"
 
 
 def resampled_negated_cosines(rows: ResampledRows, first: torch.Tensor, second: torch.Tensor, start: int, stop: int,
@@ -241,11 +286,13 @@ def resampled_negated_cosines(rows: ResampledRows, first: torch.Tensor, second: 
     n_levels, p = int(rows.levels.numel()), int(first.numel())
     out = torch.empty(n_levels, stop - start, p, dtype=projected.dtype, device=projected.device)
     if on_host(projected.device, projected.dtype) if host is None else host:
-        args = [t.contiguous().numpy() for t in (projected, first, second, rows.shift, rows.shift_sq, rows.comps,
-                                                  rows.fold, rows.fold_at, rows.inverse_norms, rows.levels)]
+        args = [t.contiguous().numpy() for t in (projected, first, second, rows.shift_sq, rows.comps, rows.terms,
+                                                  rows.fold_at, rows.levels)]
         target = out.numpy()
-        parts = 1 if in_worker() else min(n_workers(), stop - start)
-        bounds = np.linspace(start, stop, parts + 1).astype(int).tolist()
+        if in_worker():  # this thread runs its jobs itself
+            compiled.resampled_pair_values(*args, start, stop, start, target)
+            return out
+        bounds = np.linspace(start, stop, min(n_workers(), stop - start) + 1).astype(int).tolist()
         jobs = [rank_pool().submit(compiled.resampled_pair_values, *args, lo, hi, start, target)
                 for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
         for job in jobs:
@@ -260,12 +307,13 @@ def _resampled_torch(rows: ResampledRows, a: torch.Tensor, b: torch.Tensor, s: i
     """:func:`resampled_negated_cosines` of subspace ``s`` by gathers: ``[C, P]``."""
     proj = rows.projected[s]
     dots = (proj[a].double() * proj[b].double()).sum(-1)
-    base = dots - (rows.shift[s, a] + rows.shift[s, b]) + rows.shift_sq[s]  # symmetric in (a, b), bit for bit
-    fold = rows.fold[s]
+    terms = rows.terms[s]
+    base = dots - (terms[a, 0] + terms[b, 0]) + rows.shift_sq[s]  # symmetric in (a, b), bit for bit
+    n_levels = int(rows.levels.numel())
     out = []
     for c, m in enumerate(rows.levels.tolist()):
-        at = int(rows.fold_at[c])
-        folded = ((rows.comps[a, :m] * fold[b, at : at + m]).sum(-1) + (rows.comps[b, :m] * fold[a, at : at + m]).sum(-1)
+        at = 1 + n_levels + int(rows.fold_at[c])
+        folded = ((rows.comps[a, :m] * terms[b, at : at + m]).sum(-1) + (rows.comps[b, :m] * terms[a, at : at + m]).sum(-1)
                   if m else torch.zeros_like(base))
-        out.append(-(base - folded) * (rows.inverse_norms[c, s, a] * rows.inverse_norms[c, s, b]))
+        out.append(-(base - folded) * (terms[a, 1 + c] * terms[b, 1 + c]))
     return torch.where(a == b, -1.0, torch.stack(out)).to(rows.projected.dtype)  # a row with itself: cosine 1
