@@ -60,6 +60,30 @@ def test_a_resample_with_copies_equals_scipy_on_its_own_rows(dtype, tol):
             assert value == pytest.approx(expected, abs=tol)
 
 
+def test_text_gram_matrices_give_the_resamples_z_and_step_aside_for_other_rows():
+    rows, subspaces, texts = clouds(torch.float32)
+    plain = LayerResampler(rows, subspaces)
+    by_text = LayerResampler(rows, subspaces, texts=texts)
+    assert by_text.text_grams is not None and plain.text_grams is None
+    resamples = text_resamples(texts, 4, seed=3)
+    pairs = [resample_pairs(source) for source in resamples]
+    many = list(by_text.z_many(resamples, pairs.__getitem__, [0, 1, 4]))
+    for source, p, got in zip(resamples, pairs, many):
+        counts = by_text.text_counts(source)
+        assert counts is not None and float(counts.sum()) == texts.unique().numel()
+        assert got == pytest.approx(plain.z(source, p, [0, 1, 4]), abs=1e-4)  # float32 rounding of the CCR rows
+        for m, value in zip((0, 1, 4), got):
+            expected = plain_z(rows.double().numpy()[source.numpy()], source.numpy(), subspaces.double().numpy(), m)
+            assert value == pytest.approx(expected, abs=2e-3)
+    part = torch.cat([resamples[0], torch.tensor([0])])  # one row of a text drawn once more than its text
+    assert by_text.text_counts(part) is None
+    assert by_text.z(part, resample_pairs(part), [1]) == pytest.approx(plain.z(part, resample_pairs(part), [1]))
+    # Float64 rows rank by the SVD of the rows; their text Gram matrices are not made.
+    assert LayerResampler(rows.double(), subspaces.double(), texts=texts).text_grams is None
+    with pytest.raises(ValueError, match="texts must give the text of each"):
+        LayerResampler(rows, subspaces, texts=texts[:-1])
+
+
 def test_sampled_pairs_rank_the_same_pairs_as_the_rows_themselves():
     rows, subspaces, texts = clouds(torch.float64, n_texts=30, per_text=8)
     source = text_resamples(texts, 1, seed=2)[0]
