@@ -446,22 +446,25 @@ def resampled_pair_values(projected, first, second, shift_sq, comps, terms, fold
     (:func:`geolens.metrics._ranking.products.resampled_negated_cosines` defines every input; this is
     its CPU loop), written to ``out[level, s - offset, p]``; a pair of one row with itself is ``-1``. Per pair
     and subspace: one ``k``-long dot, then each level's ``m``-long folded terms."""
-    n_levels = levels.shape[0]
+    n_levels, k = levels.shape[0], projected.shape[2]
     for s in range(start, stop):
+        proj, term = projected[s], terms[s]  # this subspace's rows (in cache for all its pairs)
         for p in range(first.shape[0]):
             a, b = first[p], second[p]
             if a == b:  # two equal states: distance 0, cosine 1 exactly
                 for c in range(n_levels):
                     out[c, s - offset, p] = -1.0
                 continue
+            pa, pb = proj[a], proj[b]
             dot = 0.0
-            for t in range(projected.shape[2]):
-                dot += np.float64(projected[s, a, t]) * np.float64(projected[s, b, t])
+            for t in range(k):
+                dot += np.float64(pa[t]) * np.float64(pb[t])
             # Every term symmetric in (a, b), bit for bit: pairs of identical rows tie exactly, as they should.
-            base = dot - (terms[s, a, 0] + terms[s, b, 0]) + shift_sq[s]
+            ta, tb, ca, cb = term[a], term[b], comps[a], comps[b]
+            base = dot - (ta[0] + tb[0]) + shift_sq[s]
             for c in range(n_levels):
                 at = 1 + n_levels + fold_at[c]
                 folded = 0.0
                 for q in range(levels[c]):
-                    folded += comps[a, q] * terms[s, b, at + q] + comps[b, q] * terms[s, a, at + q]
-                out[c, s - offset, p] = -(base - folded) * (terms[s, a, 1 + c] * terms[s, b, 1 + c])
+                    folded += ca[q] * tb[at + q] + cb[q] * ta[at + q]
+                out[c, s - offset, p] = -(base - folded) * (ta[1 + c] * tb[1 + c])

@@ -288,6 +288,8 @@ def resampled_negated_cosines(rows: ResampledRows, first: torch.Tensor, second: 
     if on_host(projected.device, projected.dtype) if host is None else host:
         args = [t.contiguous().numpy() for t in (projected, first, second, rows.shift_sq, rows.comps, rows.terms,
                                                   rows.fold_at, rows.levels)]
+        if projected.shape[1] < 2**32:  # unsigned row indices: the loop's gathers need no negative-index check
+            args[1:3] = [index.astype(np.uint32) for index in args[1:3]]
         target = out.numpy()
         if in_worker():  # this thread runs its jobs itself
             compiled.resampled_pair_values(*args, start, stop, start, target)
