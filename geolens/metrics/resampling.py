@@ -239,7 +239,7 @@ class LayerResampler:
         text Gram matrices, every resample's moment (:meth:`z`) is made first, a chunk of resamples at once.
         """
         d = self.x.shape[1]
-        chunk = max(1, _TEXT_GRAM_BYTES // (d * d * 8))
+        chunk = len(sources) if self.text_grams is None else max(1, _TEXT_GRAM_BYTES // (d * d * 8))
         for start in range(0, len(sources), chunk):
             batch = range(start, min(len(sources), start + chunk))
             moments = self._moments([sources[b] for b in batch])
@@ -278,7 +278,7 @@ class LayerResampler:
             # removed s_l^2, exact to float64 rounding, far below the float32 limit.
             total = float(centred.pow(2).sum())
             left = total - float(sv[:m].double().pow(2).sum())
-            return left > (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2 * total
+            return left > self._zero_floor * total
         processed = centred - (centred @ vh[:m].T) @ vh[:m]
         try:
             check_spread(centred, processed, dtype=self.input_dtype, what="the resampled states after CCR")
@@ -383,20 +383,23 @@ class LayerResampler:
         across_shift = torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1)  # [S, M]
         gram = across @ across.transpose(1, 2)  # [S, M, M]
         shift_sq = shift_by.pow(2).sum(-1)
-        floor = (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2
         terms = resampled_row_terms(both, self.projected_sq, across_shift, shift_sq, gram, comps,
-                                    paired.to(both.device), levels, floor)
+                                    paired.to(both.device), levels, self._zero_floor)
         return ResampledRows(
             projected=self.projected, shift_sq=shift_sq, comps=comps, terms=terms,
             fold_at=torch.tensor([0, *levels[:-1]], dtype=torch.int64).cumsum(0),
             levels=torch.tensor(levels, dtype=torch.int64),
         )
 
+    @property
+    def _zero_floor(self) -> float:
+        """A squared norm at most this share of the norm before the removal is rounding: a zero row."""
+        return (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2
+
     def _check_norms(self, sq: torch.Tensor, scale: torch.Tensor) -> None:
         """Raise where a row's squared norm is rounding next to ``scale`` (its norm before the removal): a
         zero row, with no direction and so no cosine."""
-        floor = (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2
-        if bool((sq <= floor * scale).any()) or bool((sq <= 0).any()):
+        if bool((sq <= self._zero_floor * scale).any()) or bool((sq <= 0).any()):
             raise ValueError("a resampled state has zero norm, so its cosine distance is undefined")
 
 
