@@ -117,7 +117,8 @@ def check_cuda_equals_cpu(cfg, device, report):
 
 
 def check_resamples_cuda_equals_cpu(cfg, device, report):
-    """A text resample's z (``LayerResampler``: the gathers path on CUDA, the compiled loop on the CPU)."""
+    """A text resample's z (``LayerResampler``: the gathers path on CUDA, the compiled loop on the CPU; on CUDA
+    also with the text Gram matrices)."""
     if device.type != "cuda":
         report.skip("pga resamples cuda=cpu", "no CUDA device: the CUDA-vs-CPU comparison is skipped")
         return
@@ -132,7 +133,8 @@ def check_resamples_cuda_equals_cpu(cfg, device, report):
         pairs = resample_pairs(source, 10_000, seed=b + 1)
         cpu = LayerResampler(h, subspaces).z(source, pairs, [1, 5])
         gpu = LayerResampler(h.to(device), subspaces.to(device)).z(source, pairs, [1, 5])
-        worst = max(worst, *(abs(a - g) for a, g in zip(cpu, gpu)))
+        by_text = LayerResampler(h.to(device), subspaces.to(device), texts=texts.to(device)).z(source, pairs, [1, 5])
+        worst = max(worst, *(abs(a - g) for a, g in zip(cpu, gpu)), *(abs(a - g) for a, g in zip(cpu, by_text)))
     report.number("pga resamples cuda-cpu max|dz|", f"{worst:.1e}")
     report.check("resampled PGA z on CUDA equals the CPU to 1e-3", worst <= 1e-3, f"max |dz| = {worst:.2e}")
 
