@@ -36,8 +36,8 @@ from geolens._validation import DegenerateError, check_int, working_dtype
 from geolens.metrics._ranking.cpu import one_thread
 from geolens.metrics._ranking.pool import inline, n_workers
 from geolens.metrics._ranking.pairs import PairSample, sample_pairs
-from geolens.metrics._ranking.products import (ResampledRows, resampled_negated_cosines, resampled_row_terms,
-                                               row_pair_dots)
+from geolens.metrics._ranking.products import (ResampledRows, check_nonzero_norms, resampled_negated_cosines,
+                                               resampled_row_terms, row_pair_dots)
 from geolens.metrics._ranking.select import select_backend
 from geolens.metrics.pga import (JACKKNIFE_BLOCKS, _centred_full_ranks, _deleted_rhos, _jackknife_blocks,
                                  sampled_z)
@@ -208,8 +208,8 @@ class LayerResampler:
         except DegenerateError:
             return undefined
         top = max(max(levels), 1)
-        if moment is None and (counts := self.text_counts(source)) is not None:
-            moment = (counts @ self.text_grams).reshape(self.x.shape[1], -1)
+        if moment is None:
+            moment = self._moments([source])[0]
         if moment is not None:  # sum_a (x_a - delta)(x_a - delta)^T = sum_a x_a x_a^T - n delta delta^T
             sv, vh = gram_components(moment - source.numel() * torch.outer(delta, delta), top)
         else:
@@ -239,7 +239,7 @@ class LayerResampler:
         text Gram matrices, every resample's moment (:meth:`z`) is made first, a chunk of resamples at once.
         """
         d = self.x.shape[1]
-        chunk = len(sources) if self.text_grams is None else max(1, _TEXT_GRAM_BYTES // (d * d * 8))
+        chunk = max(1, len(sources) if self.text_grams is None else _TEXT_GRAM_BYTES // (d * d * 8))
         for start in range(0, len(sources), chunk):
             batch = range(start, min(len(sources), start + chunk))
             moments = self._moments([sources[b] for b in batch])
@@ -364,7 +364,7 @@ class LayerResampler:
         for m in levels:
             inner = dots - removed[:, m - 1] if m else dots
             sq_m = sq - removed_sq[:, m - 1] if m else sq
-            self._check_norms(sq_m[paired], sq[paired])
+            check_nonzero_norms(sq_m[paired], sq[paired], self._zero_floor)
             out.append(torch.where(first == second, -1.0, -inner / (sq_m[first] * sq_m[second]).sqrt()))
         return out
 
@@ -396,11 +396,6 @@ class LayerResampler:
         """A squared norm at most this share of the norm before the removal is rounding: a zero row."""
         return (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2
 
-    def _check_norms(self, sq: torch.Tensor, scale: torch.Tensor) -> None:
-        """Raise where a row's squared norm is rounding next to ``scale`` (its norm before the removal): a
-        zero row, with no direction and so no cosine."""
-        if bool((sq <= self._zero_floor * scale).any()) or bool((sq <= 0).any()):
-            raise ValueError("a resampled state has zero norm, so its cosine distance is undefined")
 
 
 def resampled_z(states: torch.Tensor, subspaces: torch.Tensor, ccr: Sequence[int], pairs: PairSample, *,

@@ -28,7 +28,7 @@ import torch
 
 from geolens.metrics._ranking import compiled
 from geolens.metrics._ranking.pairs import PairSample
-from geolens.metrics._ranking.pool import Scratch, in_worker, rank_pool, run_all, scratch_for
+from geolens.metrics._ranking.pool import Scratch, rank_pool, scratch_for, start_all
 from geolens.metrics._ranking.products import pair_negated_cosines
 from geolens.metrics._ranking.ranks import FullRanks, run_starts
 from geolens.metrics.distances import unit_rows
@@ -130,7 +130,7 @@ def ranked_dots(flat: torch.Tensor, flat_index: torch.Tensor, full: FullRanks) -
     def one_row(i: int) -> None:
         results[i] = side.score(bits[i])
 
-    run_all(one_row, bits.shape[0])
+    start_all(one_row, bits.shape[0])()
     dots, sq_norms = torch.tensor(results, dtype=torch.float64).unbind(-1)
     return dots, sq_norms
 
@@ -162,7 +162,7 @@ def subspace_ranked_dots(states: torch.Tensor, subspaces: torch.Tensor, flat_ind
         results[i] = side.score(gram.view(np.int32))
 
     with _single_threaded_blas():
-        run_all(one_subspace, units.shape[0])
+        start_all(one_subspace, units.shape[0])()
     dots, sq_norms = torch.tensor(results, dtype=torch.float64).unbind(-1)
     return dots, sq_norms
 
@@ -294,16 +294,10 @@ def _sampled_numpy(b: int, side: dict, fill_keys, scratch: Scratch):
             side["ties"], side["full_start"], side["blocks_full"], scratch.array("rank_full", p, rank_dtype), local)
         phi[i] = local
 
-    if in_worker():  # this thread runs the rows itself (pool.inline)
-        for i in range(b):
-            one_row(i)
-        futures = []
-    else:
-        futures = [rank_pool().submit(one_row, i) for i in range(b)]
+    wait = start_all(one_row, b)
 
     def result():
-        for future in futures:
-            future.result()
+        wait()
         dots, sq_norms = torch.tensor(results, dtype=torch.float64).unbind(-1)
         return dots, sq_norms, torch.from_numpy(phi)
 

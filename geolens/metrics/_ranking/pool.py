@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-__all__ = ["KEPT_SCRATCH_VALUES", "Scratch", "in_worker", "inline", "n_workers", "rank_pool", "run_all", "scratch_for"]
+__all__ = ["KEPT_SCRATCH_VALUES", "Scratch", "in_worker", "inline", "n_workers", "rank_pool", "scratch_for", "start_all"]
 
 _PREFIX = "geolens-rank"
 
@@ -66,12 +66,28 @@ def inline() -> Iterator[None]:
         _inline.on = before
 
 
-def run_all(job: Callable[[int], object], n: int) -> list:
-    """``[job(0), ..., job(n - 1)]``: in the pool, or in the calling thread where its jobs run inline
-    (:func:`in_worker`; waiting on the pool from the pool could leave no worker to run them)."""
+def start_all(job: Callable[[int], object], n: int) -> Callable[[], None]:
+    """Start ``job(0), ..., job(n - 1)`` in the pool, or run them now in the calling thread where its jobs run
+    inline (:func:`in_worker`; waiting on the pool from the pool could leave no worker to run them); returns a
+    function that waits until all are done (raising what a job raised).
+
+    Example:
+        >>> done = []
+        >>> wait = start_all(done.append, 3)
+        >>> wait(); sorted(done)
+        [0, 1, 2]
+    """
     if in_worker():
-        return [job(i) for i in range(n)]
-    return list(rank_pool().map(job, range(n)))
+        for i in range(n):
+            job(i)
+        return lambda: None
+    futures = [rank_pool().submit(job, i) for i in range(n)]
+
+    def wait() -> None:
+        for future in futures:
+            future.result()
+
+    return wait
 
 
 class Scratch(threading.local):

@@ -20,11 +20,11 @@ from jaxtyping import Float
 
 from geolens.metrics._ranking import compiled
 from geolens.metrics._ranking.pairs import PairSample
-from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool
+from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool, start_all
 from geolens.metrics.distances import unit_rows
 
 __all__ = ["ResampledRows", "negated_cosine_upper", "on_host", "pair_negated_cosines", "pair_values_into",
-           "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots"]
+           "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots", "check_nonzero_norms"]
 
 
 def on_host(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -260,9 +260,7 @@ def resampled_row_terms(both: torch.Tensor, projected_sq: torch.Tensor, across_s
     for c, m in enumerate(levels):
         fold = cross[..., :m] - 0.5 * torch.matmul(comps[:, :m], gram[:, :m, :m])  # [S, N, m]
         sq = base_sq - 2 * (fold * comps[:, :m]).sum(-1)  # |q_i|^2
-        used, scale = sq[:, rows], base_sq[:, rows]
-        if bool((used <= floor * scale).any()) or bool((used <= 0).any()):
-            raise ValueError(_ZERO_ROW)
+        check_nonzero_norms(sq[:, rows], base_sq[:, rows], floor)
         out[..., 1 + c] = torch.where(sq > 0, sq.clamp_min(torch.finfo(sq.dtype).tiny).rsqrt(), 0.0)
         at = 1 + n_levels + int(fold_at[c])
         out[..., at : at + m] = fold
@@ -270,6 +268,13 @@ def resampled_row_terms(both: torch.Tensor, projected_sq: torch.Tensor, across_s
 
 
 _ZERO_ROW = "a resampled state has zero norm, so its cosine distance is undefined"
+
+
+def check_nonzero_norms(sq: torch.Tensor, scale: torch.Tensor, floor: float) -> None:
+    """Raise ``ValueError`` where a squared norm is at most ``floor`` times ``scale`` (the squared norm before a
+    removal), or not above 0: a zero row, with no direction and so no cosine."""
+    if bool((sq <= floor * scale).any()) or bool((sq <= 0).any()):
+        raise ValueError(_ZERO_ROW)
 
 
 def resampled_negated_cosines(rows: ResampledRows, first: torch.Tensor, second: torch.Tensor, start: int, stop: int,
@@ -291,14 +296,9 @@ def resampled_negated_cosines(rows: ResampledRows, first: torch.Tensor, second: 
         if projected.shape[1] < 2**32:  # unsigned row indices: the loop's gathers need no negative-index check
             args[1:3] = [index.astype(np.uint32) for index in args[1:3]]
         target = out.numpy()
-        if in_worker():  # this thread runs its jobs itself
-            compiled.resampled_pair_values(*args, start, stop, start, target)
-            return out
-        bounds = np.linspace(start, stop, min(n_workers(), stop - start) + 1).astype(int).tolist()
-        jobs = [rank_pool().submit(compiled.resampled_pair_values, *args, lo, hi, start, target)
-                for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
-        for job in jobs:
-            job.result()
+        parts = 1 if in_worker() else min(n_workers(), stop - start)  # a thread that runs its jobs itself: one
+        bounds = np.linspace(start, stop, parts + 1).astype(int).tolist()
+        start_all(lambda j: compiled.resampled_pair_values(*args, bounds[j], bounds[j + 1], start, target), parts)()
         return out
     for lo in range(start, stop):
         out[:, lo - start] = _resampled_torch(rows, first.to(projected.device), second.to(projected.device), lo)
