@@ -330,6 +330,64 @@ def test_lens_and_phases_sections_train_once_and_cache(neox_bridge, tmp_path, te
         trace.name for trace in history.plot().data}
 
 
+def test_lens_check_trains_a_longer_lens_and_compares_its_phases_k_by_k(neox_bridge, tmp_path, texts, monkeypatch):
+    """lens_check=2: a second lens (its own cache entry) with twice the steps on the same texts; the
+    phases section puts both lenses' phases per k side by side, on the page, in a CSV and in the findings."""
+    from geolens.analyses import phases as phases_analysis
+    from geolens.lens import longer_budget
+    from geolens.model import as_adapter
+    from geolens.report.run import ReportRun
+
+    monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "cache"))
+    budget = {"n_tokens": 64, "max_steps": 3, "max_seconds": 1e6}
+    paths = report(neox_bridge, list(texts) * 4, tmp_path / "r", sections=["phases"], n_tokens=30, progress=False,
+                   lens_budget=budget, lens_check=2)
+    written = check_strict_json_files(tmp_path / "r")
+    assert json.loads(paths["meta.json"].read_text())["errors"] == {}
+    check = written["phases"]["params"]["lens_check"]
+    folders = sorted((tmp_path / "cache" / "tuned_lens").iterdir())
+    assert len(folders) == 2  # the report's lens and the longer one, each cached with its halves
+    lenses = sorted((TunedLens.load(f, neox_bridge) for f in folders), key=lambda lens: lens.training_info["steps"])
+    infos = [lens.training_info for lens in lenses]
+    assert [i["max_steps"] for i in infos] == [3, 6] and [i["max_seconds"] for i in infos] == [1e6, 4e6]
+    assert check["factor"] == 2 and check["steps"] == [i["steps"] for i in infos] == [3, 6]
+    assert check["held_out_kl"] == [i["best_held_out_kl_mean"] for i in infos]
+    assert check["ratio"] == pytest.approx(infos[0]["best_held_out_kl_mean"] / infos[1]["best_held_out_kl_mean"])
+    halves = [[float(np.mean(h)) for h in i["halves_held_out_kl"]] for i in infos]
+    assert np.allclose(check["halves_held_out_kl"], halves)
+    table = pd.read_csv(tmp_path / "r" / "phases_lens_check.csv", keep_default_na=False)
+    # The longer lens's columns are what phases() says of that lens on its own (loaded from its cache entry).
+    run = ReportRun(as_adapter(neox_bridge), list(texts) * 4, ReportSettings(lens_budget=budget, progress=False))
+    alone = phases_analysis.phases(neox_bridge, run.texts, lens_tokens=run.lens_texts(), n_tokens=30, progress=False,
+                                   lens_budget=longer_budget(run.lens_budget(), factor=2)).stability_table()
+    for part in ("lens", "half_0", "half_1", "stable"):
+        assert table[f"{part}_longer"].tolist() == alone[part].tolist()
+    assert table.columns.tolist() == ["k", "lens", "half_0", "half_1", "stable", "lens_longer", "half_0_longer",
+                                      "half_1_longer", "stable_longer", "same"]
+    stability = pd.read_csv(tmp_path / "r" / "phases_stability.csv", keep_default_na=False)
+    assert table.k.tolist() == stability.k.tolist() and table.lens.tolist() == stability.lens.tolist()
+    same = (table.lens == table.lens_longer) & (table.half_0 == table.half_0_longer) & (table.half_1 == table.half_1_longer)
+    assert table.same.tolist() == ["yes" if s else "no" for s in same]
+    html = paths["report.html"].read_text()
+    assert f"<details open><summary>Full table: lens-check ({len(table)} rows)</summary>" in html
+    assert "Checked against a lens trained 2× longer on the same texts (6 steps against 3)" in html
+
+
+def test_lens_check_is_zero_or_at_least_two(neox_bridge, tmp_path, capsys):
+    for bad in (1, -1, 2.0, True):
+        with pytest.raises(ValueError, match="lens_check must be 0 .off. or an integer >= 2"):
+            ReportSettings(lens_check=bad)
+    with pytest.raises(ValueError, match="lens_check"):
+        report(neox_bridge, ["a b c d"], tmp_path / "r", lens_check=1)
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--lens-check", "1", "--out", str(tmp_path / "r")])
+    assert exit_info.value.code == 2 and "--lens-check" in capsys.readouterr().err
+    assert ReportSettings().lens_check == 0 and ReportSettings(lens_check=4).lens_check == 4
+    with pytest.raises(ValueError, match="closed form only"):  # nothing to train longer
+        ReportSettings.quick_preset(lens_check=2)
+
+
 def test_quick_lens_budget_is_small_and_cached_apart(neox_bridge, tmp_path, texts, monkeypatch):
     monkeypatch.setenv("GEOLENS_CACHE", str(tmp_path / "cache"))
     paths = report(neox_bridge, list(texts) * 4, tmp_path / "r", sections=["lens"], quick=True, n_tokens=30,

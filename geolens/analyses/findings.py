@@ -333,7 +333,58 @@ def refinement_phrase(stopped: str | None, steps: int | None) -> str:
 
 def phases_findings(result: Any) -> list[str]:
     """The phases at the chosen ``k`` and whether lenses fitted on the two halves of the text reproduce them,
-    ``k`` by ``k`` (docs/methods.md §C.9a): which ``k`` found which phases, and which part of the rule fails.
+    ``k`` by ``k`` (docs/methods.md §C.9a): which ``k`` found which phases, and which part of the rule fails;
+    then, where a lens was trained longer to check (``params["lens_check"]``, §C.9b), what it changes.
+    """
+    check = result.params.get("lens_check")
+    return _phases_lines(result) + (lens_check_findings(check) if isinstance(check, dict) else [])
+
+
+def lens_check_findings(check: dict) -> list[str]:
+    """What a lens trained ``factor`` times longer changes (:func:`geolens.analyses.phases.lens_check`), in words.
+
+    Example:
+        >>> same = {"this": {"lens": "(4, 28)", "half_0": "none", "half_1": "(4, 28)", "stable": "no"}, "same": True}
+        >>> differ = {"this": {"lens": "none", "half_0": "none", "half_1": "none", "stable": "no"}, "same": False}
+        >>> check = {"factor": 4, "steps": [17, 68], "stopped": ["time", "time"], "held_out_kl": [1.98, 1.87],
+        ...          "ratio": 1.06, "same_phases": False, "same_verdict": True,
+        ...          "per_k": [{"k": 29, **same, "longer": same["this"]},
+        ...                    {"k": 58, **differ, "longer": {**differ["this"], "half_0": "(4, 28)"}}]}
+        >>> for line in lens_check_findings(check):
+        ...     print(line)
+        Checked against a lens trained 4× longer on the same texts (68 steps against 17): its held-out KL is 1.87 nats against this lens's 1.98 (ratio 1.06).
+        It finds the same phases at k = 29 (the lens and both halves); at k = 58 it differs: half 0 (4, 28) against none. The stability rule's verdict and the chosen k's phases are the same with either lens.
+    """
+    steps, kl, ratio = check.get("steps") or [None, None], check.get("held_out_kl") or [None, None], check.get("ratio")
+    factor = check.get("factor")
+    line = f"Checked against a lens trained {factor}× longer on the same texts ({_steps(steps[1])} against {steps[0]})"
+    if ratio is not None:
+        line += (f": its held-out KL is {kl[1]:.2f} nats against this lens's {kl[0]:.2f} (ratio {ratio:.2f})")
+    rows = check.get("per_k") or []
+    if not rows:
+        return [line + "; the phases' stability was not measured, so there is nothing to compare k by k."]
+    same = [str(r["k"]) for r in rows if r["same"]]
+    differ = [r for r in rows if not r["same"]]
+    parts = []
+    if same:
+        parts.append(f"It finds the same phases at k = {_and(same)} (the lens and both halves)")
+    for r in differ:
+        changed = [f"{_PART_NAMES[p]} {r['longer'][p]} against {r['this'][p]}" for p in ("lens", "half_0", "half_1")
+                   if r["longer"][p] != r["this"][p]]
+        parts.append(f"at k = {r['k']} it differs: " + ", ".join(changed))
+    text = "; ".join(parts)
+    text = text[0].upper() + text[1:] + ". "
+    text += ("The stability rule's verdict and the chosen k's phases are the same with either lens." if
+             check.get("same_verdict") else
+             "The verdict changes with the longer lens: this report's phases depend on how long its lens was trained.")
+    return [line + ".", text]
+
+
+_PART_NAMES = {"lens": "the lens", "half_0": "half 0", "half_1": "half 1"}
+
+
+def _phases_lines(result: Any) -> list[str]:
+    """:func:`phases_findings` without the longer lens's check.
 
     Example:
         >>> from geolens.results import Result

@@ -23,14 +23,14 @@ import torch
 from geolens._renames import renamed_keywords
 from geolens._validation import DEFAULT_N_TOKENS, resolve_k
 from geolens.analyses.updates import updates
-from geolens.lens import TunedLens, cached_tuned_lens, evaluate
+from geolens.lens import TunedLens, cached_tuned_lens, evaluate, longer_budget
 from geolens.metrics.phases import PHASE_NAMES, PhaseSplit, detect_phases
 from geolens.metrics.subspaces import choose_resolution, resolution_sweep
 from geolens.model import Model, as_adapter
 from geolens.results import Result
 from geolens import plotting
 
-__all__ = ["DEFAULT_FRACTIONS", "STABILITY_FRACTIONS", "PhasesResult", "phase_stability", "phases",
+__all__ = ["DEFAULT_FRACTIONS", "STABILITY_FRACTIONS", "PhasesResult", "lens_check", "phase_stability", "phases",
            "member_options", "report_section", "study_rows", "zoo_columns", "zoo_options", "zoo_summary"]
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.10, 0.15, 0.25, 0.50)
@@ -44,7 +44,7 @@ class PhasesResult(Result):
 
     title: ClassVar[str] = "PhasesResult"
     # Shown unfolded on the report's page: the stability check is why phases are or are not reported.
-    open_tables: ClassVar[tuple[str, ...]] = ("stability",)
+    open_tables: ClassVar[tuple[str, ...]] = ("stability", "lens_check")
 
     def plot(self):
         """RSS curves by layer, one per k (the chosen k bold), with the three phases as shaded bands."""
@@ -72,11 +72,35 @@ class PhasesResult(Result):
                               "stable": "yes" if row["agree"] else "no", "why": row.get("why", "")} for row in rows],
                             columns=["k", "fraction", "lens", "half_0", "half_1", "pearson", "stable", "why"])
 
+    def lens_check_table(self):
+        """Per ``k`` of the stability check, the phases of this lens and its halves beside those of the lens
+        trained longer (``params["lens_check"]``, :func:`lens_check`): ``k``, then ``lens``, ``half_0``,
+        ``half_1``, ``stable`` for each (the longer lens's columns end in ``_longer``), and ``same`` (``"yes"``
+        where all three find the same phases). Empty where no longer lens was trained.
+
+        Example:
+            >>> row = {"k": 29, "this": {"lens": "(4, 28)", "half_0": "none", "half_1": "(4, 28)", "stable": "no"},
+            ...        "longer": {"lens": "(4, 28)", "half_0": "(4, 28)", "half_1": "(4, 28)", "stable": "yes"},
+            ...        "same": False}
+            >>> table = PhasesResult(rows=[], params={"lens_check": {"per_k": [row]}}).lens_check_table()
+            >>> table[["k", "half_0", "half_0_longer", "same"]].values.tolist()
+            [[29, 'none', '(4, 28)', 'no']]
+        """
+        import pandas as pd
+
+        parts = ("lens", "half_0", "half_1", "stable")
+        rows = (self.params.get("lens_check") or {}).get("per_k") or []
+        return pd.DataFrame([{"k": row["k"], **{p: row["this"][p] for p in parts},
+                              **{f"{p}_longer": row["longer"][p] for p in parts}, "same": "yes" if row["same"] else "no"}
+                             for row in rows], columns=["k", *parts, *(f"{p}_longer" for p in parts), "same"])
+
     def tables(self):
-        """``{"layers": the per-layer table, "stability": :meth:`stability_table`}``; just ``{"": layers}`` where
-        stability was not measured."""
-        stability = self.stability_table()
-        return {"layers": self.to_pandas(), "stability": stability} if len(stability) else {"": self.to_pandas()}
+        """``{"layers": the per-layer table, "stability": :meth:`stability_table`, "lens_check":
+        :meth:`lens_check_table`}``, those that are not empty; just ``{"": layers}`` where stability was not
+        measured."""
+        extra = {"stability": self.stability_table(), "lens_check": self.lens_check_table()}
+        extra = {name: table for name, table in extra.items() if len(table)}
+        return {"layers": self.to_pandas(), **extra} if extra else {"": self.to_pandas()}
 
 
 def _pair(breakpoints) -> str:
@@ -242,33 +266,45 @@ def phases(
         (False, 'the curve has 1 point; phase detection needs at least 5')
     """
     adapter = as_adapter(model)
-    stability_report, n_lens_texts = None, None
-    if lens is None:
-        lens, stability_report, n_lens_texts = _fit_lens(
-            adapter, lens_tokens if lens_tokens is not None else tokens, lens_budget, cache_dir=cache_dir,
-            stability=stability, seed=seed, progress=progress, smoothing=smoothing, sensitivity=sensitivity)
-    _check_lens(lens, adapter)
-    sweep, chosen = _resolution(lens, fractions, _k_fraction(k, lens.d_model))
-    if stability_report is not None:
-        _add_lens_phases(stability_report, lens, sweep, smoothing, sensitivity)
-    split, unstable = _stable_split(chosen["rss"], smoothing, sensitivity, stability_report)
+    lens, sweep, chosen, split, params = _lens_phases(
+        adapter, lens, lens_tokens if lens_tokens is not None else tokens, lens_budget, cache_dir=cache_dir,
+        stability=stability, seed=seed, progress=progress, fractions=fractions, k=k, smoothing=smoothing,
+        sensitivity=sensitivity)
     common = dict(n_tokens=n_tokens, seed=seed, batch_size=batch_size, max_length=max_length,
                   attention_mask=attention_mask, progress=progress)
     upd = _update_table(adapter, tokens, update_geometry, common)
     evaluated = _lens_quality(adapter, tokens, lens, lens_evaluation, common)
     hits = {kind: part.set_index("layer") for kind, part in evaluated.to_pandas().groupby("lens")}
     rows = _layer_rows(adapter.n_layers, chosen, sweep, split, upd, hits)
+    params.update(n_tokens=evaluated.params["n_tokens"], max_length=max_length)
+    return PhasesResult(rows=rows, params=params)
+
+
+def _lens_phases(adapter, lens: TunedLens | None, lens_tokens, lens_budget: dict[str, Any] | None, *, cache_dir,
+                 stability: bool, seed: int, progress: bool, fractions: Sequence[float], k: int | float | None,
+                 smoothing: float, sensitivity: float) -> tuple[TunedLens, list[dict], dict, PhaseSplit, dict]:
+    """What :func:`phases` finds from the lens alone (fitted on ``lens_tokens`` where ``lens`` is None), before
+    the per-layer diagnostics: ``(lens, sweep, chosen, split, params)``, the params without the diagnostics'."""
+    stability_report, n_lens_texts = None, None
+    if lens is None:
+        lens, stability_report, n_lens_texts = _fit_lens(
+            adapter, lens_tokens, lens_budget, cache_dir=cache_dir, stability=stability, seed=seed,
+            progress=progress, smoothing=smoothing, sensitivity=sensitivity)
+    _check_lens(lens, adapter)
+    sweep, chosen = _resolution(lens, fractions, _k_fraction(k, lens.d_model))
+    if stability_report is not None:
+        _add_lens_phases(stability_report, lens, sweep, smoothing, sensitivity)
+    split, unstable = _stable_split(chosen["rss"], smoothing, sensitivity, stability_report)
     params = {
         "model": adapter.name, "k": chosen["k"], "k_fraction": chosen["fraction"], "b1": split.b1, "b2": split.b2,
         "found": split.found, "reason": split.reason, "smoothing": smoothing, "sensitivity": sensitivity,
         "sweep": [{key: entry[key] for key in ("fraction", "k", "energy", "visibility")} for entry in sweep],
         "lens_training": {k: v for k, v in getattr(lens, "training_info", {}).items() if k not in ("losses", "history")},
         "n_lens_texts": n_lens_texts, "seed": seed, "stability": stability_report, "unstable_breakpoints": unstable,
-        "n_tokens": evaluated.params["n_tokens"], "max_length": max_length,
     }
     if split.found:
         params["phase_share"] = _phase_share(split, adapter.n_layers)
-    return PhasesResult(rows=rows, params=params)
+    return lens, sweep, chosen, split, params
 
 
 # ----------------------------------------------------------------------------- the steps of phases()
@@ -476,7 +512,61 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[PhasesResult
                     lens_evaluation=needed.get("lens"), update_geometry=needed.get("updates"))
     # phases() records the lens's fit (params["lens_training"]) and its number of texts; the report adds where it is.
     result.params["lens_dir"] = run.lens().cache_dir
+    if s.lens_check:  # the phases of a lens trained lens_check times longer (its own cache entry)
+        steps = result.params["lens_training"].get("steps")  # a time limit may have stopped it before its budget
+        budget = longer_budget(run.lens_budget(), factor=s.lens_check, steps_taken=steps)
+        ran = result.params  # the same analysis as the report's lens had, less its per-layer diagnostics
+        *_, params = _lens_phases(run.adapter, None, run.lens_texts(), budget, cache_dir=None, stability=True,
+                                  seed=s.seed, progress=s.progress, fractions=[e["fraction"] for e in ran["sweep"]],
+                                  k=None, smoothing=ran["smoothing"], sensitivity=ran["sensitivity"])
+        result.params["lens_check"] = lens_check(result, PhasesResult(rows=[], params=params), s.lens_check)
     return result, [result.plot()]
+
+
+def lens_check(result: PhasesResult, longer: PhasesResult, factor: int) -> dict[str, Any]:
+    """How the phases of ``result`` compare with those of ``longer``, the same analysis with a lens trained
+    ``factor`` times longer on the same texts (docs/methods.md §C.9b): each lens's steps, why it stopped and
+    held-out KL (mean over layers 0..L-1; its halves' too), ``ratio`` (this lens's KL over the longer one's),
+    and per ``k`` of the stability check what each lens and each half finds, the rule's verdict and ``same``
+    (the lens and both halves find the same phases). ``same_phases``: ``same`` at every ``k``;
+    ``same_verdict``: the chosen ``k``'s phases (or none) and the rule's verdict at every ``k`` agree.
+
+    Example:
+        >>> per_k = [{"k": 29, "fraction": 0.05, "b1": [4, None], "b2": [28, None], "pearson": 0.96, "agree": False,
+        ...           "why": "", "lens": [4, 28]}]
+        >>> def made(steps, kl, per_k):
+        ...     return PhasesResult(rows=[], params={"found": False, "b1": None, "b2": None, "stability": {"per_k": per_k},
+        ...         "lens_training": {"steps": steps, "stopped": "time", "best_held_out_kl_mean": kl}})
+        >>> check = lens_check(made(17, 2.2, per_k), made(68, 2.0, per_k), 4)
+        >>> round(check["ratio"], 2), check["steps"], check["same_phases"], check["same_verdict"]
+        (1.1, [17, 68], True, True)
+    """
+    def per_k(res: PhasesResult) -> dict[int, dict[str, str]]:
+        table = res.stability_table()
+        return {int(row.k): {"lens": row.lens, "half_0": row.half_0, "half_1": row.half_1, "stable": row.stable}
+                for row in table.itertuples()}
+
+    def training(res: PhasesResult, key: str) -> Any:
+        return (res.params.get("lens_training") or {}).get(key)
+
+    def halves_kl(res: PhasesResult) -> list[float] | None:
+        halves = training(res, "halves_held_out_kl")
+        return [sum(kl) / len(kl) for kl in halves] if halves else None
+
+    this, other = per_k(result), per_k(longer)
+    rows = [{"k": k, "this": this[k], "longer": other[k],
+             "same": all(this[k][p] == other[k][p] for p in ("lens", "half_0", "half_1"))}
+            for k in sorted(set(this) & set(other))]
+    kl = [training(result, "best_held_out_kl_mean"), training(longer, "best_held_out_kl_mean")]
+    chosen = [(r.params.get("found"), r.params.get("b1"), r.params.get("b2")) for r in (result, longer)]
+    return {"factor": factor, "steps": [training(result, "steps"), training(longer, "steps")],
+            "stopped": [training(result, "stopped"), training(longer, "stopped")], "held_out_kl": kl,
+            "halves_held_out_kl": [halves_kl(result), halves_kl(longer)],
+            "ratio": kl[0] / kl[1] if None not in kl and kl[1] > 0 else None, "per_k": rows,
+            "same_phases": all(row["same"] for row in rows) if rows else None,
+            "same_verdict": chosen[0] == chosen[1] and all(r["this"]["stable"] == r["longer"]["stable"] for r in rows),
+            "longer_found": longer.params.get("found"), "longer_b1": longer.params.get("b1"),
+            "longer_b2": longer.params.get("b2")}
 
 
 def study_rows(result: PhasesResult, n_layers: int) -> list[dict[str, Any]]:

@@ -49,6 +49,14 @@ def _format_list(text: str) -> list[str]:
     return names
 
 
+def _lens_check_factor(text: str) -> int:
+    """``--lens-check``: 0 (off) or an integer of at least 2."""
+    value = int_at_least(0)(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("must be 0 (off) or at least 2 (times the report lens's training), got 1")
+    return value
+
+
 # Budget flags -> (ReportSettings field, type, help). Their argparse default is None ("not given"), so
 # that --quick's preset fills every flag the user left out and an explicit flag always wins over it.
 _BUDGET_FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -64,6 +72,9 @@ _BUDGET_FLAGS: dict[str, tuple[str, Any, str]] = {
                                "word-end positions of the convergence section"),
     "--lens-n-tokens": ("lens_n_tokens", int_at_least(3),
                         "positions the lens section scores (logit and tuned lens at every layer), sampled from the --n-tokens positions"),
+    "--lens-check": ("lens_check", _lens_check_factor,
+                     "also train a tuned lens this many times longer and compare its phases k by k (0: off; "
+                     "costs about that many times the lens's fit)"),
     "--seed": ("seed", int_at_least(0), "seed of every sample"),
 }
 # Flags of geolens 0.3.0 -> their names since 0.4.0 (the settings' renames): given, they stop the run naming the new one.

@@ -21,7 +21,7 @@ Example:
 """
 
 from geolens._renames import renamed_attributes
-from geolens.lens.cache import SMALL_BUDGET, cached_tuned_lens
+from geolens.lens.cache import SMALL_BUDGET, cached_tuned_lens, longer_budget
 from geolens.lens.evaluate import EvaluateResult, evaluate, hit_at_k
 from geolens.lens.fit import FAST_BUDGET, fit_tuned_lens
 from geolens.lens.logit_lens import LogitLens, layer_logits, residual_stream, unembed
@@ -45,6 +45,7 @@ __all__ = [
     "hit_at_k",
     "kl_rows",
     "layer_logits",
+    "longer_budget",
     "residual_stream",
     "train_tuned_lens",
     "unembed",

@@ -35,7 +35,7 @@ from geolens.lens.train import DEFAULT_SEQ_LEN, dtype_name, resolve_matmul_dtype
 from geolens.lens.tuned_lens import TunedLens
 from geolens.model import Model, ModelAdapter, as_adapter
 
-__all__ = ["LENS_METHODS", "SMALL_BUDGET", "cached_tuned_lens"]
+__all__ = ["LENS_METHODS", "SMALL_BUDGET", "cached_tuned_lens", "longer_budget"]
 
 LENS_METHODS = ("fast", "reference")
 # The reference recipe's small CPU budget: far below its 250 x 2^18 tokens, see docs/limits.md.
@@ -52,6 +52,35 @@ def _cache_key(adapter: ModelAdapter, plan: dict) -> str:
     base = Path(adapter.name).name or adapter.name  # a local path names the model by its folder
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base)
     return f"{safe}-L{adapter.n_layers}-d{adapter.d_model}-V{adapter.d_vocab}-{digest}"
+
+
+def longer_budget(budget: dict | None, *, factor: int, steps_taken: int | None = None) -> dict:
+    """``budget`` (a :func:`cached_tuned_lens` budget, with or without ``method``) for a lens trained ``factor``
+    times as many steps; the rest (texts, positions, seed) unchanged, so the longer lens differs from the first
+    by its training alone. Keys left out take their method's default.
+
+    ``steps_taken``: the steps the first lens took, where it stopped before its budget (the fast method's time
+    limit): the longer lens then gets ``factor`` times those. Its time limit (fast method) is ``2 * factor``
+    times the first's, a safeguard that leaves the steps, not the machine's speed, to set how long it trains.
+
+    Example:
+        >>> longer_budget({"method": "fast", "n_tokens": 8192, "max_steps": 20, "max_seconds": 30.0}, factor=4,
+        ...               steps_taken=17)
+        {'method': 'fast', 'n_tokens': 8192, 'max_steps': 68, 'max_seconds': 240.0}
+        >>> longer_budget({"method": "reference", "tokens_per_step": 64}, factor=2)["max_steps"]   # of SMALL_BUDGET's 25
+        50
+    """
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+        raise ValueError(f"factor must be a positive integer (times the training), got {factor!r}")
+    out = dict(budget or {})
+    fast = out.get("method", "fast") == "fast"
+    defaults = FAST_BUDGET if fast else SMALL_BUDGET
+    steps = out["max_steps"] if out.get("max_steps") is not None else defaults["max_steps"]
+    out["max_steps"] = factor * (steps if steps_taken is None else min(steps, steps_taken))
+    if fast:
+        seconds = out["max_seconds"] if out.get("max_seconds") is not None else defaults["max_seconds"]
+        out["max_seconds"] = 2 * factor * seconds
+    return out
 
 
 @renamed_keywords(train_texts="tokens", steps="max_steps")

@@ -105,8 +105,21 @@ class ReportSettings:
     convergence_n_null: int = 30
     alpha_fit_range: tuple[int, int] | None = None  # default (5, 100), cut to each spectrum's numerical rank
     lens_budget: dict[str, int] | None = None
+    # A second tuned lens, trained lens_check times as many steps as the report's lens took, on the same texts:
+    # the phases section then shows k by k whether it finds the same phases, and the KL it reaches
+    # (docs/methods.md §C.9b). 0: off. It costs about lens_check times the lens's fit.
+    lens_check: int = 0
     quick: bool = False  # made from the QUICK preset (recorded, so a quick report is never mistaken for a full one)
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        check = self.lens_check
+        if isinstance(check, bool) or not isinstance(check, int) or check < 0 or check == 1:
+            raise ValueError(f"lens_check must be 0 (off) or an integer >= 2 (times the report lens's training), "
+                             f"got {check!r}")
+        if check and not self.full_lens_budget().get("max_steps", 1):
+            raise ValueError("lens_check compares the report's lens with one trained longer, but lens_budget "
+                             "trains it in closed form only (max_steps 0): give it steps, or set lens_check=0")
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> "ReportSettings":

@@ -170,6 +170,53 @@ def test_stability_table_per_k_against_kneedle_on_planted_halves(deep_bridge, te
     assert (same.why[same.half_0 == "none"] == "neither lens finds phases").all()
 
 
+def test_lens_check_compares_two_planted_lenses_k_by_k(deep_bridge, texts, monkeypatch):
+    """Two fits told apart by their budget: the shorter one's halves are both the planted three-phase lens, the
+    longer one's second half only falls (no phases). lens_check finds the phases the same where both second halves
+    find none, different at k = K, and the rule's verdict changed; the findings say so."""
+    import geolens.analyses.phases as ph
+    from geolens.analyses.findings import phases_findings
+    from geolens.lens import longer_budget
+
+    planted = _planted_lens(deep_bridge)
+    settling = _planted_lens(deep_bridge, tuple(0.1 * (i + 1) for i in range(len(ANGLES))))
+
+    def fitted(model, train_texts, *, halves=False, max_steps=None, **kw):
+        lens = _planted_lens(deep_bridge)
+        lens.halves = (planted, planted if max_steps == 3 else settling)
+        lens.training_info = {"steps": max_steps, "stopped": "steps", "best_held_out_kl_mean": 3.0 / max_steps,
+                              "halves_held_out_kl": [[1.0, 2.0], [3.0, 4.0]]}
+        return lens
+
+    monkeypatch.setattr(ph, "cached_tuned_lens", fitted)
+    common = dict(lens_tokens=list(texts) * 2, fractions=(K / 32, 0.5), k=K / 32, smoothing=0.0, n_tokens=None,
+                  progress=False)
+    budget = {"method": "fast", "max_steps": 3, "max_seconds": 10.0}
+    short = geolens.phases(deep_bridge, list(texts), lens_budget=budget, **common)
+    longer = geolens.phases(deep_bridge, list(texts), lens_budget=longer_budget(budget, factor=2), **common)
+    check = ph.lens_check(short, longer, 2)
+    assert check["steps"] == [3, 6] and check["ratio"] == pytest.approx(2.0)
+    assert check["halves_held_out_kl"] == [[1.5, 3.5], [1.5, 3.5]]
+    a, b = short.stability_table(), longer.stability_table()
+    assert [row["k"] for row in check["per_k"]] == a.k.tolist() == b.k.tolist()
+    at_k = check["per_k"][0]
+    assert at_k["k"] == K and at_k["this"]["half_1"] == at_k["this"]["half_0"] != "none"
+    assert at_k["longer"]["half_1"] == "none" and at_k["this"]["stable"] == "yes" and at_k["longer"]["stable"] == "no"
+    for row, (_, x), (_, y) in zip(check["per_k"], a.iterrows(), b.iterrows()):  # same: the lens and both halves
+        assert row["same"] == (x.lens == y.lens and x.half_0 == y.half_0 and x.half_1 == y.half_1)
+    assert not at_k["same"] and check["same_phases"] is False and check["same_verdict"] is False
+    short.params["lens_check"] = check
+    table = short.tables()["lens_check"]
+    assert table.k.tolist() == a.k.tolist() and table.same.iloc[0] == "no"
+    lines = phases_findings(short)
+    assert lines[-2].startswith("Checked against a lens trained 2× longer on the same texts (6 steps against 3)")
+    assert f"at k = {K} it differs: half 1 none against {at_k['this']['half_1']}" in lines[-1]
+    assert lines[-1].endswith("this report's phases depend on how long its lens was trained.")
+    # A check against the same lens: the same phases at every k, and the same verdict.
+    same = ph.lens_check(short, short, 2)
+    assert same["same_phases"] is True and same["same_verdict"] is True and same["ratio"] == pytest.approx(1.0)
+
+
 def test_stability_lenses_come_from_the_halves_or_from_each_half_of_the_texts(deep_bridge, texts, monkeypatch):
     """The fast method: one fit with its halves; the reference recipe: a lens per half of the lens texts."""
     import geolens.analyses.phases as ph
