@@ -519,11 +519,11 @@ def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[PhasesResult
         *_, params = _lens_phases(run.adapter, None, run.lens_texts(), budget, cache_dir=None, stability=True,
                                   seed=s.seed, progress=s.progress, fractions=[e["fraction"] for e in ran["sweep"]],
                                   k=None, smoothing=ran["smoothing"], sensitivity=ran["sensitivity"])
-        result.params["lens_check"] = lens_check(result, PhasesResult(rows=[], params=params), s.lens_check)
+        result.params["lens_check"] = lens_check(result, PhasesResult(rows=[], params=params), factor=s.lens_check)
     return result, [result.plot()]
 
 
-def lens_check(result: PhasesResult, longer: PhasesResult, factor: int) -> dict[str, Any]:
+def lens_check(result: PhasesResult, longer: PhasesResult, *, factor: int) -> dict[str, Any]:
     """How the phases of ``result`` compare with those of ``longer``, the same analysis with a lens trained
     ``factor`` times longer on the same texts (docs/methods.md §C.9b): each lens's steps, why it stopped and
     held-out KL (mean over layers 0..L-1; its halves' too), ``ratio`` (this lens's KL over the longer one's),
@@ -537,7 +537,7 @@ def lens_check(result: PhasesResult, longer: PhasesResult, factor: int) -> dict[
         >>> def made(steps, kl, per_k):
         ...     return PhasesResult(rows=[], params={"found": False, "b1": None, "b2": None, "stability": {"per_k": per_k},
         ...         "lens_training": {"steps": steps, "stopped": "time", "best_held_out_kl_mean": kl}})
-        >>> check = lens_check(made(17, 2.2, per_k), made(68, 2.0, per_k), 4)
+        >>> check = lens_check(made(17, 2.2, per_k), made(68, 2.0, per_k), factor=4)
         >>> round(check["ratio"], 2), check["steps"], check["same_phases"], check["same_verdict"]
         (1.1, [17, 68], True, True)
     """

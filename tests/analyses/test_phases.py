@@ -194,7 +194,7 @@ def test_lens_check_compares_two_planted_lenses_k_by_k(deep_bridge, texts, monke
     budget = {"method": "fast", "max_steps": 3, "max_seconds": 10.0}
     short = geolens.phases(deep_bridge, list(texts), lens_budget=budget, **common)
     longer = geolens.phases(deep_bridge, list(texts), lens_budget=longer_budget(budget, factor=2), **common)
-    check = ph.lens_check(short, longer, 2)
+    check = ph.lens_check(short, longer, factor=2)
     assert check["steps"] == [3, 6] and check["ratio"] == pytest.approx(2.0)
     assert check["halves_held_out_kl"] == [[1.5, 3.5], [1.5, 3.5]]
     a, b = short.stability_table(), longer.stability_table()
@@ -213,7 +213,7 @@ def test_lens_check_compares_two_planted_lenses_k_by_k(deep_bridge, texts, monke
     assert f"at k = {K} it differs: half 1 none against {at_k['this']['half_1']}" in lines[-1]
     assert lines[-1].endswith("this report's phases depend on how long its lens was trained.")
     # A check against the same lens: the same phases at every k, and the same verdict.
-    same = ph.lens_check(short, short, 2)
+    same = ph.lens_check(short, short, factor=2)
     assert same["same_phases"] is True and same["same_verdict"] is True and same["ratio"] == pytest.approx(1.0)
 
 
