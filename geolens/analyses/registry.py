@@ -275,9 +275,10 @@ _BUILTIN = (
         caption="Similarity of consecutive layers' readout subspaces (from the tuned lens), one curve per subspace "
                 "size; the shaded bands are the three phases found by a two-stage Kneedle on the chosen curve, where "
                 "lenses fitted on each half of the text reproduce them (the stability table: what each half finds "
-                "at each k).",
+                "at each k). With --lens-check N, the lens-check table sets beside it what a lens trained N times "
+                "longer finds.",
         study=True, zoo=True, needs=("lens", "updates"), runner=phases_section,
-        report_settings=("lens_budget",),
+        report_settings=("lens_budget", "lens_check"),
         findings=phases_findings, study_rows=phases_study_rows, zoo_options=phases_zoo_options,
         member_options=phases_member_options, zoo_summary=phases_zoo_summary,
         zoo_columns=phases_zoo_columns, study_view=StudyView("Phase widths against depth", phases_study_view),
