@@ -320,14 +320,46 @@ def _drop_quantizer(model) -> None:
     model.is_quantized = False
 
 
+@contextlib.contextmanager
+def _one_gguf_reader() -> Iterator[None]:
+    """For the duration, one ``gguf.GGUFReader`` per file: transformers opens the GGUF three times (tokenizer,
+    config, weights), and each reader parses every metadata field in Python, the vocabulary item by item: most
+    of a conversion's time for a large vocabulary. The reader is read-only, so one serves all three.
+
+    Example:
+        >>> import gguf
+        >>> original = gguf.GGUFReader
+        >>> with _one_gguf_reader():
+        ...     replaced = gguf.GGUFReader is not original
+        >>> replaced, gguf.GGUFReader is original   # restored after
+        (True, True)
+    """
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def reader(path, *args, **kwargs):
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise ``gguf`` to a float32 Hugging Face folder ``out`` (model + tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **_dequantise_kwargs()
-    )
+    with _one_gguf_reader():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **_dequantise_kwargs()
+        )
     model = model.to(torch.float32)
     _drop_quantizer(model)
     model.save_pretrained(out)

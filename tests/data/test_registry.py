@@ -220,3 +220,34 @@ def test_gemma_folded_readout_and_logit_lens_reproduce_the_logits(gemma):
             assert float((ours - theirs).abs().max()) <= tol
         forgot_offset = normalized @ (stored.unsqueeze(-1) * raw)  # diag(w) W_U: the offset forgotten
         assert float((forgot_offset - logits).abs().max()) > 1.0
+
+
+@pytest.mark.slow
+def test_a_conversion_parses_the_gguf_once_and_writes_the_same_files(tmp_path, monkeypatch):
+    """transformers opens the GGUF for the tokenizer, the config and the weights; the conversion parses it once
+    (the parse is most of its time) and writes byte for byte what three parses write."""
+    import contextlib
+    import gguf
+
+    spec = models.get_spec("smollm2-135m")
+    opened = []
+    original = gguf.GGUFReader
+
+    def counted(path, *args, **kwargs):
+        opened.append(os.fspath(path))
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    try:
+        with models._gguf_file(spec, tmp_path, tmp_path) as (path, _):
+            models._convert_gguf(path, tmp_path / "once")
+            assert opened == [os.fspath(path)]
+            monkeypatch.setattr(models, "_one_gguf_reader", contextlib.nullcontext)  # as transformers does alone
+            models._convert_gguf(path, tmp_path / "thrice")
+            assert len(opened) == 4
+    except RuntimeError as error:  # the model's wheel neither installed nor downloadable
+        pytest.skip(str(error))
+    files = sorted(p.name for p in (tmp_path / "once").iterdir())
+    assert "model.safetensors" in files and files == sorted(p.name for p in (tmp_path / "thrice").iterdir())
+    for name in files:
+        assert (tmp_path / "once" / name).read_bytes() == (tmp_path / "thrice" / name).read_bytes(), name
