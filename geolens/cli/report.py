@@ -24,6 +24,7 @@ from geolens.model import boot_bridge
 from geolens.plotting import NO_BROWSER, STATIC_FORMATS, browser_path
 from geolens.analyses import registry
 from geolens.report import QUICK, ReportSettings, report
+from geolens.report.settings import check_lens_check
 
 __all__ = ["add_report_parser", "run_report"]
 
@@ -50,11 +51,11 @@ def _format_list(text: str) -> list[str]:
 
 
 def _lens_check_factor(text: str) -> int:
-    """``--lens-check``: 0 (off) or an integer of at least 2."""
-    value = int_at_least(0)(text)
-    if value == 1:
-        raise argparse.ArgumentTypeError("must be 0 (off) or at least 2 (times the report lens's training), got 1")
-    return value
+    """``--lens-check``: what the setting takes (:func:`~geolens.report.settings.check_lens_check`)."""
+    try:
+        return check_lens_check(int_at_least(0)(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 # Budget flags -> (ReportSettings field, type, help). Their argparse default is None ("not given"), so

@@ -397,7 +397,6 @@ class LayerResampler:
         return (SPREAD_RTOL * torch.finfo(self.input_dtype).eps) ** 2
 
 
-
 def resampled_z(states: torch.Tensor, subspaces: torch.Tensor, ccr: Sequence[int], pairs: PairSample, *,
                 source: torch.Tensor | None = None) -> list[float]:
     """PGA z of one resample at each CCR value, ranked on ``pairs``; NaN where undefined:

@@ -22,7 +22,8 @@ from geolens._renames import refuse_renamed, renamed_fields
 from geolens._validation import DEFAULT_N_TOKENS, UpperBound
 from geolens.model import as_adapter
 
-__all__ = ["CROSS_FAMILY_MODEL", "QUICK", "RENAMED_SETTINGS", "REPORT_LENS_BUDGET", "ReportSettings"]
+__all__ = ["CROSS_FAMILY_MODEL", "QUICK", "RENAMED_SETTINGS", "REPORT_LENS_BUDGET", "ReportSettings",
+           "check_lens_check"]
 
 # The convergence section of the default model's report compares it with this offline model of another family.
 CROSS_FAMILY_MODEL = "gemma-3-270m"
@@ -59,6 +60,19 @@ RENAMED_SETTINGS: dict[str, str] = {
     "convergence_positions": "convergence_n_tokens", "lens_positions": "lens_n_tokens",
     "pga_resamples": "pga_n_resamples", "probe_texts": "probe_n_texts", "convergence_null": "convergence_n_null",
 }
+
+
+def check_lens_check(value: Any) -> int:
+    """``value`` as ``lens_check`` takes it (0: off, else an integer of at least 2), else ``ValueError``.
+
+    Example:
+        >>> check_lens_check(4)
+        4
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value == 1:
+        raise ValueError(f"lens_check must be 0 (off) or an integer >= 2 (times the report lens's training), "
+                         f"got {value!r}")
+    return value
 
 
 @renamed_fields(**RENAMED_SETTINGS)
@@ -113,11 +127,8 @@ class ReportSettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        check = self.lens_check
-        if isinstance(check, bool) or not isinstance(check, int) or check < 0 or check == 1:
-            raise ValueError(f"lens_check must be 0 (off) or an integer >= 2 (times the report lens's training), "
-                             f"got {check!r}")
-        if check and not self.full_lens_budget().get("max_steps", 1):
+        check_lens_check(self.lens_check)
+        if self.lens_check and not self.full_lens_budget().get("max_steps", 1):
             raise ValueError("lens_check compares the report's lens with one trained longer, but lens_budget "
                              "trains it in closed form only (max_steps 0): give it steps, or set lens_check=0")
 

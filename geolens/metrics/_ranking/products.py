@@ -23,8 +23,8 @@ from geolens.metrics._ranking.pairs import PairSample
 from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool, start_all
 from geolens.metrics.distances import unit_rows
 
-__all__ = ["ResampledRows", "negated_cosine_upper", "on_host", "pair_negated_cosines", "pair_values_into",
-           "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots", "check_nonzero_norms"]
+__all__ = ["ResampledRows", "check_nonzero_norms", "negated_cosine_upper", "on_host", "pair_negated_cosines",
+           "pair_values_into", "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots"]
 
 
 def on_host(device: torch.device | str, dtype: torch.dtype) -> bool:
