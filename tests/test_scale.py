@@ -268,8 +268,9 @@ def test_pythia_1b_shape_cell_stays_within_the_memory_bound(tmp_path):
     """The 1B shape's cell (N = 1,024, k = 100, R = 100, CCR 1 and 5, spectra) in a subprocess:
     peak RSS <= 1.2 x weights + 2 GiB, every layer, finite values."""
     out = tmp_path / "1b.json"
+    # The timeout guards against a hung child, not the speed: on a slow 2-core host the cell takes most of ten minutes.
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--child", "1b", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["rows_ok"] == "ok", result["rows_ok"]
