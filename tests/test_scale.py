@@ -268,7 +268,7 @@ def test_pythia_1b_shape_cell_stays_within_the_memory_bound(tmp_path):
     """The 1B shape's cell (N = 1,024, k = 100, R = 100, CCR 1 and 5, spectra) in a subprocess:
     peak RSS <= 1.2 x weights + 2 GiB, every layer, finite values."""
     out = tmp_path / "1b.json"
-    # The timeout guards against a hung child, not the speed: on a slow 2-core host the cell takes most of ten minutes.
+    # The timeout guards against a hung child, not the speed, which depends on the host.
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--child", "1b", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
