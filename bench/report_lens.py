@@ -11,7 +11,7 @@ each with its two halves (even and odd texts of the same capture, as the report 
 
   - held-out KL of both (the fit's 256 held-out positions, mean over layers 0..L-1; and
     :func:`geolens.lens.evaluate` on the report's 32 texts at 512 positions, mean over layers
-    1..L-1, the number the report's lens findings quote) and their ratio (the issue's target:
+    1..L-1, the number the report's lens findings quote) and their ratio (the target:
     the report's lens within 10 % of the longer one);
   - each lens's training history (mean KL over layers by step: training KL every step, held-out KL
     at each evaluation; the closed form at step 0), for the lens and both halves;
