@@ -307,7 +307,8 @@ def run_size(shape: Shape, *, ccr=(1, 5), n_tokens: int = 1024, k: int = 100, n_
     return {"size": shape.name, "hidden": shape.hidden, "layers": n_layers, "params": record["params"],
             "weights_bytes": record["weights"], "baseline_bytes": baseline, "peak_bytes": peak,
             "bound_bytes": bound_bytes(record["weights"]), "within_bound": peak <= bound_bytes(record["weights"]),
-            "stages": stages, "rows": len(rows), "rows_ok": check, "n_tokens": n_tokens, "k": k, "n_null": n_null,
+            "stages": stages, "rows": len(rows), "rows_ok": check, "n_tokens": n_tokens,
+            "positions": info["analyses"]["pga"]["params"].get("n_tokens"), "k": k, "n_null": n_null,
             "ccr": list(ccr), "share_qkv": share_qkv, "memory_method": meter.method, "device": device, "dtype": str(dtype).replace("torch.", "")}
 
 

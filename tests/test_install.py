@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 
 import geolens
+from geolens.report import DEFAULT_SECTIONS
+from tests.test_report import check_strict_json_files
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST = "geolens-tl"  # the distribution's name on the package index; the import name stays geolens
@@ -129,9 +131,12 @@ def test_the_wheel_installs_and_its_console_script_writes_the_quick_report(tmp_p
     assert (out / "report.html").stat().st_size > 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["errors"] == {} and meta["versions"]["geolens"] == geolens.__version__
+    assert meta["quick"] is True and meta["sections"] == list(DEFAULT_SECTIONS)
+    assert meta["n_layers"] == 30 and meta["d_model"] == 576
+    check_strict_json_files(out)
     done = time.perf_counter()
     print(f"build {built - started:.0f} s, fresh environment and install {installed - built:.0f} s, "
-          f"--version and the quick report {done - installed:.0f} s")
+          f"--version and the quick report {done - installed:.0f} s (sections {meta['section_time_s']})")
 
 
 def test_install_lines_name_the_distribution():

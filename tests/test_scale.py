@@ -266,15 +266,21 @@ def test_check_rows_names_what_is_missing(scale):
 @pytest.mark.slow
 def test_pythia_1b_shape_cell_stays_within_the_memory_bound(tmp_path):
     """The 1B shape's cell (N = 1,024, k = 100, R = 100, CCR 1 and 5, spectra) in a subprocess:
-    peak RSS <= 1.2 x weights + 2 GiB, every layer, finite values."""
+    peak RSS <= 1.2 x weights + 2 GiB, every layer, finite values.
+
+    The positions come from 9 of the preset's 32 texts, since the forward passes are most of the cell's time on a
+    CPU: the metrics' work space is set by N, d, k and R, and a batch holds 8 texts either way (with 32 texts the
+    allocator may keep a little more of the freed activations). ``bench/scale.py`` measures the preset's cell as
+    it is (bench/results/scale.md)."""
     out = tmp_path / "1b.json"
     # The timeout guards against a hung child, not the speed, which depends on the host.
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--child", "1b", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--child", "1b", "--n-texts", "9",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["rows_ok"] == "ok", result["rows_ok"]
     assert result["layers"] == 16 and result["weights_bytes"] == 2 * 1_011_781_632
+    assert result["positions"] == 1024
     bound = 1.2 * result["weights_bytes"] + 2 * 1024**3
     assert result["peak_bytes"] <= bound, (result["peak_bytes"] / 1024**3, bound / 1024**3, result["stages"])
 
