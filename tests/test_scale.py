@@ -269,8 +269,8 @@ def test_pythia_1b_shape_cell_stays_within_the_memory_bound(tmp_path):
     peak RSS <= 1.2 x weights + 2 GiB, every layer, finite values.
 
     The positions come from 9 of the preset's 32 texts, since the forward passes are most of the cell's time on a
-    CPU: the metrics' work space is set by N, d, k and R, and a batch holds 8 texts either way (with 32 texts the
-    allocator may keep a little more of the freed activations). ``bench/scale.py`` measures the preset's cell as
+    CPU: the metrics compute the same thing at the same N, and a forward batch holds 8 texts either way (with 32
+    texts the peak is a little higher: docs/benchmarks.md, "Scale"). ``bench/scale.py`` measures the preset's cell as
     it is (bench/results/scale.md)."""
     out = tmp_path / "1b.json"
     # The timeout guards against a hung child, not the speed, which depends on the host.

@@ -378,7 +378,7 @@ class LayerResampler:
         # along them (one batched product): cross before its delta term, and the shift.
         along = (torch.cat([vh, delta.unsqueeze(0)]).to(work) @ self.flat_subspaces).reshape(-1, n_subspaces, k)
         along = along.transpose(0, 1)  # [S, M + 1, k]
-        both = torch.bmm(self.projected, along.transpose(1, 2))  # [S, N, M + 1]
+        both = torch.bmm(along, self.projected.transpose(1, 2))  # [S, M + 1, N]: the faster of the two orders
         across, shift_by = along[:, :-1].double(), along[:, -1].double()  # V Q_s, Q_s^T delta
         across_shift = torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1)  # [S, M]
         gram = across @ across.transpose(1, 2)  # [S, M, M]

@@ -415,9 +415,9 @@ def resampled_row_terms(both, projected_sq, across_shift, shift_sq, gram, comps,
     for s in range(n_subspaces):
         for u in range(rows.shape[0]):
             i = rows[u]
-            shift = np.float64(both[s, i, top])
+            shift = np.float64(both[s, top, i])
             for q in range(top):
-                cross[q] = np.float64(both[s, i, q]) - across_shift[s, q]
+                cross[q] = np.float64(both[s, q, i]) - across_shift[s, q]
             base_sq = projected_sq[s, i] - 2.0 * shift + shift_sq[s]
             out[s, i, 0] = shift
             for c in range(n_levels):

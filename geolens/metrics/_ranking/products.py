@@ -230,7 +230,7 @@ def resampled_row_terms(both: torch.Tensor, projected_sq: torch.Tensor, across_s
                         shift_sq: torch.Tensor, gram: torch.Tensor, comps: torch.Tensor, rows: torch.Tensor,
                         levels: Sequence[int], floor: float, *, host: bool | None = None) -> torch.Tensor:
     """:attr:`ResampledRows.terms` of the captured ``rows`` (sorted; the others are 0), from a resample's
-    products: ``both`` ``[S, N, M + 1]`` (the rows' coordinates along ``V Q_s`` and ``Q_s^T delta``, the
+    products: ``both`` ``[S, M + 1, N]`` (the rows' coordinates along ``V Q_s`` and ``Q_s^T delta``, the
     working dtype), ``projected_sq`` ``[S, N]`` (``|p_i|^2``), ``across_shift`` ``[S, M]``
     (``(V Q_s) Q_s^T delta``), ``shift_sq`` ``[S]``, ``gram`` ``[S, M, M]`` (``G_s``) and ``comps`` ``[N, M]``.
 
@@ -242,7 +242,7 @@ def resampled_row_terms(both: torch.Tensor, projected_sq: torch.Tensor, across_s
     fold_at = np.cumsum([0, *levels[:-1]]).astype(np.int64)
     width = 1 + n_levels + max(1, sum(levels))
     if on_host(both.device, both.dtype) if host is None else host:
-        out = np.zeros((both.shape[0], both.shape[1], width))
+        out = np.zeros((both.shape[0], both.shape[2], width))
         ok = compiled.resampled_row_terms(both.contiguous().numpy(), projected_sq.contiguous().numpy(),
                                           across_shift.contiguous().numpy(), shift_sq.contiguous().numpy(),
                                           gram.contiguous().numpy(), comps.contiguous().numpy(),
@@ -251,7 +251,7 @@ def resampled_row_terms(both: torch.Tensor, projected_sq: torch.Tensor, across_s
         if not ok:
             raise ValueError(_ZERO_ROW)
         return torch.from_numpy(out)
-    both = both.double()
+    both = both.double().transpose(1, 2)  # [S, N, M + 1]
     shift = both[..., -1]
     cross = both[..., :-1] - across_shift.unsqueeze(1)
     base_sq = projected_sq - 2 * shift + shift_sq.unsqueeze(1)  # |r_i|^2
