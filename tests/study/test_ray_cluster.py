@@ -32,7 +32,7 @@ from geolens.study import ModelSpec, Study, cell_provenance, load_errors, load_r
 from tests.study.conftest import BUDGET, PGA, TEXTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-# A cluster starts in tens of seconds on 2 cores; what these tests check is the executor's, the same under either
+# Slow: starting a cluster of several nodes. What these tests check is the executor's, the same under either
 # TransformerLens (the local executor's tests run under both).
 pytestmark = pytest.mark.slow
 OBJECT_STORE = 80 * 2**20  # Ray's smallest object store is 75 MiB; a cell's rows are a few kB
