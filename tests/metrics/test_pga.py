@@ -278,6 +278,46 @@ def test_singular_values_and_top_vectors_match_an_svd(shape, dtype):
                                rtol=0)
 
 
+@pytest.mark.parametrize("case", ["distinct", "repeated top", "repeated inside", "axis aligned", "wide centred"])
+def test_largest_eigenpairs_by_lanczos_match_lapack(case):
+    """The Lanczos path (a matrix of 256 rows or more, a few pairs) against LAPACK's partial eigh: the same
+    eigenvalues and the same spanned subspaces, also where eigenvalues repeat (Lanczos must find every copy);
+    and the same numbers on every call."""
+    import scipy.linalg
+
+    from geolens.metrics.preprocess import _LANCZOS_MIN_SIZE, largest_eigenpairs
+
+    rng = np.random.default_rng(3)
+    size, count = 576, 12
+    basis = np.linalg.qr(rng.standard_normal((size, size)))[0]
+    lam = np.sort(rng.uniform(0.0, 1.0, size))[::-1].copy()
+    if case == "repeated top":
+        lam[:3] = 5.0
+    elif case == "repeated inside":
+        lam[4:9] = 2.0
+    elif case == "axis aligned":
+        basis, lam[:3] = np.eye(size), 5.0
+    matrix = (basis * lam) @ basis.T
+    if case == "wide centred":  # an N x N Gram of centred rows (N < d): the ones vector is in its null space
+        x = rng.standard_normal((size, 2 * size)) * np.logspace(0, -2, 2 * size)
+        x -= x.mean(0)
+        matrix = x @ x.T
+    assert size >= _LANCZOS_MIN_SIZE and count <= size // 8  # the Lanczos path
+    got, vectors = largest_eigenpairs(matrix, count)
+    ref, ref_vectors = scipy.linalg.eigh(matrix, subset_by_index=[size - count, size - 1])
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12 * ref[-1])
+    assert np.all(np.diff(got) >= 0)  # ascending, as eigh gives them
+    # Each group of equal eigenvalues spans the same subspace (a lone vector up to sign); the smallest group
+    # may be cut by the range, so it is checked through the residuals alone.
+    for value in np.unique(np.round(got, 9))[1:]:
+        same = np.isclose(got, value, rtol=1e-9)
+        np.testing.assert_allclose(vectors[:, same] @ vectors[:, same].T, ref_vectors[:, same] @ ref_vectors[:, same].T,
+                                   atol=1e-8)
+    np.testing.assert_allclose(matrix @ vectors - vectors * got, 0.0, atol=1e-10 * ref[-1])
+    again = largest_eigenpairs(matrix, count)
+    assert np.array_equal(again[0], got) and np.array_equal(again[1], vectors)
+
+
 def test_states_with_nothing_in_the_readout_subspace_are_degenerate_not_a_z():
     # X - X Q Q^T: the readout part is rounding noise, whose distances rank nothing (before: a finite z, unflagged)
     g = torch.Generator().manual_seed(0)
