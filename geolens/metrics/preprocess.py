@@ -184,8 +184,8 @@ def principal_components(
     or all there are) and their top ``top`` right singular vectors (the principal directions, as rows).
 
     ``gram`` (default: for every dtype but float64) takes them from the smaller Gram matrix, formed in
-    float64, with LAPACK asked for the top ``top + 2`` eigenpairs alone: BLAS products and a partial
-    ``eigh``, where the float32 SVD of a tall matrix costs many times more on a CPU. Its singular values
+    float64, with only the top ``top + 2`` eigenpairs computed (:func:`largest_eigenpairs`): BLAS products and
+    a partial eigendecomposition, where the float32 SVD of a tall matrix costs many times more on a CPU. Its singular values
     are accurate to about ``1e-8`` of the largest, far below the float32 rounding that a rank test
     allows for (``SPREAD_RTOL * eps``). Otherwise a plain SVD (a float64 rank test needs its full
     resolution). A rank test after removing ``m < top + 1`` components needs values ``m`` and ``m + 1``
@@ -221,8 +221,8 @@ def principal_components(
 def gram_components(gram: Float[torch.Tensor, "d d"], top: int) -> tuple[Float[torch.Tensor, "V"], Float[torch.Tensor, "top d"]]:
     """:func:`principal_components` from the float64 Gram matrix ``x^T x`` of already-centred states: the
     largest singular values (descending, ``top + 2`` of them or all there are: square roots of the Gram
-    matrix's largest eigenvalues) and the top ``top`` eigenvectors, as rows; LAPACK is asked for those
-    eigenpairs alone. Float64, on the Gram matrix's device.
+    matrix's largest eigenvalues) and the top ``top`` eigenvectors, as rows; only those eigenpairs are
+    computed (:func:`largest_eigenpairs`). Float64, on the Gram matrix's device.
 
     Example:
         >>> x = centre(torch.randn(50, 6, dtype=torch.float64) * torch.arange(6, 0, -1, dtype=torch.float64))
