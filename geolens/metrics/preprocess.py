@@ -246,9 +246,10 @@ def largest_eigenpairs(matrix: np.ndarray, count: int) -> tuple[np.ndarray, np.n
 
     For a matrix of ``_LANCZOS_MIN_SIZE`` rows or more asked for at most an eighth of its pairs: ARPACK's
     implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``, converged to machine precision, from a
-    fixed start vector, so a call gives the same numbers every time); else, or if it does not converge,
-    LAPACK's ``eigh`` on the requested range. Eigenvectors are defined up to sign (and within a repeated
-    eigenvalue, up to rotation); CCR and every use here depend on the subspace they span alone.
+    fixed start vector, so a call gives the same numbers every time). Otherwise, or where ARPACK fails (no
+    convergence) or the matrix is not finite (LAPACK's check then raises ``ValueError``), LAPACK's ``eigh`` on
+    the requested range. Eigenvectors are defined up to sign (and within a repeated eigenvalue, up to
+    rotation); CCR and every use here depend on the subspace they span alone.
 
     Example:
         >>> q = np.linalg.qr(np.cos(np.arange(300 * 300).reshape(300, 300)))[0]
@@ -259,10 +260,10 @@ def largest_eigenpairs(matrix: np.ndarray, count: int) -> tuple[np.ndarray, np.n
         (True, True)
     """
     size = matrix.shape[0]
-    if size >= _LANCZOS_MIN_SIZE and count <= size // 8:
+    if size >= _LANCZOS_MIN_SIZE and count <= size // 8 and np.isfinite(matrix).all():
         try:
             lam, vec = scipy.sparse.linalg.eigsh(matrix, k=count, which="LA", tol=0, v0=_lanczos_start(size))
-        except scipy.sparse.linalg.ArpackNoConvergence:
+        except scipy.sparse.linalg.ArpackError:  # no convergence among them: LAPACK below
             pass
         else:
             order = np.argsort(lam)

@@ -316,6 +316,9 @@ def test_largest_eigenpairs_by_lanczos_match_lapack(case):
     np.testing.assert_allclose(matrix @ vectors - vectors * got, 0.0, atol=1e-10 * ref[-1])
     again = largest_eigenpairs(matrix, count)
     assert np.array_equal(again[0], got) and np.array_equal(again[1], vectors)
+    matrix[0, 1] = matrix[1, 0] = np.nan  # not finite: refused, as LAPACK refuses it
+    with pytest.raises(ValueError, match="infs or NaNs"):
+        largest_eigenpairs(matrix, count)
 
 
 def test_states_with_nothing_in_the_readout_subspace_are_degenerate_not_a_z():
