@@ -256,6 +256,17 @@ def any_model(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture(scope="session")
-def executed_notebooks() -> dict:
-    """Notebooks executed once per test run (tests/test_docs.py or tests/test_notebooks.py), reused by the others."""
-    return {}
+def executed_notebooks():
+    """``executed_notebooks(path)``: the notebook at ``path`` executed at its small sizes in a fresh kernel
+    (``docs/execute_notebooks.py``'s ``run_small``), once per test run: the browser test, the site and the
+    notebook tests share that run. Callers that change it work on a copy."""
+    done: dict[str, Any] = {}
+
+    def executed(path: Path):
+        if path.stem not in done:
+            from tests.helpers import load_script
+
+            done[path.stem] = load_script("docs/execute_notebooks.py", "execute_notebooks").run_small(path)
+        return done[path.stem]
+
+    return executed

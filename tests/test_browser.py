@@ -136,11 +136,7 @@ def test_report_renders_in_chromium(browser, neox_bridge, texts, tmp_path, monke
 @pytest.mark.slow
 def test_executed_notebook_renders_in_chromium(browser, executed_notebooks, tmp_path):
     nbconvert = pytest.importorskip("nbconvert")
-    nb = executed_notebooks.get("01_first_tour")
-    if nb is None:  # kept for the site and tests/test_notebooks.py, which run after this file
-        from tests.test_notebooks import execute
-
-        nb = executed_notebooks["01_first_tour"] = execute(ROOT / "examples" / "01_first_tour.ipynb")
+    nb = executed_notebooks(ROOT / "examples" / "01_first_tour.ipynb")
     import copy
 
     from plotly.offline import get_plotlyjs

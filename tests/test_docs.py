@@ -51,12 +51,9 @@ def site(tmp_path_factory, executed_notebooks) -> Path:
     builder = _load_builder()
     started = time.perf_counter()
     for source in NOTEBOOKS:
-        # Executed once per test run (here or by tests/test_notebooks.py), at the same small sizes; the other
-        # tests get the executed notebook itself, the site a copy with plotly.js shared.
-        done = executed_notebooks.get(source.stem)
-        if done is None:
-            done = executed_notebooks[source.stem] = builder.run_small(source)
-        builder.write_for_site(done, source, builder.OUT / source.name)
+        # Executed once per test run (the fixture), at the same small sizes; the other tests get the executed
+        # notebook itself, the site a copy with plotly.js shared.
+        builder.write_for_site(executed_notebooks(source), source, builder.OUT / source.name)
     notebooks_s = time.perf_counter() - started
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, HF_HUB_OFFLINE="1", NO_MKDOCS_2_WARNING="1")

@@ -76,18 +76,10 @@ def test_injection_overrides_the_parameters():
         builder.inject_parameters(no_parameters, {"n": 2})
 
 
-def execute(path: Path):
-    """Run a notebook at its small sizes in a fresh kernel; a cell that raises fails the test with its traceback."""
-    return builder.run_small(path)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_and_shows_its_results(path, executed_notebooks):
-    # Executed once per test run: tests/test_docs.py (which runs first) executes every notebook, in a fresh
-    # kernel with the same small sizes, for the site; reused here rather than run twice.
-    nb = executed_notebooks.get(path.stem) or execute(path)
-    executed_notebooks[path.stem] = nb
+    nb = executed_notebooks(path)  # once per test run, shared with the site's build and the browser test
     injected = [c for c in nb.cells if builder.INJECTED_TAG in c.metadata.get("tags", [])]
     assert len(injected) == 1 and injected[0].outputs == [], "the small sizes were not injected"
     outputs = [out.get("data", {}) for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
@@ -111,8 +103,7 @@ MAX_SAVED_KB_OTHERS = 600
 def test_saved_notebook_is_light(path, executed_notebooks):
     from plotly.offline import get_plotlyjs
 
-    nb = executed_notebooks.get(path.stem) or execute(path)
-    executed_notebooks[path.stem] = nb
+    nb = executed_notebooks(path)
     saved = nbformat.writes(nb)
     assert get_plotlyjs()[-2000:] not in saved, f"{path.name}: an output carries plotly.js"
     limit = MAX_SAVED_KB.get(path.stem, MAX_SAVED_KB_OTHERS)
