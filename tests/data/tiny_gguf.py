@@ -11,18 +11,13 @@ D_MODEL, N_LAYERS, D_MLP, N_HEADS, N_KV_HEADS = 16, 2, 32, 2, 1
 MERGES = ["Ġ t", "h e", "Ġt he"]
 
 
-def byte_symbols() -> list[str]:
-    """The 256 printable symbols byte-level BPE stands for the bytes with (GPT-2's table)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    shifted = [b for b in range(256) if b not in printable]
-    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(shifted))]
-
-
 def write_tiny_gguf(path: Path, *, seed: int = 0) -> Path:
     """Write the model (float32 weights drawn from ``seed``) to ``path``; returns ``path``."""
     import gguf
+    from tokenizers.pre_tokenizers import ByteLevel
 
-    tokens = [*byte_symbols(), "Ġt", "he", "Ġthe", "<|endoftext|>"]
+    # The 256 symbols byte-level BPE writes bytes as (GPT-2's), then the merges' results and a control token.
+    tokens = [*sorted(ByteLevel.alphabet()), "Ġt", "he", "Ġthe", "<|endoftext|>"]
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(64)
     writer.add_embedding_length(D_MODEL)
