@@ -140,10 +140,10 @@ def pga(
             position with itself), every other pair counts as often as its two rows were
             drawn. Ranked on a sample of its pairs, a resample's null spread has their noise
             taken out as in the point estimate. The table gains ``z_low``, ``z_high`` after
-            ``z`` (``z -+ t(B - 1) sd`` of the resampled z: the interval of z at this
-            sample's size, not of its large-sample limit; NaN where fewer than 80 % of the
-            resamples were scorable) and ``z_end_error`` (the Monte Carlo error of an end),
-            ``result.resampled_z`` every resample's z. ``B`` is 20 to 10,000. Fewer than
+            ``z`` (``z -+ t(B - 1) sqrt(T / (T - 1)) sd`` of the resampled z over ``T``
+            texts: the interval of z at this sample's size, not of its large-sample limit;
+            NaN where fewer than 80 % of the resamples were scorable) and ``z_end_error``
+            (the Monte Carlo error of an end), ``result.resampled_z`` every resample's z. ``B`` is 20 to 10,000. Fewer than
             ``MIN_BOOTSTRAP_TEXTS`` texts warns (a handful of texts cannot show what
             another sample would give); fewer than 2 raises. Costs about ``B`` times the
             scoring (less with ``bootstrap_pairs``).
@@ -277,12 +277,12 @@ def _score_states(
             pairs = None  # as many as a resample has: all of them, and recorded so
         resampled = _bootstrap(states, readout, nulls, ccrs, rows, n_resamples=n_resamples, n_pairs=pairs, seed=seed,
                                progress=progress)
-        failed = _add_intervals(rows, resampled, columns, n_resamples)
         n_texts = int(torch.unique(states.batch_index).numel())
+        failed = _add_intervals(rows, resampled, columns, n_resamples, n_texts=n_texts)
         params["n_resamples"] = n_resamples
         params["bootstrap"] = {
             "n_resamples": n_resamples, "n_texts": n_texts, "unit": "text (positions kept together)",
-            "interval": f"z +- t(B - 1) * sd of the resampled z, level {INTERVAL_LEVEL}",
+            "interval": f"z +- t(B - 1) * sqrt(T / (T - 1)) * sd of the resampled z (T texts), level {INTERVAL_LEVEL}",
             "target": "z at the sample's size (another sample of as many texts); not z's large-sample limit",
             "nulls": "the point estimate's, kept fixed",
             "pairs": "all, self-duplicate pairs dropped" if pairs is None else
@@ -352,22 +352,25 @@ def _pair_params(n_pairs: int, used_pairs: int | None, n_tokens: int) -> dict[st
     return out
 
 
-def _add_intervals(rows: list[dict], resampled: list[dict], columns: Sequence[str], n_resamples: int) -> int:
+def _add_intervals(rows: list[dict], resampled: list[dict], columns: Sequence[str], n_resamples: int, *,
+                   n_texts: int) -> int:
     """Each row's interval of z (``z_low``, ``z_high``, symmetric about ``z``; :func:`~geolens.metrics.intervals.
-    symmetric_interval`) and the Monte Carlo error of its ends (``z_end_error``), after ``z_se`` (else after
-    ``z``), in place; returns how many resampled scores of scorable cells were undefined (a warning says so).
+    symmetric_interval` over ``n_texts`` resampled texts) and the Monte Carlo error of its ends
+    (``z_end_error``), after ``z_se`` (else after ``z``), in place; returns how many resampled scores of
+    scorable cells were undefined (a warning says so).
 
     Example:
         >>> rows = [{"layer": 0, "site": "s", "ccr": 1, "z": 5.0}]
-        >>> _add_intervals(rows, [{"z": [4.0, 6.0] * 10}], ["z"], 20), list(rows[0])
+        >>> _add_intervals(rows, [{"z": [4.0, 6.0] * 10}], ["z"], 20, n_texts=32), list(rows[0])
         (0, ['layer', 'site', 'ccr', 'z', 'z_low', 'z_high', 'z_end_error'])
-        >>> round(rows[0]["z_high"] - rows[0]["z"], 3)
-        2.14
+        >>> round(rows[0]["z_high"] - rows[0]["z"], 3)    # t(19) * sqrt(32 / 31) * sd
+        2.182
     """
     failed = sum(int(np.isnan(r["z"]).sum()) for r, row in zip(resampled, rows) if math.isfinite(row["z"]))
     scorable = [r for r, row in zip(resampled, rows) if math.isfinite(row["z"])]
     for row, r in zip(rows, resampled):
-        row["z_low"], row["z_high"], row["z_end_error"] = symmetric_interval(row["z"], np.asarray(r["z"], dtype=float))
+        row["z_low"], row["z_high"], row["z_end_error"] = symmetric_interval(row["z"], np.asarray(r["z"], dtype=float),
+                                                                                 n_units=n_texts)
     if failed:
         warnings.warn(f"n_resamples: {failed} of {len(scorable) * n_resamples} resampled PGA scores are undefined "
                       f"(degenerate resamples); each interval uses the others (NaN below "

@@ -100,7 +100,9 @@ class ReportSettings:
     ccr: int | Sequence[int] = (1, 5, 10)
     # The PGA section's bootstrap over texts (z_low, z_high; its findings say only what holds across them):
     # resamples, each ranked on a sample of its pairs with their noise taken out as in the point estimate;
-    # the interval is z +- t(B - 1) sd, so 20 resamples suffice (docs/methods.md §A.10). 0 turns it off.
+    # the interval is z +- t(B - 1) sqrt(T / (T - 1)) sd (T texts), so 20 resamples suffice (docs/methods.md
+    # §A.10). 0 turns it off. The pairs are part of the interval's calibration (its width holds their
+    # noise): its coverage is measured at this number (docs/benchmarks.md).
     pga_n_resamples: int = 20
     pga_bootstrap_pairs: int | None = 10_000
     seed: int = 0

@@ -74,7 +74,8 @@ def test_resampled_z_equals_an_independent_reference_on_the_resampled_rows(nativ
     assert checked == 18
     table = result.to_pandas()
     z = np.array([resampled[(s, l, c)] for s, l, c in zip(table.site, table.layer, table.ccr)])
-    half = scipy.stats.t.ppf(0.975, 19) * z.std(axis=1, ddof=1)  # symmetric about z: z +- t(B - 1) sd
+    # Symmetric about z: z +- t(B - 1) sqrt(T / (T - 1)) sd, T = 12 texts (the plug-in spread made unbiased).
+    half = scipy.stats.t.ppf(0.975, 19) * np.sqrt(12 / 11) * z.std(axis=1, ddof=1)
     np.testing.assert_allclose(table.z_low, table.z - half)
     np.testing.assert_allclose(table.z_high, table.z + half)
     assert bool(((table.z_low <= table.z) & (table.z <= table.z_high)).all())
@@ -315,11 +316,12 @@ def test_add_intervals_places_the_interval_after_z_se_and_counts_failed_resample
     zs = [rng.normal(size=50), np.r_[rng.normal(size=45), [np.nan] * 5], np.full(50, np.nan)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        failed = _add_intervals(rows, [{"z": z} for z in zs], _APPROX_COLUMNS, 50)
+        failed = _add_intervals(rows, [{"z": z} for z in zs], _APPROX_COLUMNS, 50, n_texts=16)
     assert failed == 5 and len(caught) == 1 and "5 of 100 resampled PGA scores" in str(caught[0].message)
     for row, z in zip(rows[:2], zs):
-        finite = z[np.isfinite(z)]  # symmetric about the row's z, from the finite resamples' spread (scipy's t)
-        half = scipy.stats.t.ppf(0.975, finite.size - 1) * finite.std(ddof=1)
+        # Symmetric about the row's z, from the finite resamples' spread (scipy's t), made unbiased for 16 texts.
+        finite = z[np.isfinite(z)]
+        half = scipy.stats.t.ppf(0.975, finite.size - 1) * np.std(finite, ddof=1) * np.sqrt(16 / 15)
         assert (row["z_low"], row["z_high"]) == pytest.approx((row["z"] - half, row["z"] + half), rel=1e-12)
     assert math.isnan(rows[2]["z_low"]) and math.isnan(rows[2]["z_high"])
     columns = list(rows[0])
