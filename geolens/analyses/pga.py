@@ -143,8 +143,8 @@ def pga(
             ``z`` (``z -+ t(B - 1) sqrt(T / (T - 1)) sd`` of the resampled z over ``T``
             texts: the interval of z at this sample's size, not of its large-sample limit;
             NaN where fewer than 80 % of the resamples were scorable) and ``z_end_error``
-            (the Monte Carlo error of an end), ``result.resampled_z`` every resample's z. ``B`` is 20 to 10,000. Fewer than
-            ``MIN_BOOTSTRAP_TEXTS`` texts warns (a handful of texts cannot show what
+            (the Monte Carlo error of an end), ``result.resampled_z`` every resample's z.
+            ``B`` is 20 to 10,000. Fewer than ``MIN_BOOTSTRAP_TEXTS`` texts warns (a handful of texts cannot show what
             another sample would give); fewer than 2 raises. Costs about ``B`` times the
             scoring (less with ``bootstrap_pairs``).
         bootstrap_pairs: pairs per resample: ``None`` (default) as the point estimate
@@ -369,8 +369,8 @@ def _add_intervals(rows: list[dict], resampled: list[dict], columns: Sequence[st
     failed = sum(int(np.isnan(r["z"]).sum()) for r, row in zip(resampled, rows) if math.isfinite(row["z"]))
     scorable = [r for r, row in zip(resampled, rows) if math.isfinite(row["z"])]
     for row, r in zip(rows, resampled):
-        row["z_low"], row["z_high"], row["z_end_error"] = symmetric_interval(row["z"], np.asarray(r["z"], dtype=float),
-                                                                                 n_units=n_texts)
+        replicates = np.asarray(r["z"], dtype=float)
+        row["z_low"], row["z_high"], row["z_end_error"] = symmetric_interval(row["z"], replicates, n_units=n_texts)
     if failed:
         warnings.warn(f"n_resamples: {failed} of {len(scorable) * n_resamples} resampled PGA scores are undefined "
                       f"(degenerate resamples); each interval uses the others (NaN below "

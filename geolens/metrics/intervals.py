@@ -31,6 +31,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from geolens._validation import check_int
+
 __all__ = ["INTERVAL_LEVEL", "MIN_FINITE_FRACTION", "symmetric_interval", "end_error"]
 
 # The interval's nominal coverage, and the share of resamples that must be scorable for one.
@@ -55,9 +57,8 @@ def symmetric_interval(estimate: float, replicates: np.ndarray, *, level: float 
         >>> round(high - 1.0, 3)    # sqrt(5 / 4) times wider
         2.195
     """
-    if n_units is not None and (isinstance(n_units, bool) or not isinstance(n_units, (int, np.integer))
-                                or n_units < 2):
-        raise ValueError(f"n_units must be an integer of at least 2 (the units a resample draws), got {n_units!r}")
+    if n_units is not None:
+        n_units = check_int(n_units, "n_units", low=2)  # the units a resample draws
     values = np.asarray(replicates, dtype=float)
     finite = values[np.isfinite(values)]
     if not math.isfinite(estimate) or finite.size < 2 or finite.size < MIN_FINITE_FRACTION * values.size:

@@ -33,7 +33,11 @@ def test_the_interval_is_symmetric_about_the_estimate_with_student_t():
     assert error == pytest.approx(half / math.sqrt(2 * 4), rel=1e-12)
 
 
-@pytest.mark.parametrize("n_units", [1, 0, 2.5, True, "8"])
-def test_n_units_must_be_an_integer_of_at_least_two(n_units):
-    with pytest.raises(ValueError, match="n_units must be an integer of at least 2"):
+@pytest.mark.parametrize("n_units, error, message", [
+    (1, ValueError, "n_units must be >= 2, got 1"), (0, ValueError, "n_units must be >= 2, got 0"),
+    (2.5, TypeError, "n_units must be an int, got float"), (True, TypeError, "n_units must be an int, got bool"),
+    ("8", TypeError, "n_units must be an int, got str"),
+])
+def test_n_units_must_be_an_integer_of_at_least_two(n_units, error, message):
+    with pytest.raises(error, match=message):
         symmetric_interval(1.0, np.arange(10.0), n_units=n_units)
