@@ -76,7 +76,7 @@ from geolens.analyses.probes import probes, report_section as probes_section
 from geolens.analyses.spectrum import (capture_sites as spectrum_sites, report_section as spectrum_section, spectrum,
                                        weight_geometry, weights_report_section as weights_section,
                                        zoo_options as spectrum_zoo_options)
-from geolens.analyses.updates import report_section as updates_section, updates
+from geolens.analyses.updates import capture_sites as updates_sites, report_section as updates_section, updates
 from geolens.lens.evaluate import evaluate, report_section as lens_section
 from geolens.results import Result
 
@@ -240,11 +240,11 @@ _BUILTIN = (
                 "embedding, measured as clouds: effective rank, anisotropy, alpha-ReQ.",
         study=True, runner=weights_section, report_settings=("alpha_fit_range",), findings=weights_findings),
     Analysis(
-        "updates", updates, ("tokens",),
+        "updates", updates, ("states",),
         "Update geometry: orthogonality, norms, FFN/MHA ratio, effective ranks",
         caption="What each block adds to the residual stream: how orthogonal the update is to the stream, its "
                 "norm, the MLP/attention norm ratio, and the effective ranks of states and updates.",
-        study=True, runner=updates_section, findings=updates_findings),
+        study=True, runner=updates_section, findings=updates_findings, capture_sites=updates_sites),
     Analysis(
         "lens", evaluate, ("tokens", "lens"),
         "Logit lens and a fast tuned lens: KL, cross-entropy, Hit@1/Hit@5 (fitted once, cached)",

@@ -17,13 +17,16 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from geolens._validation import DEFAULT_N_TOKENS
-from geolens.capture import capture
+from geolens.capture import States, capture
 from geolens.metrics.updates import update_summary
 from geolens.model import Model, as_adapter
 from geolens import plotting
 from geolens.results import Result
 
-__all__ = ["UpdatesResult", "report_section", "updates"]
+__all__ = ["UpdatesResult", "capture_sites", "report_section", "updates"]
+
+# What the update geometry reads: the stream before and after each block, and the two parts the block adds.
+SITES = ("resid_post", "attn_out", "mlp_out")
 
 @dataclass(repr=False)
 class UpdatesResult(Result):
@@ -60,7 +63,9 @@ def updates(
 
     Args:
         model: ``HookedTransformer`` or ``TransformerBridge``.
-        tokens: text, list of texts, or ``[B, T]`` token ids.
+        tokens: text, list of texts, ``[B, T]`` token ids, or :class:`~geolens.capture.States` captured before
+            from this model with every layer of ``resid_post``, ``attn_out`` and ``mlp_out`` (scored as they
+            are; the sampling options are then not used).
         n_tokens: positions sampled (seeded); ``None`` = all.
         seed: seed of the position sample.
         progress: show a progress bar.
@@ -76,22 +81,52 @@ def updates(
         True
     """
     adapter = as_adapter(model)
-    states = capture(
-        adapter, tokens, sites=("resid_post", "attn_out", "mlp_out"), n_tokens=n_tokens, seed=seed,
-        batch_size=batch_size, progress=progress, attention_mask=attention_mask, max_length=max_length,
-    )
+    if isinstance(tokens, States):
+        states = _checked_states(tokens, adapter.n_layers, adapter.d_model)
+    else:
+        states = capture(adapter, tokens, sites=SITES, n_tokens=n_tokens, seed=seed, batch_size=batch_size,
+                         progress=progress, attention_mask=attention_mask, max_length=max_length)
     rows = update_summary(states["resid_post"], states["attn_out"], states["mlp_out"])
     params = {
-        "model": adapter.name, "n_tokens": states.n_tokens, "seed": seed, "n_layers": adapter.n_layers,
+        "model": adapter.name, "n_tokens": states.n_tokens, "seed": states.meta.get("seed", seed),
+        "n_layers": adapter.n_layers,
         "d_model": adapter.d_model, "parallel_attn_mlp": adapter.parallel_attn_mlp,
         "erank": "Roy & Vetterli, uncentred, p_i = s_i / sum(s)",
     }
     return UpdatesResult(rows=rows, params=params)
 
 
+def _checked_states(states: States, n_layers: int, d_model: int) -> States:
+    """``states`` if they hold every layer of :data:`SITES` of a model with ``n_layers`` blocks and width
+    ``d_model``, else ``ValueError`` naming what is missing."""
+    if states.d_model != d_model:
+        raise ValueError(f"the states have d = {states.d_model} but the model has d_model = {d_model}")
+    for site in SITES:
+        wanted = tuple(range(0 if site == "resid_post" else 1, n_layers + 1))
+        if site not in states.sites:
+            raise ValueError(f"updates needs the states of {list(SITES)}; these hold {list(states.sites)}, "
+                             f"not {site!r}")
+        if tuple(states.layers[site]) != wanted:
+            raise ValueError(f"updates needs every layer of {site!r} ({wanted[0]}..{wanted[-1]}); these states "
+                             f"hold {list(states.layers[site])}")
+    return states
+
+
+# ---------------------------------------------------------------- how the report and studies run updates (its
+# record in geolens.analyses.registry points here)
+
+
+def capture_sites(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The sites :func:`updates` reads (what a report or a study's cell captures once for it).
+
+    Example:
+        >>> capture_sites({})
+        ('resid_post', 'attn_out', 'mlp_out')
+    """
+    return SITES
+
+
 def report_section(run: Any, needed: Mapping[str, Result]) -> tuple[UpdatesResult, list[Any]]:
-    """The report's update geometry on the run's texts (its record in geolens.analyses.registry points here)."""
-    s = run.settings
-    result = updates(run.adapter, run.texts, n_tokens=s.n_tokens, seed=s.seed, max_length=s.max_length,
-                     progress=s.progress)
+    """The report's update geometry on the run's shared capture (the same positions as PGA and the spectra)."""
+    result = updates(run.adapter, run.states(), progress=run.settings.progress)
     return result, [result.plot()]

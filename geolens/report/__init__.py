@@ -97,7 +97,7 @@ def report(
     if model is None:
         model = load_default_model(device=device, progress=settings.progress)
     texts = list(default_texts(n=settings.n_texts, seed=settings.seed) if texts is None else texts)
-    run = ReportRun(as_adapter(model), texts, settings)
+    run = ReportRun(as_adapter(model), texts, settings, sections=tuple(chosen))
     out_dir.mkdir(parents=True, exist_ok=True)
 
     paths: dict[str, Path] = {}

@@ -6,7 +6,8 @@ A section's runner (its record's ``runner`` in :mod:`geolens.analyses.registry`)
 each made on first use.
 
 Example:
-    >>> run = ReportRun(geolens.as_adapter(model), texts, ReportSettings(n_tokens=16, progress=False))
+    >>> run = ReportRun(geolens.as_adapter(model), texts, ReportSettings(n_tokens=16, progress=False),
+    ...                 sections=("pga", "spectrum"))
     >>> run.states() is run.states(), sorted(run.states().layers)
     (True, ['final', 'resid_post'])
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geolens._rng import rng
+from geolens.analyses import registry
 from geolens.capture import States, capture
 from geolens.data import default_texts, load_model
 from geolens.data.models import MODELS, is_available
@@ -37,17 +39,35 @@ class ReportRun:
     texts: list[str]
     settings: ReportSettings
     results: dict[str, Result] = field(default_factory=dict)  # sections done so far
+    # The sections this run serves (None: every registered one): its shared capture holds what they read.
+    sections: tuple[str, ...] | None = None
     _states: States | None = field(default=None, repr=False)
     _lens: TunedLens | None = field(default=None, repr=False)
     _second_model: tuple[ModelAdapter | None, str] | None = field(default=None, repr=False)
 
     def states(self) -> States:
-        """The residual stream and the final state at the report's sampled positions, captured once."""
+        """The report's sampled positions, captured once in one forward pass for every section that scores
+        shared states (:meth:`shared_sites`)."""
         s = self.settings
         if self._states is None:
-            self._states = capture(self.adapter, self.texts, sites=(RESIDUAL_SITE, FINAL_SITE), n_tokens=s.n_tokens,
+            self._states = capture(self.adapter, self.texts, sites=self.shared_sites(), n_tokens=s.n_tokens,
                                    seed=s.seed, max_length=s.max_length, progress=s.progress)
         return self._states
+
+    def shared_sites(self) -> tuple[str, ...]:
+        """The residual stream and the final state, and the sites (their records' ``capture_sites``) of the
+        run's sections that score shared states.
+
+        Example:
+            >>> ReportRun(geolens.as_adapter(model), texts, ReportSettings(), sections=("updates",)).shared_sites()
+            ('resid_post', 'final', 'attn_out', 'mlp_out')
+        """
+        sites = [RESIDUAL_SITE, FINAL_SITE]
+        for name in registry.names() if self.sections is None else self.sections:
+            record = registry.get(name)
+            if record.shares_capture and record.capture_sites is not None:
+                sites += [site for site in record.capture_sites({}) if site not in sites]
+        return tuple(sites)
 
     @property
     def captured(self) -> States | None:

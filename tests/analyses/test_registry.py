@@ -87,7 +87,7 @@ def test_the_builtin_records_are_the_analyses_and_their_places():
     assert registry.get("pga").function is geolens.pga and registry.get("weights").function is geolens.weight_geometry
     assert registry.get("lens").function is geolens.lens.evaluate
     assert not registry.get("weights").takes_tokens and registry.get("updates").takes_tokens
-    assert [n for n in registry.names() if registry.get(n).shares_capture] == ["pga", "spectrum"]
+    assert [n for n in registry.names() if registry.get(n).shares_capture] == ["pga", "spectrum", "updates"]
     # every built-in record holds its report runner and findings
     assert all(registry.get(n).runner is not None and registry.get(n).findings is not None
                for n in registry.names("report"))

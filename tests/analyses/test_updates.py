@@ -58,3 +58,44 @@ def test_updates_rejects_too_few_tokens(native_bridge):
     tokens, mask = _tokens(native_bridge)
     with pytest.raises(ValueError, match="n_tokens"):
         updates(native_bridge, tokens, n_tokens=10_000, attention_mask=mask, progress=False)
+
+
+def test_updates_of_captured_states_equal_those_of_the_tokens_and_bad_states_are_named(native_bridge):
+    tokens, mask = _tokens(native_bridge)
+    states = capture(native_bridge, tokens, sites=("resid_post", "attn_out", "mlp_out", "final"), n_tokens=30,
+                     seed=3, attention_mask=mask, progress=False)
+    direct = updates(native_bridge, tokens, n_tokens=30, seed=3, attention_mask=mask, progress=False)
+    shared = updates(native_bridge, states, progress=False)
+    assert shared.to_pandas().equals(direct.to_pandas()) and shared.params == direct.params
+    with pytest.raises(ValueError, match="not 'mlp_out'"):
+        updates(native_bridge, states.select(["resid_post", "attn_out"]), progress=False)
+    some = capture(native_bridge, tokens, sites=("resid_post", "attn_out", "mlp_out"), layers=[1, 2], n_tokens=30,
+                   attention_mask=mask, progress=False)
+    with pytest.raises(ValueError, match="every layer of 'resid_post'"):
+        updates(native_bridge, some, progress=False)
+
+
+def test_the_report_scores_updates_on_its_shared_capture(native_bridge, monkeypatch, tmp_path):
+    import sys
+
+    import geolens.report
+    from geolens.report import ReportRun, ReportSettings
+
+    texts = ["the cat sat on the mat and looked at the door " * 3, "a dog ran in the park after a red ball " * 3,
+             "rain fell on the old town all night long " * 3]
+    settings = ReportSettings(n_tokens=40, progress=False)
+    direct = updates(native_bridge, texts, n_tokens=40, seed=0, max_length=settings.max_length, progress=False)
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("the updates section captured states of its own")
+
+    module = sys.modules["geolens.analyses.updates"]  # the package's name `updates` is the function
+    monkeypatch.setattr(module, "capture", no_capture)
+    run = ReportRun(as_adapter(native_bridge), texts, settings, sections=("pga", "updates"))
+    assert run.shared_sites() == ("resid_post", "final", "attn_out", "mlp_out")
+    result, _ = module.report_section(run, {})
+    assert result.to_pandas().equals(direct.to_pandas())
+    assert ReportRun(as_adapter(native_bridge), texts, settings, sections=("pga",)).shared_sites() == (
+        "resid_post", "final")
+    paths = geolens.report.report(native_bridge, texts, tmp_path, sections=["updates"], n_tokens=40, progress=False)
+    assert "updates.csv" in paths
