@@ -22,10 +22,10 @@ cells does not depend on the approximate mode, so it is stored once in bench/res
 model, texts, seed, parameters and a fingerprint of the sampled positions) and reused while those match.
 
 ``--intervals`` times the report's PGA section (the default model, N = 1024, CCR 1, 5, 10) with and without
-its interval over texts (``n_resamples=20``, ``bootstrap_pairs=10_000``) and prints the ratio.
+its interval over texts (the report's ``n_resamples``, ``bootstrap_pairs=10_000``) and prints the ratio.
 
 Run:  python bench/pga.py [--quick] [--sweep-only] [--no-sweep] [--no-approx] [--device cuda]
-      python bench/pga.py --intervals [--layers 0,3,8,14,22,30] [--n-resamples 20] [--bootstrap-pairs 10000]
+      python bench/pga.py --intervals [--layers 0,3,8,14,22,30] [--n-resamples 16] [--bootstrap-pairs 10000]
       python bench/pga.py --default-model [--model-tokens 4096] [--n-pairs 500000] [--recompute] [--exact-only] [--stored-only]
       python bench/pga.py --sweep-only --sizes 256,512 --approx-sizes 512 --n-pairs 20000   # a small check
 """
@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from geolens.metrics import random_subspaces, readout_basis, remove_common_components, subspace_pga  # noqa: E402
 from geolens.metrics._ranking import compiled as _compiled  # noqa: E402
 from geolens.metrics._ranking.pool import rank_pool  # noqa: E402
+from geolens.report.settings import ReportSettings  # noqa: E402
 
 DEFAULT_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 QUICK_SIZES = [256, 512, 1024, 2048]
@@ -467,7 +468,8 @@ def main() -> None:
     parser.add_argument("--intervals", action="store_true",
                         help="the report's PGA section with and without its interval over texts (time ratio)")
     parser.add_argument("--layers", default=None, help="with --intervals: layers, comma-separated (default all)")
-    parser.add_argument("--n-resamples", type=int, default=20, help="with --intervals")
+    parser.add_argument("--n-resamples", type=int, default=ReportSettings().pga_n_resamples,
+                        help="with --intervals (default: the report's)")
     parser.add_argument("--bootstrap-pairs", type=int, default=10_000, help="with --intervals")
     args = parser.parse_args()
 

@@ -28,6 +28,7 @@ from geolens.analyses.pga import _score_states
 from geolens.capture import States
 from geolens.metrics.pga import subspace_pga
 from geolens.metrics.grassmann import random_subspaces
+from geolens.report.settings import ReportSettings
 
 D, K, N_NULL = 48, 6, 100
 # (topic scale along the readout, along its complement, shared-direction scale, width): z below, near and
@@ -91,7 +92,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--texts", default="16,32,128")
     parser.add_argument("--positions", type=int, default=32)
-    parser.add_argument("--resamples", type=int, default=20)
+    parser.add_argument("--resamples", type=int, default=ReportSettings().pga_n_resamples, help="the report's")
     parser.add_argument("--pairs", type=int, default=10_000, help="bootstrap_pairs (0: all pairs)")
     parser.add_argument("--cases", default=",".join(CASES))
     args = parser.parse_args()

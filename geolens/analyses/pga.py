@@ -37,9 +37,11 @@ _APPROX_COLUMNS = ("rho_readout", "rho_se", "null_mean", "null_std", "null_std_r
 # The bootstrap over texts (n_resamples > 0): the fewest texts it is worth much with (below it the resamples
 # repeat a handful of texts; it runs, warns and says so in params).
 MIN_BOOTSTRAP_TEXTS = 10
-# An interval needs a spread of resampled z to read its ends from: fewer resamples are refused. More than
-# MAX_RESAMPLES cost time (and memory for their z) without changing the interval.
-MIN_RESAMPLES = 20
+# An interval needs a spread of resampled z to read its ends from: fewer resamples are refused. The floor is
+# the fewest whose t(B - 1) quantile widens the interval by at most 10 % over the normal one (the price of
+# reading the spread from B resamples). More than MAX_RESAMPLES cost time (and memory for their z) without
+# changing the interval.
+MIN_RESAMPLES = 15
 MAX_RESAMPLES = 10_000
 # Pairs of all resamples kept at once (16 bytes each); beyond, each layer remakes its resamples' pairs.
 _PAIR_CACHE = 1 << 24
@@ -392,7 +394,7 @@ def _check_bootstrap(n_resamples: object, bootstrap_pairs: object) -> tuple[int,
         >>> _check_bootstrap(1, None)
         Traceback (most recent call last):
         ...
-        ValueError: n_resamples = 1 cannot make an interval: pass at least 20 resamples (or 0 for none)
+        ValueError: n_resamples = 1 cannot make an interval: pass at least 15 resamples (or 0 for none)
     """
     n_resamples = check_int(n_resamples, "n_resamples", low=0)
     if 0 < n_resamples < MIN_RESAMPLES:

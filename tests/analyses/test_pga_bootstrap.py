@@ -260,8 +260,8 @@ def test_approximate_scores_bootstrap_with_their_pair_sample(native_bridge):
     ({"n_resamples": True}, TypeError, "n_resamples"),
     ({"n_resamples": "10"}, TypeError, "n_resamples"),
     ({"n_resamples": 20, "bootstrap_pairs": 100}, ValueError, "bootstrap_pairs"),
-    ({"n_resamples": 1}, ValueError, "n_resamples = 1 cannot make an interval: pass at least 20"),
-    ({"n_resamples": 19}, ValueError, "at least 20"),
+    ({"n_resamples": 1}, ValueError, "n_resamples = 1 cannot make an interval: pass at least 15"),
+    ({"n_resamples": 14}, ValueError, "at least 15"),
     ({"n_resamples": 10**9}, ValueError, "more than the 10000 resamples"),
     ({"bootstrap_pairs": 5000}, ValueError, "bootstrap_pairs.*n_resamples"),
 ])
@@ -270,6 +270,18 @@ def test_bad_bootstrap_arguments_raise_naming_them(native_bridge, kwargs, error,
     with pytest.raises(error, match=match):
         geolens.pga(native_bridge, tokens, k=K, n_null=N_NULL, n_tokens=60, progress=False, **kwargs)
 
+
+
+def test_the_fewest_resamples_follow_their_rule_and_the_report_uses_at_least_that_many():
+    from geolens.analyses.pga import MIN_RESAMPLES
+    from geolens.report.settings import QUICK, ReportSettings
+
+    # The floor: the fewest B whose t(B - 1) quantile widens the interval by at most 10 % over the normal one.
+    def widening(b):
+        return scipy.stats.t.ppf(0.975, b - 1) / scipy.stats.norm.ppf(0.975)
+
+    assert widening(MIN_RESAMPLES) <= 1.10 < widening(MIN_RESAMPLES - 1)
+    assert ReportSettings().pga_n_resamples >= MIN_RESAMPLES and QUICK["pga_n_resamples"] >= MIN_RESAMPLES
 
 def test_too_few_texts_raise_or_warn_and_say_so(native_bridge):
     adapter = as_adapter(native_bridge)
