@@ -92,6 +92,19 @@ class States:
     def d_model(self) -> int:
         return int(next(iter(self.tensors.values())).shape[-1])
 
+    def check_width(self, d_model: int) -> "States":
+        """These states if their rows are ``d_model`` wide (a model's), else ``ValueError`` saying both widths.
+
+        Example:
+            >>> capture(model, texts, n_tokens=8, progress=False).check_width(32)
+            Traceback (most recent call last):
+            ...
+            ValueError: the states have d = 64 but the model has d_model = 32
+        """
+        if self.d_model != d_model:
+            raise ValueError(f"the states have d = {self.d_model} but the model has d_model = {d_model}")
+        return self
+
     def layer(self, site: str, layer: int) -> Float[torch.Tensor, "N d"]:
         """The ``[N, d]`` states of one site at one layer index."""
         layers = self.layers[site] if site in self.layers else ()

@@ -108,6 +108,24 @@ def test_a_degenerate_cell_of_a_sweep_is_flagged_not_scored():
     assert np.isfinite(table.drop(index=(0, 2))["z"]).all() and (table.drop(index=(0, 2))["degenerate"] == "").all()
 
 
+
+def test_states_of_another_width_are_refused_by_every_analysis_that_scores_states(native_bridge):
+    from geolens.capture import States
+
+    n_layers = as_adapter(native_bridge).n_layers
+    rows = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
+    sites = {"resid_post": range(n_layers + 1), "attn_out": range(1, n_layers + 1), "mlp_out": range(1, n_layers + 1)}
+    states = States(tensors={s: rows.expand(len(ls), 20, 8) for s, ls in sites.items()},
+                    layers={s: tuple(ls) for s, ls in sites.items()},
+                    hook_names={s: tuple(f"{s}.{l}" for l in ls) for s, ls in sites.items()},
+                    token_ids=torch.zeros(20, dtype=torch.long), batch_index=torch.arange(20) // 4,
+                    position=torch.arange(20) % 4, n_layers=n_layers)
+    for call in (lambda: geolens.pga(native_bridge, states, k=4, n_null=5, progress=False),
+                 lambda: geolens.spectrum(native_bridge, states, progress=False),
+                 lambda: geolens.updates(native_bridge, states, progress=False)):
+        with pytest.raises(ValueError, match="the states have d = 8 but the model has d_model = 32"):
+            call()
+
 # ---------------------------------------------------------------- NaN never passes through
 
 @pytest.fixture()

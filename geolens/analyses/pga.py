@@ -146,8 +146,9 @@ def pga(
             texts: the interval of z at this sample's size, not of its large-sample limit;
             NaN where fewer than 80 % of the resamples were scorable) and ``z_end_error``
             (the Monte Carlo error of an end), ``result.resampled_z`` every resample's z.
-            ``B`` is 20 to 10,000. Fewer than ``MIN_BOOTSTRAP_TEXTS`` texts warns (a handful of texts cannot show what
-            another sample would give); fewer than 2 raises. Costs about ``B`` times the
+            ``B`` is ``MIN_RESAMPLES`` (15) to 10,000. Fewer than ``MIN_BOOTSTRAP_TEXTS`` texts
+            warns (a handful of texts cannot show what another sample would give); fewer than 2
+            raises. Costs about ``B`` times the
             scoring (less with ``bootstrap_pairs``).
         bootstrap_pairs: pairs per resample: ``None`` (default) as the point estimate
             (all pairs, or ``n_pairs``); an int (at least ``MIN_SAMPLED_PAIRS``) ranks each
@@ -217,8 +218,7 @@ def pga(
         states = tokens
         if site not in states.sites:
             raise ValueError(f"the states hold sites {list(states.sites)}, not {site!r}")
-        if states.d_model != adapter.d_model:
-            raise ValueError(f"the states have d = {states.d_model} but the model has d_model = {adapter.d_model}")
+        states.check_width(adapter.d_model)
         states = states.select([s for s in (site, FINAL_SITE) if s in states.sites and (s == site or include_final)])
     else:
         sites = (site, FINAL_SITE) if include_final and site != FINAL_SITE else (site,)

@@ -142,9 +142,7 @@ def spectrum(
     """
     adapter = as_adapter(model)
     if isinstance(tokens, States):
-        states = tokens
-        if states.d_model != adapter.d_model:
-            raise ValueError(f"the states have d = {states.d_model} but the model has d_model = {adapter.d_model}")
+        states = tokens.check_width(adapter.d_model)
     else:
         states = capture(adapter, tokens, sites=(site,), layers=layers, n_tokens=n_tokens, seed=seed,
                          batch_size=batch_size, progress=progress, attention_mask=attention_mask,

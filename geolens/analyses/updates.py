@@ -99,8 +99,7 @@ def updates(
 def _checked_states(states: States, n_layers: int, d_model: int) -> States:
     """``states`` if they hold every layer of :data:`SITES` of a model with ``n_layers`` blocks and width
     ``d_model``, else ``ValueError`` naming what is missing."""
-    if states.d_model != d_model:
-        raise ValueError(f"the states have d = {states.d_model} but the model has d_model = {d_model}")
+    states.check_width(d_model)
     for site in SITES:
         wanted = tuple(range(0 if site == "resid_post" else 1, n_layers + 1))
         if site not in states.sites:

@@ -62,7 +62,7 @@ class ReportRun:
             >>> ReportRun(geolens.as_adapter(model), texts, ReportSettings(), sections=("updates",)).shared_sites()
             ('resid_post', 'final', 'attn_out', 'mlp_out')
         """
-        sites = [RESIDUAL_SITE, FINAL_SITE]
+        sites = [RESIDUAL_SITE, FINAL_SITE]  # the lens section also scores these positions
         for name in registry.names() if self.sections is None else self.sections:
             record = registry.get(name)
             if record.shares_capture and record.capture_sites is not None:
