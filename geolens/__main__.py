@@ -2,4 +2,5 @@ import sys
 
 from geolens.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned process imports the parent's main module
+    sys.exit(main())

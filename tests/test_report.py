@@ -437,6 +437,49 @@ def test_convergence_section_compares_with_a_second_model_by_relative_depth(neox
     assert len(ConvergenceResult.load(paths["convergence.json"]).plot(kind="cka_full").data) == 1  # the self grid
 
 
+def test_the_second_models_conversion_starts_before_the_report_and_is_awaited_before_loading(
+        neox_bridge, tmp_path, texts, monkeypatch, capsys):
+    import geolens
+    import geolens.report
+    import geolens.report.run as run_module
+    from geolens.report.run import ReportRun, start_second_model_conversion
+
+    events = []
+
+    class Conversion:  # stands in for the process convert_in_background starts
+        def join(self):
+            events.append("joined")
+
+    monkeypatch.setattr(run_module, "is_available", lambda name: True)
+    monkeypatch.setattr(run_module, "convert_in_background", lambda name: events.append(("started", name)) or
+                        Conversion())
+    settings = ReportSettings(convergence_model="gemma-3-270m")
+    # Only for a run with the convergence section, and an offline model by name whose wheels are there.
+    assert start_second_model_conversion(settings, ["pga", "lens"]) is None
+    assert start_second_model_conversion(settings.update(convergence_model=neox_bridge), ["convergence"]) is None
+    assert start_second_model_conversion(settings.update(convergence_model=None), ["convergence"]) is None
+    assert events == []
+    conversion = start_second_model_conversion(settings, ["convergence"])
+    assert isinstance(conversion, Conversion) and events == [("started", "gemma-3-270m")]
+    assert "converting gemma-3-270m in the background" in capsys.readouterr().err
+    monkeypatch.setattr(run_module, "is_available", lambda name: False)  # no wheels: nothing to start
+    assert start_second_model_conversion(settings, ["convergence"]) is None
+
+    # The run waits for the conversion once, before it loads the second model.
+    monkeypatch.setattr(run_module, "_load_second_model", lambda adapter, s: events.append("loaded") or (None, "x"))
+    run = ReportRun(geolens.as_adapter(neox_bridge), list(texts), settings, second_model_conversion=Conversion())
+    assert run.second_model() == (None, "x") and run.second_model() == (None, "x")
+    assert events[1:] == ["joined", "loaded"] and run.second_model_conversion is None
+
+    # report() starts it before its sections run (here before the convergence section loads the model).
+    monkeypatch.setattr(run_module, "is_available", lambda name: True)
+    started = []
+    monkeypatch.setattr(geolens.report, "start_second_model_conversion",
+                        lambda s, sections: started.append(list(sections)) or None)
+    _convergence_report(neox_bridge, tmp_path, texts, convergence_model=None)
+    assert started == [["convergence"]]
+
+
 def test_convergence_section_says_why_the_cross_family_part_is_absent(neox_bridge, tmp_path, texts, monkeypatch):
     import geolens.report
     import geolens.report.run

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -54,8 +55,8 @@ from geolens.data.wheels import (
 from geolens.model import boot_bridge
 
 __all__ = [
-    "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "MODELS", "ModelSpec", "available_models", "default_model_path", "get_spec",
-    "is_available", "load_default_model", "load_model", "model_path", "refused_weights_named", "transformers_progress",
+    "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "MODELS", "ModelSpec", "available_models", "convert_in_background",
+    "default_model_path", "get_spec", "is_available", "load_default_model", "load_model", "model_path", "refused_weights_named", "transformers_progress",
 ]
 
 
@@ -436,6 +437,46 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
                 f"    {spec.install_command()}\n({error})"
             ) from error
     return target
+
+
+def convert_in_background(name: str, *, cache_dir: str | os.PathLike | None = None) -> multiprocessing.Process | None:
+    """Start the one-time conversion of the offline model ``name`` in a process of its own; ``None`` where there
+    is nothing to start (converted already, or its wheels neither installed nor cached: nothing is downloaded).
+
+    A conversion is mostly Python on one core (the GGUF's vocabulary is parsed item by item), so it can run
+    beside other work, such as converting or running another model. Join the process before loading ``name``;
+    if the conversion failed there (the process's exit code is not 0), :func:`load_model` converts again and
+    raises the error itself. A conversion beside another of the same model is safe: the folder appears with
+    one rename, and the first complete one is kept. The process is a daemon: it ends with the caller, leaving
+    no partial folder.
+
+    Raises:
+        ValueError: unknown ``name``.
+
+    Example:
+        >>> process = convert_in_background("gemma-3-270m")   # a one-time conversion  # doctest: +SKIP
+        >>> process.join(); model = load_model("gemma-3-270m")   # converted by then  # doctest: +SKIP
+    """
+    spec = get_spec(name)
+    if _model_is_complete(cache_root(cache_dir) / spec.dirname) or not is_available(name, cache_dir):
+        return None
+    # "spawn": a fresh interpreter, safe beside the caller's threads (a fork would copy their locks).
+    process = multiprocessing.get_context("spawn").Process(
+        target=_convert_quietly, args=(spec.name, None if cache_dir is None else os.fspath(cache_dir)),
+        name=f"geolens: converting {spec.name}", daemon=True)
+    process.start()
+    return process
+
+
+def _convert_quietly(name: str, cache_dir: str | None) -> None:
+    """The body of :func:`convert_in_background`'s process: convert without output; a failure is only its exit
+    code (1), since the caller's :func:`load_model` converts again and reports it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model_path(name, cache_dir=cache_dir, progress=False)
+    except BaseException:  # noqa: BLE001 - reported by the caller's own conversion
+        sys.exit(1)
 
 
 def default_model_path(cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:

@@ -46,7 +46,7 @@ from geolens.data import default_texts, load_default_model
 from geolens.model import Model, as_adapter
 from geolens.report.files import figure_formats, report_meta, write_section
 from geolens.report.pages import Section, write_html
-from geolens.report.run import ReportRun
+from geolens.report.run import ReportRun, start_second_model_conversion
 from geolens.report.sections import DEFAULT_SECTIONS, chosen_sections, report_section, run_section
 from geolens.report.settings import CROSS_FAMILY_MODEL, QUICK, RENAMED_SETTINGS, REPORT_LENS_BUDGET, ReportSettings
 from geolens.results import json_text
@@ -94,10 +94,11 @@ def report(
     out_dir = check_writable_folder(out_dir, "the report")  # before any section computes what it cannot write
     if isinstance(settings.convergence_model, str) and settings.convergence_model == "auto":
         settings = settings.update(convergence_model=CROSS_FAMILY_MODEL if model is None else None)
+    conversion = start_second_model_conversion(settings, chosen)  # beside the report's own model's conversion
     if model is None:
         model = load_default_model(device=device, progress=settings.progress)
     texts = list(default_texts(n=settings.n_texts, seed=settings.seed) if texts is None else texts)
-    run = ReportRun(as_adapter(model), texts, settings, sections=tuple(chosen))
+    run = ReportRun(as_adapter(model), texts, settings, sections=tuple(chosen), second_model_conversion=conversion)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     paths: dict[str, Path] = {}

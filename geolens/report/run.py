@@ -14,21 +14,23 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing import Process
+from typing import Any, Sequence
 
 from geolens._rng import rng
 from geolens.analyses import registry
 from geolens.capture import States, capture
 from geolens.data import default_texts, load_model
-from geolens.data.models import MODELS, is_available
+from geolens.data.models import MODELS, convert_in_background, is_available
 from geolens.lens import TunedLens, cached_tuned_lens
 from geolens.model import ModelAdapter, as_adapter
 from geolens.report.settings import CROSS_FAMILY_MODEL, ReportSettings
 from geolens.results import Result
 from geolens.sites import FINAL_SITE, RESIDUAL_SITE
 
-__all__ = ["ReportRun", "lens_texts"]
+__all__ = ["ReportRun", "lens_texts", "start_second_model_conversion"]
 
 
 @dataclass
@@ -44,6 +46,8 @@ class ReportRun:
     _states: States | None = field(default=None, repr=False)
     _lens: TunedLens | None = field(default=None, repr=False)
     _second_model: tuple[ModelAdapter | None, str] | None = field(default=None, repr=False)
+    # The second model's one-time conversion, started in the background (start_second_model_conversion).
+    second_model_conversion: Process | None = field(default=None, repr=False)
 
     def states(self) -> States:
         """The report's sampled positions, captured once in one forward pass for every section that scores
@@ -100,8 +104,32 @@ class ReportRun:
     def second_model(self) -> tuple[ModelAdapter | None, str]:
         """The second model (``settings.convergence_model``), loaded once, or ``None`` and the reason it is absent."""
         if self._second_model is None:
+            if self.second_model_conversion is not None:  # loaded once its conversion is done
+                self.second_model_conversion.join()
+                self.second_model_conversion = None
             self._second_model = _load_second_model(self.adapter, self.settings)
         return self._second_model
+
+
+def start_second_model_conversion(settings: ReportSettings, sections: Sequence[str]) -> Process | None:
+    """The background conversion (:func:`geolens.data.models.convert_in_background`) of the convergence section's
+    second model, started where the run has that section and the model is an offline one not converted yet;
+    else ``None``. Started before the report's own model loads, the conversion (mostly Python on one core)
+    runs beside that model's conversion and the first sections instead of inside the convergence section.
+
+    Example:
+        >>> start_second_model_conversion(ReportSettings(convergence_model=None), ["convergence"]) is None
+        True
+    """
+    choice = settings.convergence_model
+    if ("convergence" not in sections or not isinstance(choice, str) or choice not in MODELS
+            or not is_available(choice)):
+        return None
+    process = convert_in_background(choice)
+    if process is not None and settings.progress:
+        print(f"geolens: converting {choice} in the background (one-time), for the convergence section",
+              file=sys.stderr)
+    return process
 
 
 def lens_texts(texts: list[str], seed: int, n: int) -> list[str]:

@@ -140,12 +140,42 @@ def test_model_path_converts_once_into_the_cache_with_a_marker(tmp_path, monkeyp
     assert models.is_available("fake-model", cache_dir=root)
 
 
+def test_a_background_conversion_starts_only_where_there_is_one_to_do(tmp_path, monkeypatch):
+    spec, root = _install_fake(tmp_path, monkeypatch, wheel_parts=(3,))
+    monkeypatch.setitem(models.MODELS, spec.name, spec)
+    with pytest.raises(ValueError, match="unknown offline model 'gpt-9'"):
+        models.convert_in_background("gpt-9", cache_dir=root)
+    # Wheels neither installed nor cached: no process, and nothing is downloaded or written.
+    empty = tmp_path / "empty"
+    assert models.convert_in_background("gemma-3-270m", cache_dir=empty) is None and not empty.exists()
+    # Converted already: no process.
+    monkeypatch.setattr(models, "_convert_gguf", lambda gguf, out: (out.mkdir(), (out / "config.json").write_text("{}")))
+    models.model_path("fake-model", cache_dir=root, progress=False)
+    assert models.convert_in_background("fake-model", cache_dir=root) is None
+
+
+def test_a_failed_background_conversion_ends_with_exit_code_1_and_writes_nothing(tmp_path, monkeypatch):
+    spec, root = _install_fake(tmp_path, monkeypatch)
+    monkeypatch.setitem(models.MODELS, spec.name, spec)
+    # The spawned interpreter has no "fake-model" in its registry: its conversion fails there, quietly.
+    process = models.convert_in_background("fake-model", cache_dir=root)
+    assert process is not None and process.daemon
+    process.join(timeout=300)
+    assert process.exitcode == 1
+    assert [p.name for p in root.iterdir()] == ["wheels"]
+
+
 # ---------------------------------------------------------------- the real Gemma-3-270M
 
 
 @pytest.fixture(scope="module")
 def gemma():
     try:
+        # Converted in a process of its own where it is not converted yet, as the report does.
+        process = models.convert_in_background("gemma-3-270m")
+        if process is not None:
+            process.join()
+            assert process.exitcode == 0 and models.is_available("gemma-3-270m")
         return geolens.load_model("gemma-3-270m", device="cpu", progress=False)
     except RuntimeError as error:  # wheels neither installed nor downloadable
         pytest.skip(str(error))
