@@ -441,7 +441,8 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
 
 def convert_in_background(name: str, *, cache_dir: str | os.PathLike | None = None) -> multiprocessing.Process | None:
     """Start the one-time conversion of the offline model ``name`` in a process of its own; ``None`` where there
-    is nothing to start (converted already, or its wheels neither installed nor cached: nothing is downloaded).
+    is nothing to start (converted already, or its wheels neither installed nor cached: nothing is downloaded)
+    or no process can be started (the caller is a daemonic process, or the system refuses one).
 
     A conversion is mostly Python on one core (the GGUF's vocabulary is parsed item by item), so it can run
     beside other work, such as converting or running another model. Join the process before loading ``name``;
@@ -460,11 +461,16 @@ def convert_in_background(name: str, *, cache_dir: str | os.PathLike | None = No
     spec = get_spec(name)
     if _model_is_complete(cache_root(cache_dir) / spec.dirname) or not is_available(name, cache_dir):
         return None
+    if multiprocessing.current_process().daemon:
+        return None  # a daemonic process (a multiprocessing pool's worker) may not start processes of its own
     # "spawn": a fresh interpreter, safe beside the caller's threads (a fork would copy their locks).
     process = multiprocessing.get_context("spawn").Process(
         target=_convert_quietly, args=(spec.name, None if cache_dir is None else os.fspath(cache_dir)),
         name=f"geolens: converting {spec.name}", daemon=True)
-    process.start()
+    try:
+        process.start()
+    except OSError:  # no process to be had (a limit on processes, no memory): the caller converts as before
+        return None
     return process
 
 

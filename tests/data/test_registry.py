@@ -148,6 +148,13 @@ def test_a_background_conversion_starts_only_where_there_is_one_to_do(tmp_path, 
     # Wheels neither installed nor cached: no process, and nothing is downloaded or written.
     empty = tmp_path / "empty"
     assert models.convert_in_background("gemma-3-270m", cache_dir=empty) is None and not empty.exists()
+    # Inside a daemonic process (a multiprocessing pool's worker), which may not start processes: none.
+    import multiprocessing
+
+    with monkeypatch.context() as patch:
+        patch.setattr(multiprocessing.current_process(), "daemon", True)
+        assert models.convert_in_background("fake-model", cache_dir=root) is None
+    assert not multiprocessing.current_process().daemon
     # Converted already: no process.
     monkeypatch.setattr(models, "_convert_gguf", lambda gguf, out: (out.mkdir(), (out / "config.json").write_text("{}")))
     models.model_path("fake-model", cache_dir=root, progress=False)
