@@ -113,8 +113,8 @@ class ReportRun:
 
 def start_second_model_conversion(settings: ReportSettings, sections: Sequence[str]) -> Process | None:
     """The background conversion (:func:`geolens.data.models.convert_in_background`) of the convergence section's
-    second model, started where the run has that section and the model is an offline one not converted yet;
-    else ``None``. Started before the report's own model loads, the conversion (mostly Python on one core)
+    second model, started where the run has a section that reads it (its record's ``report_settings`` name
+    ``convergence_model``) and the model is an offline one not converted yet; else ``None``. Started before the report's own model loads, the conversion (mostly Python on one core)
     runs beside that model's conversion and the first sections instead of inside the convergence section.
 
     Example:
@@ -122,8 +122,9 @@ def start_second_model_conversion(settings: ReportSettings, sections: Sequence[s
         True
     """
     choice = settings.convergence_model
-    if ("convergence" not in sections or not isinstance(choice, str) or choice not in MODELS
-            or not is_available(choice)):
+    # The sections that compare with the second model are those whose records read its setting.
+    compares = any("convergence_model" in registry.get(name).report_settings for name in sections)
+    if not compares or not isinstance(choice, str) or choice not in MODELS or not is_available(choice):
         return None
     process = convert_in_background(choice)
     if process is not None and settings.progress:
