@@ -475,8 +475,12 @@ def convert_in_background(name: str, *, cache_dir: str | os.PathLike | None = No
 
 
 def _convert_quietly(name: str, cache_dir: str | None) -> None:
-    """The body of :func:`convert_in_background`'s process: convert without output; a failure is only its exit
-    code (1), since the caller's :func:`load_model` converts again and reports it."""
+    """The body of :func:`convert_in_background`'s process: convert without output, at the lowest priority; a
+    failure is only its exit code (1), since the caller's :func:`load_model` converts again and reports it."""
+    # The caller's torch runs a thread a core; a conversion taking one of its cores would stall every parallel
+    # step at its barrier. At the lowest priority the conversion takes what the caller leaves idle.
+    with contextlib.suppress(AttributeError, OSError):  # os.nice: POSIX only
+        os.nice(19)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
