@@ -172,6 +172,22 @@ def test_a_failed_background_conversion_ends_with_exit_code_1_and_writes_nothing
     assert [p.name for p in root.iterdir()] == ["wheels"]
 
 
+def test_the_background_process_converts_at_the_lowest_priority_and_fails_quietly(monkeypatch):
+    calls = []
+    monkeypatch.setattr(models.os, "nice", lambda increment: calls.append(("nice", increment)), raising=False)
+    monkeypatch.setattr(models, "model_path", lambda name, **kwargs: calls.append(("convert", name, kwargs)))
+    models._convert_quietly("gemma-3-270m", "/some/cache")
+    assert calls == [("nice", 19), ("convert", "gemma-3-270m", {"cache_dir": "/some/cache", "progress": False})]
+
+    def fails(name, **kwargs):
+        raise RuntimeError("the wheels are damaged")
+
+    monkeypatch.setattr(models, "model_path", fails)
+    with pytest.raises(SystemExit) as stopped:
+        models._convert_quietly("gemma-3-270m", None)
+    assert stopped.value.code == 1
+
+
 # ---------------------------------------------------------------- the real Gemma-3-270M
 
 
