@@ -108,7 +108,6 @@ def test_a_degenerate_cell_of_a_sweep_is_flagged_not_scored():
     assert np.isfinite(table.drop(index=(0, 2))["z"]).all() and (table.drop(index=(0, 2))["degenerate"] == "").all()
 
 
-
 def test_states_of_another_width_are_refused_by_every_analysis_that_scores_states(native_bridge):
     from geolens.capture import States
 
@@ -125,6 +124,7 @@ def test_states_of_another_width_are_refused_by_every_analysis_that_scores_state
                  lambda: geolens.updates(native_bridge, states, progress=False)):
         with pytest.raises(ValueError, match="the states have d = 8 but the model has d_model = 32"):
             call()
+
 
 # ---------------------------------------------------------------- NaN never passes through
 

@@ -56,7 +56,8 @@ from geolens.model import boot_bridge
 
 __all__ = [
     "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "MODELS", "ModelSpec", "available_models", "convert_in_background",
-    "default_model_path", "get_spec", "is_available", "load_default_model", "load_model", "model_path", "refused_weights_named", "transformers_progress",
+    "default_model_path", "get_spec", "is_available", "load_default_model", "load_model", "model_path",
+    "refused_weights_named", "transformers_progress",
 ]
 
 
@@ -439,7 +440,8 @@ def model_path(name: str, *, cache_dir: str | os.PathLike | None = None, progres
     return target
 
 
-def convert_in_background(name: str, *, cache_dir: str | os.PathLike | None = None) -> multiprocessing.Process | None:
+def convert_in_background(name: str, *, cache_dir: str | os.PathLike | None = None
+                          ) -> multiprocessing.process.BaseProcess | None:
     """Start the one-time conversion of the offline model ``name`` in a process of its own; ``None`` where there
     is nothing to start (converted already, or its wheels neither installed nor cached: nothing is downloaded)
     or no process can be started (the caller is a daemonic process, or the system refuses one).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from multiprocessing import Process
+from multiprocessing.process import BaseProcess
 from typing import Any, Sequence
 
 from geolens._rng import rng
@@ -47,7 +47,7 @@ class ReportRun:
     _lens: TunedLens | None = field(default=None, repr=False)
     _second_model: tuple[ModelAdapter | None, str] | None = field(default=None, repr=False)
     # The second model's one-time conversion, started in the background (start_second_model_conversion).
-    second_model_conversion: Process | None = field(default=None, repr=False)
+    second_model_conversion: BaseProcess | None = field(default=None, repr=False)
 
     def states(self) -> States:
         """The report's sampled positions, captured once in one forward pass for every section that scores
@@ -111,11 +111,12 @@ class ReportRun:
         return self._second_model
 
 
-def start_second_model_conversion(settings: ReportSettings, sections: Sequence[str]) -> Process | None:
+def start_second_model_conversion(settings: ReportSettings, sections: Sequence[str]) -> BaseProcess | None:
     """The background conversion (:func:`geolens.data.models.convert_in_background`) of the convergence section's
     second model, started where the run has a section that reads it (its record's ``report_settings`` name
-    ``convergence_model``) and the model is an offline one not converted yet; else ``None``. Started before the report's own model loads, the conversion (mostly Python on one core)
-    runs beside that model's conversion and the first sections instead of inside the convergence section.
+    ``convergence_model``) and the model is an offline one not converted yet; else ``None``. Started before the
+    report's own model loads, the conversion (mostly Python on one core) runs beside that model's conversion and
+    the first sections instead of inside the convergence section.
 
     Example:
         >>> start_second_model_conversion(ReportSettings(convergence_model=None), ["convergence"]) is None

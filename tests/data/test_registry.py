@@ -156,7 +156,8 @@ def test_a_background_conversion_starts_only_where_there_is_one_to_do(tmp_path, 
         assert models.convert_in_background("fake-model", cache_dir=root) is None
     assert not multiprocessing.current_process().daemon
     # Converted already: no process.
-    monkeypatch.setattr(models, "_convert_gguf", lambda gguf, out: (out.mkdir(), (out / "config.json").write_text("{}")))
+    monkeypatch.setattr(models, "_convert_gguf",
+                        lambda gguf, out: (out.mkdir(), (out / "config.json").write_text("{}")))
     models.model_path("fake-model", cache_dir=root, progress=False)
     assert models.convert_in_background("fake-model", cache_dir=root) is None
 
