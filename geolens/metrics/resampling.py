@@ -37,7 +37,7 @@ from geolens.metrics._ranking.cpu import one_thread
 from geolens.metrics._ranking.pool import inline, n_workers
 from geolens.metrics._ranking.pairs import PairSample, sample_pairs
 from geolens.metrics._ranking.products import (ResampledRows, check_nonzero_norms, resampled_negated_cosines,
-                                               resampled_row_terms, row_pair_dots)
+                                               resampled_row_terms, row_pair_dots, squared_norms)
 from geolens.metrics._ranking.select import select_backend
 from geolens.metrics.pga import (JACKKNIFE_BLOCKS, _centred_full_ranks, _deleted_rhos, _jackknife_blocks,
                                  sampled_z)
@@ -154,7 +154,8 @@ class LayerResampler:
         self.flat_subspaces = subspaces.to(dtype=work, device=states.device).permute(1, 0, 2).reshape(
             subspaces.shape[1], -1)
         self.projected = self.x.to(work) @ subspaces.to(dtype=work, device=states.device)  # [S, N, k], once
-        self.projected_sq = torch.linalg.vector_norm(self.projected, dim=-1, dtype=torch.float64).pow(2)  # [S, N]
+        self.projected_sq = squared_norms(self.projected)  # [S, N], float64
+        self.states_sq = states.double().pow(2).sum(-1)  # [N], for the resamples' spread check
         self.text_of_row = self.text_grams = None
         if texts is not None:
             self._make_text_grams(torch.as_tensor(texts))
@@ -199,13 +200,14 @@ class LayerResampler:
         text Gram matrices), else made here (from them where they serve, or from the rows)."""
         levels = [int(m) for m in ccr]
         source = torch.as_tensor(source).to(self.x.device)
-        rows = self.x[source]
-        delta = rows.mean(0)
-        centred = rows - delta
         undefined = [math.nan] * len(levels)
-        try:
-            check_spread(self.states[source], centred, dtype=self.input_dtype, what="the resampled states")
-        except DegenerateError:
+        weights = torch.bincount(source, minlength=self.x.shape[0]).to(self.x.dtype)  # copies of each captured row
+        delta = (weights @ self.x) / source.numel()
+        sq = (self.x - delta).pow(2).sum(-1)  # each captured row's squared norm, re-centred on the resample
+        total = float(weights @ sq)  # the re-centred resample's squared Frobenius norm
+        # Float64 rows are checked on the rows themselves (their squares may need check_spread's rescaling).
+        centred = self.x[source] - delta if self.input_dtype == torch.float64 else None
+        if not self._spread_ok(source, weights, total, centred):
             return undefined
         top = max(max(levels), 1)
         if moment is None:
@@ -213,12 +215,13 @@ class LayerResampler:
         if moment is not None:  # sum_a (x_a - delta)(x_a - delta)^T = sum_a x_a x_a^T - n delta delta^T
             sv, vh = gram_components(moment - source.numel() * torch.outer(delta, delta), top)
         else:
-            sv, vh = principal_components(centred, top, gram=self.input_dtype != torch.float64)
-        good = [m for m in sorted(set(levels)) if self._keeps_spread(centred, sv, vh, m)]
+            rows = self.x[source] - delta if centred is None else centred
+            sv, vh = principal_components(rows, top, gram=self.input_dtype != torch.float64)
+        good = [m for m in sorted(set(levels)) if self._keeps_spread(source.numel(), total, centred, sv, vh, m)]
         if not good:
             return undefined
         try:
-            rhos, deleted = self._alignment(source, pairs, delta, vh, good)
+            rhos, deleted = self._alignment(source, pairs, delta, sq, vh, good)
         except ValueError:  # DegenerateError, or a row of zero norm: this resample has no z
             return undefined
         fpc = None if pairs.exact else max(0.0, 1.0 - pairs.n_pairs / pairs.total)
@@ -266,17 +269,31 @@ class LayerResampler:
         made = iter((torch.stack(drawn) @ self.text_grams).reshape(len(drawn), *self.x.shape[1:], -1))
         return [None if c is None else next(made) for c in counts]
 
-    def _keeps_spread(self, centred: torch.Tensor, sv: torch.Tensor, vh: torch.Tensor, m: int) -> bool:
-        """Whether the resample keeps at least two directions with spread after removing ``m`` components."""
-        n, d = centred.shape
+    def _spread_ok(self, source: torch.Tensor, weights: torch.Tensor, total: float, centred: torch.Tensor | None
+                   ) -> bool:
+        """Whether the re-centred resample has spread (:func:`~geolens.metrics.preprocess.check_spread`): from
+        its squared norm ``total`` and the captured rows' squared norms, or on ``centred`` (float64 rows)."""
+        try:
+            if centred is not None:
+                check_spread(self.states[source], centred, dtype=self.input_dtype, what="the resampled states")
+                return True
+            scale = float(weights @ self.states_sq) ** 0.5
+            return scale > 0 and total**0.5 > SPREAD_RTOL * torch.finfo(self.input_dtype).eps * scale
+        except DegenerateError:
+            return False
+
+    def _keeps_spread(self, n: int, total: float, centred: torch.Tensor | None, sv: torch.Tensor, vh: torch.Tensor,
+                      m: int) -> bool:
+        """Whether the resample of ``n`` rows (squared norm ``total`` after re-centring) keeps at least two
+        directions with spread after removing ``m`` components (``centred``: its float64 rows, else None)."""
+        d = self.x.shape[1]
         if m >= min(n - 1, d) or int((sv[m:] > SPREAD_RTOL * torch.finfo(self.input_dtype).eps * sv[0]).sum()) < 2:
             return False
         if not m:
             return True
-        if self.input_dtype != torch.float64:
+        if centred is None:
             # What check_spread tests, from the singular values: ||processed||^2 = ||centred||^2 - sum of the
             # removed s_l^2, exact to float64 rounding, far below the float32 limit.
-            total = float(centred.pow(2).sum())
             left = total - float(sv[:m].double().pow(2).sum())
             return left > self._zero_floor * total
         processed = centred - (centred @ vh[:m].T) @ vh[:m]
@@ -286,8 +303,8 @@ class LayerResampler:
             return False
         return True
 
-    def _alignment(self, source: torch.Tensor, pairs: PairSample, delta: torch.Tensor, vh: torch.Tensor,
-                   levels: list[int]) -> tuple[list, list]:
+    def _alignment(self, source: torch.Tensor, pairs: PairSample, delta: torch.Tensor, sq: torch.Tensor,
+                   vh: torch.Tensor, levels: list[int]) -> tuple[list, list]:
         """``(rhos, deleted)`` at each level (``None`` where that level is degenerate): the
         Spearman of every subspace over the pairs, and its delete-a-group jackknife replicates (as
         :func:`~geolens.metrics.pga.sampled_rank_alignment` makes them)."""
@@ -297,7 +314,7 @@ class LayerResampler:
         first, second = torch.minimum(first, second), torch.maximum(first, second)
         comps = (self.x - delta) @ vh.double().T  # [N, M]
         paired = torch.unique(torch.cat([first, second]))  # the rows whose norms must be above zero
-        full = self._full_values(first, second, delta, comps, levels, paired)
+        full = self._full_values(first, second, delta, sq, comps, levels, paired)
         rows = self._resampled_rows(delta, vh.double(), comps, levels, paired)
         p = pairs.n_pairs
         n_blocks = min(JACKKNIFE_BLOCKS, p)
@@ -350,14 +367,13 @@ class LayerResampler:
             deleted.append(_deleted_rhos(rho, torch.cat(phis[c]).cpu(), sizes))
         return rhos, deleted
 
-    def _full_values(self, first, second, delta, comps, levels, paired) -> list[torch.Tensor]:
+    def _full_values(self, first, second, delta, sq, comps, levels, paired) -> list[torch.Tensor]:
         """Each level's full-space negated cosines ``[P]`` (float64) of the resample's processed rows
-        (``paired``: the rows the pairs use)."""
+        (``sq``: each captured row's squared norm after re-centring; ``paired``: the rows the pairs use)."""
         dots = row_pair_dots(self.x, first, second).to(self.x.device)
         first, second = first.to(self.x.device), second.to(self.x.device)
         x_delta = self.x @ delta
         dots = dots - (x_delta[first] + x_delta[second]) + delta @ delta  # symmetric: identical rows tie exactly
-        sq = (self.x - delta).pow(2).sum(-1)
         removed = torch.cumsum(comps[first] * comps[second], -1)
         removed_sq = torch.cumsum(comps.pow(2), -1)
         out = []
@@ -374,17 +390,16 @@ class LayerResampler:
         norms must be above zero)."""
         work = self.projected.dtype
         n_subspaces, _, k = self.projected.shape
-        # V's rows and delta in every subspace at once ([M + 1, S k], one product), then the rows' coordinates
-        # along them (one batched product): cross before its delta term, and the shift.
+        # V's rows and delta in every subspace at once ([M + 1, S k], one product); resampled_row_terms makes the
+        # rows' coordinates along them (cross before its delta term, and the shift).
         along = (torch.cat([vh, delta.unsqueeze(0)]).to(work) @ self.flat_subspaces).reshape(-1, n_subspaces, k)
         along = along.transpose(0, 1)  # [S, M + 1, k]
-        both = torch.bmm(along, self.projected.transpose(1, 2))  # [S, M + 1, N]: the faster of the two orders
         across, shift_by = along[:, :-1].double(), along[:, -1].double()  # V Q_s, Q_s^T delta
         across_shift = torch.bmm(across, shift_by.unsqueeze(-1)).squeeze(-1)  # [S, M]
         gram = across @ across.transpose(1, 2)  # [S, M, M]
         shift_sq = shift_by.pow(2).sum(-1)
-        terms = resampled_row_terms(both, self.projected_sq, across_shift, shift_sq, gram, comps,
-                                    paired.to(both.device), levels, self._zero_floor)
+        terms = resampled_row_terms(self.projected, along, self.projected_sq, across_shift, shift_sq, gram, comps,
+                                    paired.to(along.device), levels, self._zero_floor)
         return ResampledRows(
             projected=self.projected, shift_sq=shift_sq, comps=comps, terms=terms,
             fold_at=torch.tensor([0, *levels[:-1]], dtype=torch.int64).cumsum(0),

@@ -43,8 +43,16 @@ def test_numpy_and_torch_kernels_agree(coarse, full_ties):
     torch.testing.assert_close(sq_np, centred.pow(2).sum(-1), rtol=1e-12, atol=1e-6)
 
 
+@pytest.fixture(params=[False, True], ids=["radix sort", "numpy sort"])
+def sort_kind(request, monkeypatch):
+    """The sampled rows' sort both ways, whichever this CPU would take: the compiled radix sort scoring bucket
+    by bucket, or NumPy's sort of the whole keys then one scoring pass (cpu.vector_sort)."""
+    monkeypatch.setattr(cpu, "vector_sort", lambda: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("coarse", [False, True])
-def test_sampled_kernels_agree(coarse):
+def test_sampled_kernels_agree(coarse, sort_kind):
     """The sampled-pair statistics (dots, squared norms, influence block sums) of the NumPy and torch kernels."""
     g = torch.Generator().manual_seed(1)
     p, n_blocks = 3000, 7
@@ -229,7 +237,7 @@ def test_whole_subspace_tasks_give_the_batched_kernels_numbers(coarse):
 
 @pytest.mark.parametrize("case", ["cosines", "near -1", "grid ties", "one value", "wide"])
 @pytest.mark.parametrize("full_ties", [False, True])
-def test_fused_sort_and_score_agrees_with_the_torch_kernel_in_every_sort_mode(case, full_ties):
+def test_fused_sort_and_score_agrees_with_the_torch_kernel_in_every_sort_mode(case, full_ties, sort_kind):
     """The compiled kernel (each bucket of the sort scored right after it is sorted) against the torch
     kernel, on rows long enough for every mode of the sort: buckets of a top digit over both signs, a top
     digit taken below bits every value shares, heavy ties, one value, and the plain LSD sort for thinly

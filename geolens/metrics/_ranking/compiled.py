@@ -317,7 +317,19 @@ def _sampled_range(keys, lo, hi, p, full_by_position, full_ties, rank_full, phi,
     i = lo
     while i < hi:
         high = keys[i] >> 32
-        j = i + 1
+        if i + 1 == hi or (keys[i + 1] >> 32) != high:  # a value of its own (most are): its rank is i + 1
+            payload = keys[i] & _LOW32
+            position = payload & _POSITION_MASK
+            f = full_by_position[position] if full_ties else position + 1.0 - mean
+            rank = i + 1.0
+            dot += f * (rank - mean)
+            u = (f + mean) * inv_p
+            phi[payload >> POSITION_BITS] += u * (rank * inv_p) + (total - before) * inv_p
+            rank_full[position] = rank
+            before += u
+            i += 1
+            continue
+        j = i + 2
         while j < hi and (keys[j] >> 32) == high:
             j += 1
         rank = 0.5 * (i + j - 1) + 1.0
@@ -392,6 +404,18 @@ def sampled_sort_row_stats(keys, scratch, counts, full_by_position, full_ties, f
     return dot, sq
 
 
+@njit(nogil=True, cache=True)
+def sorted_row_stats(keys, full_by_position, full_ties, full_start, blocks_full, rank_full, phi):
+    """:func:`sampled_sort_row_stats` of a row of sampled keys sorted already (by their high 32 bits at
+    least: a sort of the whole int64 keys serves), with the same arguments but the sort's buffers."""
+    p = keys.shape[0]
+    phi[:] = 0.0
+    dot, sq, _ = _sampled_range(keys, 0, p, p, full_by_position, full_ties, rank_full, phi, 0.0,
+                                p * (p * p - 1.0) / 12.0, 0.0)
+    _sampled_full_order(p, full_ties, full_start, blocks_full, rank_full, phi)
+    return dot, sq
+
+
 @njit(nogil=True, cache=True, fastmath=True)
 def row_pair_dots(rows, first, second, out):
     """``out[p] = <rows[first[p]], rows[second[p]]>``, accumulated in float64."""
@@ -403,27 +427,53 @@ def row_pair_dots(rows, first, second, out):
         out[p] = acc
 
 
+@njit(nogil=True, cache=True, fastmath=True)
+def squared_norms(rows, out):
+    """``out[r] = |rows[r]|^2`` of ``[R, k]`` rows, accumulated in float64."""
+    for r in range(rows.shape[0]):
+        acc = 0.0
+        for t in range(rows.shape[1]):
+            value = np.float64(rows[r, t])
+            acc += value * value
+        out[r] = acc
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _coordinate(along, s, q, projected, i):
+    """``<along[s, q], projected[s, i]>``, summed in their dtype (as the batched product it stands for)."""
+    acc = np.float32(0.0)  # float64 rows make it float64
+    for t in range(projected.shape[2]):  # 3-D indexing, no row views: numba vectorises it
+        acc += along[s, q, t] * projected[s, i, t]
+    return acc
+
+
 @njit(nogil=True, cache=True)
-def resampled_row_terms(both, projected_sq, across_shift, shift_sq, gram, comps, rows, levels, fold_at, floor, out):
-    """:attr:`~geolens.metrics._ranking.products.ResampledRows.terms` of the captured ``rows``, written to
-    ``out[s, i]`` (:func:`geolens.metrics._ranking.products.resampled_row_terms` defines every input; this is
-    its CPU loop); False where a row's norm after a level's removal is at most ``floor`` times its norm
-    before (its inverse is then left 0)."""
-    n_subspaces, n_levels, top = both.shape[0], levels.shape[0], comps.shape[1]
+def resampled_row_terms(projected, along, projected_sq, across_shift, shift_sq, gram, comps, used, levels, fold_at,
+                        floor, out):
+    """:attr:`~geolens.metrics._ranking.products.ResampledRows.terms`, written to ``out[s, i]`` for every
+    captured row ``i``: the terms of the rows marked in ``used``, 0 for the others
+    (:func:`geolens.metrics._ranking.products.resampled_row_terms` defines every input; this is its CPU loop).
+    A used row's coordinates along ``V Q_s`` and ``Q_s^T delta`` (``both`` of the torch path) are made here,
+    for the used rows only, and never stored. False where a row's norm after a level's removal is at most
+    ``floor`` times its norm before (its inverse is then left 0)."""
+    n_subspaces, n_levels, top = projected.shape[0], levels.shape[0], comps.shape[1]
     cross = np.empty(top)
     ok = True
     for s in range(n_subspaces):
-        for u in range(rows.shape[0]):
-            i = rows[u]
-            shift = np.float64(both[s, top, i])
+        for i in range(projected.shape[1]):
+            if not used[i]:
+                out[s, i, :] = 0.0
+                continue
+            shift = np.float64(_coordinate(along, s, top, projected, i))
             for q in range(top):
-                cross[q] = np.float64(both[s, q, i]) - across_shift[s, q]
+                cross[q] = np.float64(_coordinate(along, s, q, projected, i)) - across_shift[s, q]
             base_sq = projected_sq[s, i] - 2.0 * shift + shift_sq[s]
             out[s, i, 0] = shift
             for c in range(n_levels):
                 m = levels[c]
                 at = 1 + n_levels + fold_at[c]
                 sq = base_sq
+                out[s, i, 1 + c] = 0.0
                 for q in range(m):
                     pulled = 0.0
                     for r in range(m):
@@ -445,7 +495,8 @@ def resampled_pair_values(projected, first, second, shift_sq, comps, terms, fold
     re-centring and removing each level's top components, from projections made once
     (:func:`geolens.metrics._ranking.products.resampled_negated_cosines` defines every input; this is
     its CPU loop), written to ``out[level, s - offset, p]``; a pair of one row with itself is ``-1``. Per pair
-    and subspace: one ``k``-long dot, then each level's ``m``-long folded terms."""
+    and subspace: one ``k``-long dot in the projections' dtype (its vector lanes each sum a few products, so
+    float32 adds little to the projections' own rounding), then each level's ``m``-long folded terms in float64."""
     n_levels, k = levels.shape[0], projected.shape[2]
     for s in range(start, stop):
         proj, term = projected[s], terms[s]  # this subspace's rows (in cache for all its pairs)
@@ -455,13 +506,12 @@ def resampled_pair_values(projected, first, second, shift_sq, comps, terms, fold
                 for c in range(n_levels):
                     out[c, s - offset, p] = -1.0
                 continue
-            pa, pb = proj[a], proj[b]
-            dot = 0.0
-            for t in range(k):
-                dot += np.float64(pa[t]) * np.float64(pb[t])
+            dot = np.float32(0.0)  # float64 projections make it float64
+            for t in range(k):  # 2-D indexing, no row views: numba vectorises it
+                dot += proj[a, t] * proj[b, t]
             # Every term symmetric in (a, b), bit for bit: pairs of identical rows tie exactly, as they should.
             ta, tb, ca, cb = term[a], term[b], comps[a], comps[b]
-            base = dot - (ta[0] + tb[0]) + shift_sq[s]
+            base = np.float64(dot) - (ta[0] + tb[0]) + shift_sq[s]
             for c in range(n_levels):
                 at = 1 + n_levels + fold_at[c]
                 folded = 0.0

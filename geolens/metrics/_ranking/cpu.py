@@ -274,6 +274,33 @@ class SampledRanks:
 
 
 
+# Rows of up to this many sampled keys are sorted by NumPy where its sort is vectorised (:func:`vector_sort`); a
+# row of a few thousand to a few tens of thousands of keys (a resample's, or an approximate PGA's chunk) sorts
+# there in about half the compiled radix sort's time, whose 3 x 2^11 counts cost as much as the keys at that size.
+_VECTOR_SORT_MAX = 2**17
+
+
+@lru_cache(maxsize=1)
+def vector_sort() -> bool:
+    """Whether NumPy's sort of int64 keys runs its AVX-512 quicksort on this CPU (x86-simd-sort, dispatched
+    where the CPU has the AVX512_SKX group): there it is faster than the compiled radix sort on rows of
+    sampled pairs. Elsewhere (ARM, AVX2-only CPUs, where NumPy's own speed was not measured) the radix sort.
+
+    Example:
+        >>> isinstance(vector_sort(), bool)
+        True
+    """
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # NumPy < 2 keeps it in numpy.core
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__
+        except ImportError:
+            return False
+    # x86-simd-sort sorts 64-bit integers from NumPy 1.25 on.
+    return np.lib.NumpyVersion(np.__version__) >= "1.25.0" and bool(__cpu_features__.get("AVX512_SKX", False))
+
+
 def _sampled_numpy(b: int, side: dict, fill_keys, scratch: Scratch):
     """Rows ``0..b-1`` in the rank pool; ``fill_keys(i, keys)`` writes row ``i``'s ``[P]`` int64 sort keys
     (its float32 values' ordered bits above ``side["low"]``)."""
@@ -288,10 +315,15 @@ def _sampled_numpy(b: int, side: dict, fill_keys, scratch: Scratch):
         # The block sums go to this thread's own buffer first: rows of phi side by side share cache
         # lines, which two workers would otherwise write at every pair.
         local = scratch.array("phi", n_blocks, np.float64)
-        # Sorted and scored in one kernel: each bucket of the sort is scored while it is in cache.
-        results[i] = compiled.sampled_sort_row_stats(
-            keys, scratch.array("keys_other", p, np.int64), _radix_counts(scratch), side["by_position"],
-            side["ties"], side["full_start"], side["blocks_full"], scratch.array("rank_full", p, rank_dtype), local)
+        rank_full = scratch.array("rank_full", p, rank_dtype)
+        if p <= _VECTOR_SORT_MAX and vector_sort():
+            keys.sort()  # NumPy's vectorised sort of the whole keys: the row is in cache, then scored
+            results[i] = compiled.sorted_row_stats(keys, side["by_position"], side["ties"], side["full_start"],
+                                                   side["blocks_full"], rank_full, local)
+        else:  # sorted and scored in one kernel: each bucket of the sort is scored while it is in cache
+            results[i] = compiled.sampled_sort_row_stats(
+                keys, scratch.array("keys_other", p, np.int64), _radix_counts(scratch), side["by_position"],
+                side["ties"], side["full_start"], side["blocks_full"], rank_full, local)
         phi[i] = local
 
     wait = start_all(one_row, b)

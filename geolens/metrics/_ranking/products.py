@@ -20,11 +20,11 @@ from jaxtyping import Float
 
 from geolens.metrics._ranking import compiled
 from geolens.metrics._ranking.pairs import PairSample
-from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool, start_all
+from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool, scratch_for, start_all
 from geolens.metrics.distances import unit_rows
 
 __all__ = ["ResampledRows", "check_nonzero_norms", "negated_cosine_upper", "on_host", "pair_negated_cosines",
-           "pair_values_into", "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots"]
+           "pair_values_into", "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots", "squared_norms"]
 
 
 def on_host(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -187,6 +187,22 @@ def row_pair_dots(rows: torch.Tensor, first: torch.Tensor, second: torch.Tensor)
     return out
 
 
+def squared_norms(rows: torch.Tensor) -> torch.Tensor:
+    """``|rows[..., :]|^2`` in float64 (shape ``rows.shape[:-1]``): a compiled loop on the CPU (one pass, no
+    float64 copy of the rows), else torch.
+
+    Example:
+        >>> squared_norms(torch.tensor([[[3.0, 4.0]], [[1.0, 0.0]]])).tolist()
+        [[25.0], [1.0]]
+    """
+    if rows.device.type != "cpu" or rows.dtype not in (torch.float32, torch.float64):
+        return torch.linalg.vector_norm(rows, dim=-1, dtype=torch.float64).pow(2)
+    flat = rows.reshape(-1, rows.shape[-1]).contiguous().numpy()
+    out = np.empty(flat.shape[0], dtype=np.float64)
+    compiled.squared_norms(flat, out)
+    return torch.from_numpy(out).reshape(rows.shape[:-1])
+
+
 # Pairs a gather-and-dot block takes at once (its [block, d] copies stay small).
 _GATHER_BLOCK = 1 << 14
 
@@ -226,31 +242,41 @@ class ResampledRows:
     levels: torch.Tensor
 
 
-def resampled_row_terms(both: torch.Tensor, projected_sq: torch.Tensor, across_shift: torch.Tensor,
-                        shift_sq: torch.Tensor, gram: torch.Tensor, comps: torch.Tensor, rows: torch.Tensor,
-                        levels: Sequence[int], floor: float, *, host: bool | None = None) -> torch.Tensor:
+def resampled_row_terms(projected: torch.Tensor, along: torch.Tensor, projected_sq: torch.Tensor,
+                        across_shift: torch.Tensor, shift_sq: torch.Tensor, gram: torch.Tensor, comps: torch.Tensor,
+                        rows: torch.Tensor, levels: Sequence[int], floor: float, *, host: bool | None = None
+                        ) -> torch.Tensor:
     """:attr:`ResampledRows.terms` of the captured ``rows`` (sorted; the others are 0), from a resample's
-    products: ``both`` ``[S, M + 1, N]`` (the rows' coordinates along ``V Q_s`` and ``Q_s^T delta``, the
-    working dtype), ``projected_sq`` ``[S, N]`` (``|p_i|^2``), ``across_shift`` ``[S, M]``
-    (``(V Q_s) Q_s^T delta``), ``shift_sq`` ``[S]``, ``gram`` ``[S, M, M]`` (``G_s``) and ``comps`` ``[N, M]``.
+    products: ``projected`` ``[S, N, k]`` (:attr:`ResampledRows.projected`) and ``along`` ``[S, M + 1, k]``
+    (``V Q_s`` and ``Q_s^T delta``, both the working dtype: their products are the rows' coordinates along
+    them), ``projected_sq`` ``[S, N]`` (``|p_i|^2``), ``across_shift`` ``[S, M]`` (``(V Q_s) Q_s^T delta``),
+    ``shift_sq`` ``[S]``, ``gram`` ``[S, M, M]`` (``G_s``) and ``comps`` ``[N, M]``.
 
     Raises ``ValueError`` where a row's squared norm after a level's removal is at most ``floor`` times
     its norm before (a zero row: no cosine). On the host (``host``, default :func:`on_host`) one compiled
-    pass over the rows; elsewhere batched torch products.
+    pass over the rows, which makes the coordinates of ``rows`` only; elsewhere batched torch products.
     """
     n_levels = len(levels)
     fold_at = np.cumsum([0, *levels[:-1]]).astype(np.int64)
     width = 1 + n_levels + max(1, sum(levels))
-    if on_host(both.device, both.dtype) if host is None else host:
-        out = np.zeros((both.shape[0], both.shape[2], width))
-        ok = compiled.resampled_row_terms(both.contiguous().numpy(), projected_sq.contiguous().numpy(),
-                                          across_shift.contiguous().numpy(), shift_sq.contiguous().numpy(),
-                                          gram.contiguous().numpy(), comps.contiguous().numpy(),
-                                          rows.contiguous().numpy(), np.asarray(levels, dtype=np.int64),
+    if on_host(projected.device, projected.dtype) if host is None else host:
+        n_subspaces, n = projected.shape[:2]
+        # This thread's buffer, kept between resamples where small (fresh pages cost more than writing it).
+        size = n_subspaces * n * width
+        out = scratch_for(size).array("row_terms", size, np.float64).reshape(n_subspaces, n, width)
+        if not sum(levels):
+            out.fill(0.0)  # the one spare column (no level removes anything) is never written
+        used = np.zeros(n, dtype=np.bool_)
+        used[rows.cpu().numpy()] = True
+        ok = compiled.resampled_row_terms(projected.contiguous().numpy(), along.contiguous().numpy(),
+                                          projected_sq.contiguous().numpy(), across_shift.contiguous().numpy(),
+                                          shift_sq.contiguous().numpy(), gram.contiguous().numpy(),
+                                          comps.contiguous().numpy(), used, np.asarray(levels, dtype=np.int64),
                                           fold_at, floor, out)
         if not ok:
             raise ValueError(_ZERO_ROW)
         return torch.from_numpy(out)
+    both = torch.bmm(along, projected.transpose(1, 2))  # [S, M + 1, N]: the faster of the two orders
     both = both.double().transpose(1, 2)  # [S, N, M + 1]
     shift = both[..., -1]
     cross = both[..., :-1] - across_shift.unsqueeze(1)
