@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from geolens.metrics._ranking import cpu, torch_kernel
+from geolens.metrics._ranking.pool import inline
 from geolens.metrics._ranking.ranks import FullRanks
 from geolens.metrics.distances import condensed_indices, rank_data
 
@@ -43,12 +44,22 @@ def test_numpy_and_torch_kernels_agree(coarse, full_ties):
     torch.testing.assert_close(sq_np, centred.pow(2).sum(-1), rtol=1e-12, atol=1e-6)
 
 
-@pytest.fixture(params=[False, True], ids=["radix sort", "numpy sort"])
+@pytest.fixture(params=["radix", "numpy", "numpy chunks"])
 def sort_kind(request, monkeypatch):
-    """The sampled rows' sort both ways, whichever this CPU would take: the compiled radix sort scoring bucket
-    by bucket, or NumPy's sort of the whole keys then one scoring pass (cpu.vector_sort)."""
-    monkeypatch.setattr(cpu, "vector_sort", lambda: request.param)
-    return request.param
+    """The sampled rows' sort every way, whichever this CPU would take: the compiled radix sort scoring bucket
+    by bucket, or NumPy's sort of the whole keys then one scoring pass (cpu.vector_sort), row by row in the
+    rank pool or, where the calling thread runs the pool's jobs itself (a resample's), a chunk of rows a call."""
+    monkeypatch.setattr(cpu, "vector_sort", lambda: request.param != "radix")
+    if request.param != "numpy chunks":
+        yield request.param
+        return
+    monkeypatch.setattr(cpu, "_CHUNK_KEYS", 2 * 3000)  # chunks of two rows (and one) in the tests below
+    calls = []
+    chunks = cpu._sampled_chunks
+    monkeypatch.setattr(cpu, "_sampled_chunks", lambda *args: calls.append(args[0]) or chunks(*args))
+    with inline():
+        yield request.param
+    assert calls  # the chunked path ran
 
 
 @pytest.mark.parametrize("coarse", [False, True])

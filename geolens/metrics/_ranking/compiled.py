@@ -308,6 +308,13 @@ def float_keys(bits, low, keys):
 
 
 @njit(nogil=True, cache=True)
+def float_keys_rows(bits, low, keys):
+    """:func:`float_keys` of each row of ``[R, P]`` ``bits`` into ``[R, P]`` ``keys``."""
+    for r in range(bits.shape[0]):
+        float_keys(bits[r], low, keys[r])
+
+
+@njit(nogil=True, cache=True)
 def _sampled_range(keys, lo, hi, p, full_by_position, full_ties, rank_full, phi, dot, sq, before):
     """The row-order pass of :func:`sampled_sort_row_stats` over sorted ``keys[lo:hi]`` (whole tie groups),
     carrying ``dot``, ``sq`` and ``before`` (the sum of ``u`` before ``lo``) from the entries before."""
@@ -425,6 +432,14 @@ def row_pair_dots(rows, first, second, out):
         for t in range(rows.shape[1]):
             acc += np.float64(rows[a, t]) * np.float64(rows[b, t])
         out[p] = acc
+
+
+@njit(nogil=True, cache=True)
+def sorted_rows_stats(keys, full_by_position, full_ties, full_start, blocks_full, rank_full, phi, dots, sq):
+    """:func:`sorted_row_stats` of each row of ``[R, P]`` sorted ``keys``: ``(dots[r], sq[r])`` and ``phi[r]``."""
+    for r in range(keys.shape[0]):
+        dots[r], sq[r] = sorted_row_stats(keys[r], full_by_position, full_ties, full_start, blocks_full, rank_full,
+                                          phi[r])
 
 
 @njit(nogil=True, cache=True, fastmath=True)

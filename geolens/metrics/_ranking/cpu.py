@@ -21,14 +21,14 @@ import contextlib
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import ClassVar, Iterator
+from typing import Callable, ClassVar, Iterator
 
 import numpy as np
 import torch
 
 from geolens.metrics._ranking import compiled
 from geolens.metrics._ranking.pairs import PairSample
-from geolens.metrics._ranking.pool import Scratch, rank_pool, scratch_for, start_all
+from geolens.metrics._ranking.pool import Scratch, in_worker, rank_pool, scratch_for, start_all
 from geolens.metrics._ranking.products import pair_negated_cosines
 from geolens.metrics._ranking.ranks import FullRanks, run_starts
 from geolens.metrics.distances import unit_rows
@@ -234,7 +234,8 @@ class SampledRanks:
         bits = values.contiguous().numpy().view(np.int32)
         side = self._numpy_side()
         return _sampled_numpy(bits.shape[0], side, lambda i, keys: compiled.float_keys(bits[i], side["low"], keys),
-                              self.scratch)
+                              self.scratch,
+                              fill_rows=lambda lo, hi, keys: compiled.float_keys_rows(bits[lo:hi], side["low"], keys))
 
     def submit_pairs(self, coords: torch.Tensor, pairs: PairSample, *, normalised: bool = False):
         """:meth:`submit` on the negated cosines of the sampled ``pairs`` of ``[B, N, k]`` float32 ``coords``
@@ -301,13 +302,16 @@ def vector_sort() -> bool:
     return np.lib.NumpyVersion(np.__version__) >= "1.25.0" and bool(__cpu_features__.get("AVX512_SKX", False))
 
 
-def _sampled_numpy(b: int, side: dict, fill_keys, scratch: Scratch):
+def _sampled_numpy(b: int, side: dict, fill_keys, scratch: Scratch, *, fill_rows=None):
     """Rows ``0..b-1`` in the rank pool; ``fill_keys(i, keys)`` writes row ``i``'s ``[P]`` int64 sort keys
-    (its float32 values' ordered bits above ``side["low"]``)."""
+    (its float32 values' ordered bits above ``side["low"]``), ``fill_rows(lo, hi, keys)`` (where given) rows
+    ``lo..hi-1``'s into ``[hi - lo, P]`` keys."""
     p, n_blocks = side["p"], side["n_blocks"]
-    results: list[tuple[float, float]] = [(0.0, 0.0)] * b
     phi = np.zeros((b, n_blocks), dtype=np.float64)
     rank_dtype = np.float32 if p < 2**23 else np.float64  # the ranks are halves: exact in float32 below 2^23
+    if fill_rows is not None and in_worker() and p <= _VECTOR_SORT_MAX and vector_sort():
+        return _sampled_chunks(b, side, fill_rows, scratch, phi, rank_dtype)
+    results: list[tuple[float, float]] = [(0.0, 0.0)] * b
 
     def one_row(i: int) -> None:
         keys = scratch.array("keys", p, np.int64)
@@ -334,3 +338,27 @@ def _sampled_numpy(b: int, side: dict, fill_keys, scratch: Scratch):
         return dots, sq_norms, torch.from_numpy(phi)
 
     return result
+
+
+# Keys a chunk of rows holds at once where a thread ranks its rows itself: within the core's cache.
+_CHUNK_KEYS = 2**17
+
+
+def _sampled_chunks(b: int, side: dict, fill_rows, scratch: Scratch, phi: np.ndarray, rank_dtype) -> Callable:
+    """:func:`_sampled_numpy` in the calling thread (where the rank pool's jobs run inline: a resample's rows), a
+    chunk of rows at a time: its keys in one call, NumPy's sort of each row, the scores in one call. Three calls
+    a chunk instead of a few a row: the Python between them holds the GIL that the threads ranking side by
+    side share."""
+    p = side["p"]
+    rows = max(1, min(b, _CHUNK_KEYS // p))
+    keys = scratch.array("chunk_keys", rows * p, np.int64)
+    rank_full = scratch.array("rank_full", p, rank_dtype)
+    dots, sq_norms = np.empty(b), np.empty(b)
+    for lo in range(0, b, rows):
+        hi = min(b, lo + rows)
+        chunk = keys[: (hi - lo) * p].reshape(hi - lo, p)
+        fill_rows(lo, hi, chunk)
+        chunk.sort(axis=1)
+        compiled.sorted_rows_stats(chunk, side["by_position"], side["ties"], side["full_start"], side["blocks_full"],
+                                   rank_full, phi[lo:hi], dots[lo:hi], sq_norms[lo:hi])
+    return lambda: (torch.from_numpy(dots), torch.from_numpy(sq_norms), torch.from_numpy(phi))
