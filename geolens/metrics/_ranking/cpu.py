@@ -6,7 +6,9 @@ jackknife block), so one compiled radix sort by the high 32 bits (:mod:`geolens.
 the order inside a tie group does not matter) yields the order and the tie groups without an argsort;
 one compiled pass then reads the full ranks off the keys (no gather, unless the full space has ties),
 averages the tie groups and sums the dot. A worker holds two ``[M]`` int64 arrays, the radix sort's
-source and target, in its thread's buffers (:func:`geolens.metrics._ranking.pool.scratch_for`).
+source and target, in its thread's buffers (:func:`geolens.metrics._ranking.pool.scratch_for`). Rows of a
+sample of pairs (a few thousand to 2^17 keys) are sorted whole by NumPy instead where its sort runs AVX-512
+(:func:`vector_sort`), and a thread that ranks its own rows (a resample's) takes them a chunk at a time.
 
 In the exact mode each subspace is one task: its projections' negated cosines by one single-threaded
 BLAS ``syrk`` into the thread's ``[N, N]`` buffer, then its keys, sort and score (BLAS is held to one
