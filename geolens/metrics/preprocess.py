@@ -26,8 +26,9 @@ from jaxtyping import Float
 from geolens._renames import renamed_attributes
 from geolens._validation import DegenerateError, check_float_matrix, check_int
 
-__all__ = ["SPREAD_RTOL", "centre", "check_ccr", "check_spread", "gram_components", "largest_eigenpairs", "power_of_two_scale",
-           "principal_components", "principal_directions", "remove_common_components", "row_norms", "scaled_rows", "unit_scaled"]
+__all__ = ["SPREAD_RTOL", "centre", "check_ccr", "check_spread", "check_spread_norms", "gram_components",
+           "largest_eigenpairs", "power_of_two_scale", "principal_components", "principal_directions",
+           "remove_common_components", "row_norms", "scaled_rows", "unit_scaled"]
 
 # Spread below this many units of the input dtype's resolution is rounding, not geometry.
 SPREAD_RTOL = 8.0
@@ -161,7 +162,20 @@ def check_spread(
         unit = power_of_two_scale(reference)
         reference, spread = reference / unit, spread / unit
         scale = torch.linalg.matrix_norm(reference)
-    scale, size = float(scale), float(torch.linalg.matrix_norm(spread))
+    check_spread_norms(float(scale), float(torch.linalg.matrix_norm(spread)), dtype=dtype, what=what)
+
+
+def check_spread_norms(scale: float, size: float, *, dtype: torch.dtype, what: str) -> None:
+    """:func:`check_spread`'s rule on the two Frobenius norms themselves, ``scale`` (the reference's) and ``size``
+    (the spread's), for a caller that has them without the rows (a resample, from its rows' squared norms).
+
+    Example:
+        >>> check_spread_norms(1000.0, 1e-6, dtype=torch.float32, what="states")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        geolens._validation.DegenerateError: states are numerically constant: after centring their spread is 1e-09 ...
+        >>> check_spread_norms(1000.0, 1e-6, dtype=torch.float64, what="states")
+    """
     limit = SPREAD_RTOL * torch.finfo(dtype).eps
     if scale == 0 or size <= limit * scale:
         relative = size / scale if scale else 0.0

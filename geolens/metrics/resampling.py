@@ -37,11 +37,12 @@ from geolens.metrics._ranking.cpu import one_thread
 from geolens.metrics._ranking.pool import inline, n_workers
 from geolens.metrics._ranking.pairs import PairSample, sample_pairs
 from geolens.metrics._ranking.products import (ResampledRows, check_nonzero_norms, resampled_negated_cosines,
-                                               resampled_row_terms, row_pair_dots, squared_norms)
+                                               resampled_row_terms, row_pair_dots)
 from geolens.metrics._ranking.select import select_backend
 from geolens.metrics.pga import (JACKKNIFE_BLOCKS, _centred_full_ranks, _deleted_rhos, _jackknife_blocks,
                                  sampled_z)
-from geolens.metrics.preprocess import SPREAD_RTOL, check_spread, gram_components, principal_components
+from geolens.metrics.preprocess import (SPREAD_RTOL, check_spread, check_spread_norms, gram_components,
+                                        principal_components)
 
 __all__ = ["LayerResampler", "resample_pairs", "resample_score", "resampled_z", "text_resamples"]
 
@@ -154,7 +155,10 @@ class LayerResampler:
         self.flat_subspaces = subspaces.to(dtype=work, device=states.device).permute(1, 0, 2).reshape(
             subspaces.shape[1], -1)
         self.projected = self.x.to(work) @ subspaces.to(dtype=work, device=states.device)  # [S, N, k], once
-        self.projected_sq = squared_norms(self.projected)  # [S, N], float64
+        # [S, N] float64 |p_i|^2: each projected row's dot with itself, in one compiled pass on the CPU.
+        rows = torch.arange(self.projected.shape[0] * self.projected.shape[1])
+        self.projected_sq = row_pair_dots(self.projected.reshape(len(rows), -1), rows, rows).to(
+            self.projected.device).reshape(self.projected.shape[:2])
         self.states_sq = states.double().pow(2).sum(-1)  # [N], for the resamples' spread check
         self.text_of_row = self.text_grams = None
         if texts is not None:
@@ -276,11 +280,12 @@ class LayerResampler:
         try:
             if centred is not None:
                 check_spread(self.states[source], centred, dtype=self.input_dtype, what="the resampled states")
-                return True
-            scale = float(weights @ self.states_sq) ** 0.5
-            return scale > 0 and total**0.5 > SPREAD_RTOL * torch.finfo(self.input_dtype).eps * scale
+            else:
+                check_spread_norms(float(weights @ self.states_sq) ** 0.5, total**0.5, dtype=self.input_dtype,
+                                   what="the resampled states")
         except DegenerateError:
             return False
+        return True
 
     def _keeps_spread(self, n: int, total: float, centred: torch.Tensor | None, sv: torch.Tensor, vh: torch.Tensor,
                       m: int) -> bool:

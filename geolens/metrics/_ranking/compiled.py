@@ -443,17 +443,6 @@ def sorted_rows_stats(keys, full_by_position, full_ties, full_start, blocks_full
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def squared_norms(rows, out):
-    """``out[r] = |rows[r]|^2`` of ``[R, k]`` rows, accumulated in float64."""
-    for r in range(rows.shape[0]):
-        acc = 0.0
-        for t in range(rows.shape[1]):
-            value = np.float64(rows[r, t])
-            acc += value * value
-        out[r] = acc
-
-
-@njit(nogil=True, cache=True, fastmath=True)
 def _coordinate(along, s, q, projected, i):
     """``<along[s, q], projected[s, i]>``, summed in their dtype (as the batched product it stands for)."""
     acc = np.float32(0.0)  # float64 rows make it float64
@@ -512,7 +501,7 @@ def resampled_pair_values(projected, first, second, shift_sq, comps, terms, fold
     its CPU loop), written to ``out[level, s - offset, p]``; a pair of one row with itself is ``-1``. Per pair
     and subspace: one ``k``-long dot in the projections' dtype (its vector lanes each sum a few products, so
     float32 adds little to the projections' own rounding), then each level's ``m``-long folded terms in float64."""
-    n_levels, k = levels.shape[0], projected.shape[2]
+    n_levels = levels.shape[0]
     for s in range(start, stop):
         proj, term = projected[s], terms[s]  # this subspace's rows (in cache for all its pairs)
         for p in range(first.shape[0]):
@@ -521,9 +510,7 @@ def resampled_pair_values(projected, first, second, shift_sq, comps, terms, fold
                 for c in range(n_levels):
                     out[c, s - offset, p] = -1.0
                 continue
-            dot = np.float32(0.0)  # float64 projections make it float64
-            for t in range(k):  # 2-D indexing, no row views: numba vectorises it
-                dot += proj[a, t] * proj[b, t]
+            dot = -_negated_dot(proj, a, b)  # summed in the projections' dtype
             # Every term symmetric in (a, b), bit for bit: pairs of identical rows tie exactly, as they should.
             ta, tb, ca, cb = term[a], term[b], comps[a], comps[b]
             base = np.float64(dot) - (ta[0] + tb[0]) + shift_sq[s]

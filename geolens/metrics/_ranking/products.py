@@ -24,7 +24,7 @@ from geolens.metrics._ranking.pool import in_worker, n_workers, rank_pool, scrat
 from geolens.metrics.distances import unit_rows
 
 __all__ = ["ResampledRows", "check_nonzero_norms", "negated_cosine_upper", "on_host", "pair_negated_cosines",
-           "pair_values_into", "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots", "squared_norms"]
+           "pair_values_into", "resampled_negated_cosines", "resampled_row_terms", "row_pair_dots"]
 
 
 def on_host(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -185,22 +185,6 @@ def row_pair_dots(rows: torch.Tensor, first: torch.Tensor, second: torch.Tensor)
         a, b = first[lo : lo + _GATHER_BLOCK].to(rows.device), second[lo : lo + _GATHER_BLOCK].to(rows.device)
         out[lo : lo + _GATHER_BLOCK] = (rows[a].double() * rows[b].double()).sum(-1)
     return out
-
-
-def squared_norms(rows: torch.Tensor) -> torch.Tensor:
-    """``|rows[..., :]|^2`` in float64 (shape ``rows.shape[:-1]``): a compiled loop on the CPU (one pass, no
-    float64 copy of the rows), else torch.
-
-    Example:
-        >>> squared_norms(torch.tensor([[[3.0, 4.0]], [[1.0, 0.0]]])).tolist()
-        [[25.0], [1.0]]
-    """
-    if rows.device.type != "cpu" or rows.dtype not in (torch.float32, torch.float64):
-        return torch.linalg.vector_norm(rows, dim=-1, dtype=torch.float64).pow(2)
-    flat = rows.reshape(-1, rows.shape[-1]).contiguous().numpy()
-    out = np.empty(flat.shape[0], dtype=np.float64)
-    compiled.squared_norms(flat, out)
-    return torch.from_numpy(out).reshape(rows.shape[:-1])
 
 
 # Pairs a gather-and-dot block takes at once (its [block, d] copies stay small).
