@@ -324,19 +324,7 @@ def _sampled_range(keys, lo, hi, p, full_by_position, full_ties, rank_full, phi,
     i = lo
     while i < hi:
         high = keys[i] >> 32
-        if i + 1 == hi or (keys[i + 1] >> 32) != high:  # a value of its own (most are): its rank is i + 1
-            payload = keys[i] & _LOW32
-            position = payload & _POSITION_MASK
-            f = full_by_position[position] if full_ties else position + 1.0 - mean
-            rank = i + 1.0
-            dot += f * (rank - mean)
-            u = (f + mean) * inv_p
-            phi[payload >> POSITION_BITS] += u * (rank * inv_p) + (total - before) * inv_p
-            rank_full[position] = rank
-            before += u
-            i += 1
-            continue
-        j = i + 2
+        j = i + 1
         while j < hi and (keys[j] >> 32) == high:
             j += 1
         rank = 0.5 * (i + j - 1) + 1.0
