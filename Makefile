@@ -84,9 +84,11 @@ katex:
 test-tl4: $(VENV)/.installed $(VENV)/.docs-installed browser katex
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
-# TransformerLens 3.9: HookedTransformer and bridges.
+# TransformerLens 3.9: HookedTransformer and bridges. Its tests are the fast ones, mostly small and single-threaded,
+# so their files run in one process per core (pytest-xdist), each process with one torch thread: the rank pool's
+# threads are exercised by the TransformerLens 4.x run, which has the machine's threads.
 test-tl3: $(VENV_TL3)/.installed
-	HF_HUB_OFFLINE=1 $(VENV_TL3)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(VENV_TL3)/bin/python -m pytest -q -m "not slow" -n auto --dist loadfile $(PYTEST_ARGS)
 
 # The documentation site: the docs extra (mkdocs-material, mkdocstrings, mkdocs-jupyter) into .venv, KaTeX, the
 # notebooks executed at small sizes into docs/tutorials/ (unchanged ones are not rerun), then mkdocs with
