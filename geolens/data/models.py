@@ -41,7 +41,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 import torch
@@ -323,41 +323,43 @@ def _drop_quantizer(model) -> None:
 
 
 @contextlib.contextmanager
-def _one_gguf_reader() -> Iterator[None]:
-    """For the duration, one ``gguf.GGUFReader`` per file: transformers opens the GGUF three times (tokenizer,
-    config, weights), and each reader parses every metadata field in Python, the vocabulary item by item: most
-    of a conversion's time for a large vocabulary. The reader is read-only, so one serves all three.
+def _made_once(module: Any, name: str) -> Iterator[None]:
+    """For the duration, ``module.name`` (a function or class) gives one object per distinct arguments, made by
+    the first call (paths compared as strings), then restored. The conversion uses it for what transformers
+    builds again and again, read-only: ``gguf.GGUFReader`` (opened three times, for the tokenizer, the config
+    and the weights, each parsing every metadata field in Python, the vocabulary item by item) and
+    ``gguf.get_tensor_name_map`` (built once per module of the model while the weights are mapped to names).
 
     Example:
         >>> import gguf
-        >>> original = gguf.GGUFReader
-        >>> with _one_gguf_reader():
-        ...     replaced = gguf.GGUFReader is not original
-        >>> replaced, gguf.GGUFReader is original   # restored after
+        >>> original = gguf.get_tensor_name_map
+        >>> with _made_once(gguf, "get_tensor_name_map"):
+        ...     first, again = (gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) for _ in range(2))
+        >>> first is again, gguf.get_tensor_name_map is original   # one map; restored after
         (True, True)
     """
-    import gguf
+    original, made = getattr(module, name), {}
 
-    original, readers = gguf.GGUFReader, {}
+    def once(*args, **kwargs):
+        key = (tuple(os.fspath(a) if isinstance(a, os.PathLike) else a for a in args), tuple(sorted(kwargs.items())))
+        if key not in made:
+            made[key] = original(*args, **kwargs)
+        return made[key]
 
-    def reader(path, *args, **kwargs):
-        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = original(path, *args, **kwargs)
-        return readers[key]
-
-    gguf.GGUFReader = reader
+    setattr(module, name, once)
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        setattr(module, name, original)
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise ``gguf`` to a float32 Hugging Face folder ``out`` (model + tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _one_gguf_reader():
+    import gguf as gguf_py
+
+    with _made_once(gguf_py, "GGUFReader"), _made_once(gguf_py, "get_tensor_name_map"):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **_dequantise_kwargs()

@@ -277,9 +277,11 @@ def test_gemma_folded_readout_and_logit_lens_reproduce_the_logits(gemma):
 
 
 def test_a_conversion_parses_the_gguf_once_and_writes_the_same_files(tmp_path, monkeypatch):
-    """transformers opens the GGUF for the tokenizer, the config and the weights; the conversion parses it once
-    (the parse is most of its time for a large vocabulary) and writes byte for byte what three parses write.
-    On a tiny Llama model in the offline models' format (tests/data/tiny_gguf.py)."""
+    """transformers opens the GGUF for the tokenizer, the config and the weights, and builds gguf's tensor name
+    map once per module while it maps the weights; the conversion parses the file and builds the map once (the
+    parse is most of its time for a large vocabulary, the maps seconds for a model of 30 layers) and writes byte
+    for byte what transformers writes alone. On a tiny Llama model in the offline models' format
+    (tests/data/tiny_gguf.py)."""
     import contextlib
 
     import gguf
@@ -288,19 +290,24 @@ def test_a_conversion_parses_the_gguf_once_and_writes_the_same_files(tmp_path, m
     from tests.data.tiny_gguf import N_LAYERS, write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
-    opened = []
-    original = gguf.GGUFReader
+    opened, maps = [], []
+    original, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
 
     def counted(path, *args, **kwargs):
         opened.append(os.fspath(path))
         return original(path, *args, **kwargs)
 
+    def counted_map(*args):
+        maps.append(args)
+        return original_map(*args)
+
     monkeypatch.setattr(gguf, "GGUFReader", counted)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counted_map)
     models._convert_gguf(path, tmp_path / "once")
-    assert opened == [os.fspath(path)]
-    monkeypatch.setattr(models, "_one_gguf_reader", contextlib.nullcontext)  # as transformers does alone
+    assert opened == [os.fspath(path)] and len(maps) == 1
+    monkeypatch.setattr(models, "_made_once", lambda *_: contextlib.nullcontext())  # as transformers does alone
     models._convert_gguf(path, tmp_path / "thrice")
-    assert len(opened) == 4
+    assert len(opened) == 4 and len(maps) > 2
     files = sorted(p.name for p in (tmp_path / "once").iterdir())
     assert "model.safetensors" in files and files == sorted(p.name for p in (tmp_path / "thrice").iterdir())
     for name in files:
