@@ -33,6 +33,7 @@ from geolens._sampling import seeded_subset
 from geolens._validation import DEFAULT_N_TOKENS, check_int
 from geolens.capture import States, capture, prepare_tokens
 from geolens.lens.logit_lens import LogitLens
+from geolens.lens.train import _KL_ROWS
 from geolens.lens.tuned_lens import TunedLens, check_lens_fits
 from geolens.model import Model, as_adapter
 from geolens import plotting
@@ -222,26 +223,36 @@ def _add_chunk(sums: dict[tuple[str, int], Tensor], lenses: list[LogitLens], res
     n_layers = resid.shape[0] - 1
     final_logits = lenses[-1](resid[-1], n_layers, w_u=w_u, b_u=b_u)
     log_p = torch.log_softmax(final_logits.to(torch.float32), dim=-1)
-    p = log_p.exp().unsqueeze(1)  # [n, 1, V]
-    neg_entropy = torch.bmm(p, log_p.unsqueeze(2)).view(-1)  # sum p log p, once per chunk
+    p = log_p.exp()
+    neg_entropy = torch.linalg.vecdot(p, log_p)  # sum p log p, once per chunk
     top1 = final_logits.argmax(-1)
     target, valid = next_ids.to(final_logits.device), has_next.to(final_logits.device)
-    # Few passes over each [n, V] block (the evaluation is memory-bound): one log-softmax, one
-    # batched dot for KL(p || q) = sum p log p - sum p log q, one top-k for every Hit@k.
     for lz in lenses:
         for layer in range(n_layers + 1):
             # Every lens reads the last layer as the model does: its logits are the final ones.
             logits = final_logits if layer == n_layers else lz(resid[layer], layer, w_u=w_u, b_u=b_u)
-            log_q = torch.log_softmax(logits.to(torch.float32), dim=-1)
-            kl = neg_entropy - torch.bmm(p, log_q.unsqueeze(2)).view(-1)
+            kl, ce = _kl_and_cross_entropy(p, neg_entropy, logits, target)
             if not bool(torch.isfinite(kl).all()):  # a NaN or infinite logit makes its row's KL so
                 raise ValueError(f"the {lz.kind} lens gives NaN or infinite logits at layer {layer}; "
                                  "KL and Hit@k would be meaningless (check the lens's weights)")
-            ce = -log_q.gather(1, target.view(-1, 1)).squeeze(1)
             acc = sums[(lz.kind, layer)]
             acc[0] += float(kl.sum())
             acc[1] += float(ce[valid].sum())
             acc[2:] += _hits(logits, top1, ks).sum(dim=1, dtype=torch.float64).cpu()
+
+
+def _kl_and_cross_entropy(p: Tensor, neg_entropy: Tensor, logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row, ``KL(p || q) = sum p log p - sum p log q`` and the cross-entropy ``-log q[target]`` of
+    ``q = softmax(logits)``: one log-softmax and one dot a row, a few rows at a time (the evaluation is
+    memory-bound: each block's passes then stay in cache)."""
+    kl = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    ce = torch.empty_like(kl)
+    for start in range(0, logits.shape[0], _KL_ROWS):
+        rows = slice(start, start + _KL_ROWS)
+        log_q = torch.log_softmax(logits[rows].to(torch.float32), dim=-1)
+        kl[rows] = neg_entropy[rows] - torch.linalg.vecdot(p[rows], log_q)
+        ce[rows] = -log_q.gather(1, target[rows].view(-1, 1)).squeeze(1)
+    return kl, ce
 
 
 def _rows(sums: dict[tuple[str, int], Tensor], n: int, n_valid: int, ks: list[int]) -> list[dict[str, object]]:

@@ -49,6 +49,7 @@ DEFAULT_STEPS = 50
 DEFAULT_TOKENS_PER_STEP = 128  # DEFAULT_STEPS x 128 = 6.4k training tokens: a budget for a CPU
 DEFAULT_SEQ_LEN = 128
 _ROW_CHUNK = 512  # rows of [N, V] logits alive at once
+_KL_ROWS = 8  # rows of [N, V] logits reduced at a time (_kl_of_logits): their passes stay in a core's cache
 _WINDOW_GROUP = 8  # windows read at a time when a fit gathers enough positions
 
 
@@ -64,8 +65,13 @@ def _kl_of_logits(p: Tensor, p_log_p: Tensor, logits: Tensor) -> tuple[Tensor, T
     ``KL = sum p log p - <p, z> + logsumexp(z)``: two passes over ``[n, V]`` where
     ``kl_rows`` (log-softmax, exp, difference, product) needs about five.
     """
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-    return p_log_p - torch.linalg.vecdot(p, logits) + lse.squeeze(-1), lse
+    kls, lses = [], []
+    for start in range(0, logits.shape[0], _KL_ROWS):  # a few rows at a time: their [rows, V] stays in cache
+        rows = slice(start, start + _KL_ROWS)
+        lse = torch.logsumexp(logits[rows], dim=-1, keepdim=True)
+        kls.append(p_log_p[rows] - torch.linalg.vecdot(p[rows], logits[rows]) + lse.squeeze(-1))
+        lses.append(lse)
+    return torch.cat(kls), torch.cat(lses)
 
 
 def _windows(adapter: ModelAdapter, data: Any, seq_len: int, attention_mask: Tensor | None,
