@@ -244,7 +244,9 @@ def _add_chunk(sums: dict[tuple[str, int], Tensor], lenses: list[LogitLens], res
 def _kl_and_cross_entropy(p: Tensor, neg_entropy: Tensor, logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """Per row, ``KL(p || q) = sum p log p - sum p log q`` and the cross-entropy ``-log q[target]`` of
     ``q = softmax(logits)``: one log-softmax and one dot a row, a few rows at a time (the evaluation is
-    memory-bound: each block's passes then stay in cache)."""
+    memory-bound: each block's passes then stay in cache). From ``log q`` itself, not from
+    :func:`~geolens.lens.train._kl_of_logits`'s ``logsumexp - <p, z>``: the cross-entropy reads ``log q``, and
+    at the last layer (``q = p``, the same log-softmax as ``neg_entropy``'s) the KL comes out exactly 0."""
     kl = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     ce = torch.empty_like(kl)
     for start in range(0, logits.shape[0], _KL_ROWS):

@@ -49,7 +49,7 @@ DEFAULT_STEPS = 50
 DEFAULT_TOKENS_PER_STEP = 128  # DEFAULT_STEPS x 128 = 6.4k training tokens: a budget for a CPU
 DEFAULT_SEQ_LEN = 128
 _ROW_CHUNK = 512  # rows of [N, V] logits alive at once
-_KL_ROWS = 8  # rows of [N, V] logits reduced at a time (_kl_of_logits): their passes stay in a core's cache
+_KL_ROWS = 8  # rows of [N, V] logits reduced at a time (here, and in lens.evaluate): their passes stay in cache
 _WINDOW_GROUP = 8  # windows read at a time when a fit gathers enough positions
 
 
